@@ -1,0 +1,3 @@
+from kimi_audit.cli import main
+
+main()

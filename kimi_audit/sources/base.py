@@ -1,0 +1,68 @@
+"""The byte-range interface every checkpoint source implements."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from kimi_audit.errors import UnsafePathError
+
+
+@dataclass(frozen=True)
+class RangeRead:
+    """Bytes read from `start`, and the size of the whole file they came from.
+
+    `data` is shorter than asked only when the file ends first
+    (`start + len(data) == file_size`).
+    """
+
+    data: bytes
+    file_size: int
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A checkpoint: a flat set of named files, read whole (small ones) or by byte range."""
+
+    label: str
+    """What the user pointed at, for reports: a path, or `repo@revision`."""
+
+    revision: str | None
+    """Full commit hash the files were read at (Hub), or None (local)."""
+
+    parallel_reads: int
+    """How many range reads are worth issuing at once (1 for a local disk)."""
+
+    def list_files(self) -> tuple[str, ...]:
+        """Names (posix, relative) of every file in the checkpoint, sorted."""
+        ...
+
+    def exists(self, name: str) -> bool: ...
+
+    def read_file(self, name: str, max_bytes: int) -> bytes:
+        """The whole file. Raises FileMissingError, FileTooLargeError (over max_bytes)."""
+        ...
+
+    def read_range(self, name: str, start: int, length: int) -> RangeRead:
+        """`length` bytes from `start` (fewer only at end of file). Never reads more than asked."""
+        ...
+
+
+def safe_member_name(name: object) -> str:
+    """Validate a file name taken from untrusted input (index.json) as a plain relative path.
+
+    Raises UnsafePathError for absolute paths, `..` components, backslashes, NUL or empty names.
+    """
+    if not isinstance(name, str) or not name:
+        raise UnsafePathError(f"file name {name!r} is not a non-empty string")
+    if "\x00" in name or "\\" in name:
+        raise UnsafePathError(f"file name {name!r} contains a NUL or a backslash")
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise UnsafePathError(f"file name {name!r} is absolute")
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise UnsafePathError(f"file name {name!r} has an empty, '.' or '..' component")
+    if posixpath.normpath(name) != name:
+        raise UnsafePathError(f"file name {name!r} is not normalized")
+    return name

@@ -1,0 +1,90 @@
+"""A checkpoint in a local directory (or a single .safetensors file)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kimi_audit.errors import FileMissingError, FileTooLargeError, SourceError
+from kimi_audit.sources.base import RangeRead, safe_member_name
+
+
+class LocalSource:
+    """Reads with os.pread: no file is ever read beyond the range asked for."""
+
+    parallel_reads = 1
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        p = Path(path)
+        if not p.exists():
+            raise FileMissingError(f"no such file or directory: {p}")
+        if p.is_file():
+            self.root = p.parent
+            self._only: str | None = p.name
+        elif p.is_dir():
+            self.root = p
+            self._only = None
+        else:
+            raise SourceError(f"not a file or directory: {p}")
+        self.label = str(p)
+        self.revision: str | None = None
+
+    def _path(self, name: str) -> Path:
+        return self.root / safe_member_name(name)
+
+    def list_files(self) -> tuple[str, ...]:
+        if self._only is not None:
+            return (self._only,)
+        names = []
+        for dirpath, _dirs, files in os.walk(self.root):
+            rel = os.path.relpath(dirpath, self.root)
+            for f in files:
+                names.append(f if rel == "." else f"{rel}/{f}".replace(os.sep, "/"))
+        return tuple(sorted(names))
+
+    def exists(self, name: str) -> bool:
+        if self._only is not None and name != self._only:
+            return False
+        return self._path(name).is_file()
+
+    def read_file(self, name: str, max_bytes: int) -> bytes:
+        path = self._path(name)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > max_bytes:
+                    raise FileTooLargeError(f"{name} is {size:,} bytes, over the {max_bytes:,}-byte limit")
+                return f.read(max_bytes + 1)[:max_bytes]
+        except FileNotFoundError:
+            raise FileMissingError(f"{name}: no such file in {self.root}") from None
+        except IsADirectoryError:
+            raise SourceError(f"{name}: is a directory, not a file") from None
+        except OSError as e:
+            raise SourceError(f"{name}: {e.strerror or e}") from None
+
+    def read_range(self, name: str, start: int, length: int) -> RangeRead:
+        if start < 0 or length < 0:
+            raise ValueError("negative range")
+        path = self._path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise FileMissingError(f"{name}: no such file in {self.root}") from None
+        except OSError as e:
+            raise SourceError(f"{name}: {e.strerror or e}") from None
+        try:
+            size = os.fstat(fd).st_size
+            want = max(0, min(length, size - start))
+            chunks = []
+            got = 0
+            while got < want:
+                chunk = os.pread(fd, want - got, start + got)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+            return RangeRead(b"".join(chunks), size)
+        except OSError as e:
+            raise SourceError(f"{name}: {e.strerror or e}") from None
+        finally:
+            os.close(fd)
