@@ -1,0 +1,353 @@
+"""A checkpoint on the Hugging Face Hub, read by HTTP Range through huggingface_hub.
+
+Everything goes through huggingface_hub: its shared httpx2 session (`get_session`, via
+`http_backoff` / `http_stream_backoff` for retries on 429/5xx/timeouts), `hf_hub_url`,
+`build_hf_headers` (token from the argument, `HF_TOKEN` or the saved login), the endpoint
+(`HF_ENDPOINT`), offline mode (`HF_HUB_OFFLINE`) and `hf_raise_for_status`, whose typed errors are
+mapped to one-line `KimiAuditError`s here. No token ever appears in a message.
+
+The revision is resolved once, by one API call that also lists every file with its size; every
+later read names the resolved commit, so a branch moving mid-audit cannot mix two commits.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from kimi_audit.constants import PINNED_REPO_ID, PINNED_REVISION
+from kimi_audit.errors import FileMissingError, FileTooLargeError, ShortReadError, SourceError
+from kimi_audit.sources.base import RangeRead, safe_member_name
+
+DEFAULT_REPO_ID = PINNED_REPO_ID
+DEFAULT_REVISION = PINNED_REVISION
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_PARALLEL_READS = 16
+DEFAULT_MAX_RETRIES = 3
+DEFAULT_RETRY_WAIT_S = 1.0
+
+_REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+_READ_CHUNK = 1 << 20
+
+
+class HubError(SourceError):
+    """The Hub (or whatever HF_ENDPOINT points at) refused or failed a request."""
+
+
+class RepoNotFoundError(HubError):
+    pass
+
+
+class RevisionNotFoundError(HubError):
+    pass
+
+
+class GatedRepoError(HubError):
+    pass
+
+
+class HubTimeoutError(HubError):
+    pass
+
+
+class RangeNotSupportedError(HubError):
+    """The server answered a Range request with the whole file (200) instead of 206."""
+
+
+class HubOfflineError(HubError):
+    pass
+
+
+class _Secret(str):
+    """A token that never shows itself in a repr (tracebacks with locals, debuggers)."""
+
+    def __repr__(self) -> str:
+        return "'***'"
+
+
+class _BodyError(Exception):
+    """A body that ended early or broke off: worth another try."""
+
+
+def default_endpoint() -> str:
+    """HF_ENDPOINT as set now (falls back to huggingface_hub's, read when it was imported)."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def parse_content_range(value: str | None) -> tuple[int, int, int | None]:
+    """`bytes first-last/total` -> (first, last, total); the end is inclusive."""
+    m = _CONTENT_RANGE_RE.match(value or "")
+    if m is None:
+        raise ValueError(f"unusable Content-Range {value!r}")
+    first, last = int(m.group(1)), int(m.group(2))
+    total = None if m.group(3) == "*" else int(m.group(3))
+    if last < first or (total is not None and last >= total):
+        raise ValueError(f"inconsistent Content-Range {value!r}")
+    return first, last, total
+
+
+class HubSource:
+    """`repo_id` at `revision` (default: the pinned commit for the pinned repo, else `main`)."""
+
+    def __init__(
+        self,
+        repo_id: str,
+        revision: str | None = None,
+        *,
+        endpoint: str | None = None,
+        token: str | bool | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        parallel_reads: int = DEFAULT_PARALLEL_READS,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        retry_wait: float = DEFAULT_RETRY_WAIT_S,
+    ) -> None:
+        if not isinstance(repo_id, str) or not _REPO_ID_RE.match(repo_id) or ".." in repo_id:
+            raise RepoNotFoundError(f"not a Hub repo id (owner/name): {repo_id!r}")
+        self.repo_id = repo_id
+        if revision is None:
+            revision = DEFAULT_REVISION if repo_id == DEFAULT_REPO_ID else "main"
+        self.requested_revision = revision
+        self.endpoint = (endpoint or default_endpoint()).rstrip("/")
+        self._token: str | bool | None = _Secret(token) if isinstance(token, str) else token
+        self.timeout = float(timeout)
+        self.parallel_reads = max(1, int(parallel_reads))
+        self.max_retries = max(0, int(max_retries))
+        self.retry_wait = max(0.0, float(retry_wait))
+        self.revision: str | None = None
+        self._sizes: dict[str, int | None] = {}
+        self._lfs_sha256: dict[str, str] = {}
+        self._resolve()
+        self.label = f"{self.repo_id}@{self.revision}"
+
+    def __repr__(self) -> str:
+        return f"HubSource({self.repo_id!r}, revision={self.revision!r}, endpoint={self.endpoint!r})"
+
+    # --- huggingface_hub plumbing --------------------------------------------------------------
+    def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        from huggingface_hub.utils import build_hf_headers
+
+        headers = build_hf_headers(token=self._token, library_name="kimi-audit")
+        if extra:
+            headers.update(extra)
+        return headers
+
+    def _backoff_kwargs(self) -> dict[str, Any]:
+        return {
+            "max_retries": self.max_retries,
+            "base_wait_time": self.retry_wait,
+            "max_wait_time": max(self.retry_wait, 8.0 if self.retry_wait >= 1 else self.retry_wait * 4),
+            "timeout": self.timeout,
+        }
+
+    def _where(self) -> str:
+        return urlsplit(self.endpoint).netloc or self.endpoint
+
+    @contextmanager
+    def _translate_errors(self, what: str) -> Iterator[None]:
+        """Map huggingface_hub / httpx2 errors to one-line KimiAuditErrors (no token, no traceback)."""
+        import httpx2
+        from huggingface_hub import errors as hf_errors
+
+        rev = self.revision or self.requested_revision
+        try:
+            yield
+        except hf_errors.OfflineModeIsEnabled:
+            raise self._offline_error() from None
+        except hf_errors.GatedRepoError as e:
+            status = e.response.status_code if e.response is not None else "?"
+            raise GatedRepoError(
+                f"{self.repo_id} is a gated repo and access was refused (HTTP {status}): accept its terms on the Hub "
+                "and pass a token that has access (HF_TOKEN, --token or `hf auth login`)"
+            ) from None
+        except hf_errors.RepositoryNotFoundError:
+            raise RepoNotFoundError(
+                f"repository {self.repo_id!r} not found on {self._where()} (or it is private and no valid token was given)"
+            ) from None
+        except hf_errors.RevisionNotFoundError:
+            raise RevisionNotFoundError(f"revision {rev!r} not found in {self.repo_id} on {self._where()}") from None
+        except hf_errors.RemoteEntryNotFoundError:
+            raise FileMissingError(f"{what}: no such file in {self.repo_id}@{rev}") from None
+        except hf_errors.HfHubHTTPError as e:
+            status = e.response.status_code if e.response is not None else "?"
+            raise HubError(
+                f"{what}: HTTP {status} from {self._where()} for {self.repo_id}@{rev} (after {self.max_retries} retries)"
+            ) from None
+        except httpx2.TimeoutException:
+            raise HubTimeoutError(
+                f"{what}: timed out after {self.timeout:g} s waiting for {self._where()} "
+                f"({self.max_retries + 1} attempts); the Hub is not answering, retry later or raise the timeout"
+            ) from None
+        except httpx2.ConnectError as e:
+            raise HubError(f"{what}: cannot connect to {self._where()}: {_first_line(e)}") from None
+        except httpx2.HTTPError as e:
+            raise HubError(f"{what}: network error talking to {self._where()}: {_first_line(e)}") from None
+
+    def _offline_error(self) -> HubOfflineError:
+        return HubOfflineError(
+            f"offline mode is on (HF_HUB_OFFLINE): cannot reach the Hub for {self.repo_id}; "
+            "audit a local copy instead (kimi-audit download, then kimi-audit audit PATH)"
+        )
+
+    # --- revision ------------------------------------------------------------------------------
+    def _resolve(self) -> None:
+        """One API call: the full commit of the revision, and every file with its size."""
+        from huggingface_hub import constants
+        from huggingface_hub.hf_api import ModelInfo
+        from huggingface_hub.utils import hf_raise_for_status, http_backoff
+
+        if constants.is_offline_mode():
+            raise self._offline_error()
+        url = f"{self.endpoint}/api/models/{self.repo_id}/revision/{quote(self.requested_revision, safe='')}"
+        with self._translate_errors(f"revision {self.requested_revision!r}"):
+            response = http_backoff(
+                "GET", url, headers=self._headers(), params={"blobs": True}, **self._backoff_kwargs()
+            )
+            hf_raise_for_status(response)
+            try:
+                info = ModelInfo(**response.json())
+            except (ValueError, TypeError, KeyError) as e:
+                raise HubError(f"{self._where()} answered the model info call with unusable JSON: {_first_line(e)}") from None
+        sha = info.sha
+        if not isinstance(sha, str) or not _COMMIT_RE.match(sha):
+            raise HubError(f"{self._where()} did not resolve {self.requested_revision!r} to a full commit hash (got {sha!r})")
+        self.revision = sha
+        for sib in info.siblings or []:
+            name = sib.rfilename
+            self._sizes[name] = sib.size if isinstance(sib.size, int) and sib.size >= 0 else None
+            if sib.lfs is not None and isinstance(sib.lfs.sha256, str):
+                self._lfs_sha256[name] = sib.lfs.sha256
+
+    # --- Source protocol ------------------------------------------------------------------------
+    def list_files(self) -> tuple[str, ...]:
+        return tuple(sorted(self._sizes))
+
+    def exists(self, name: str) -> bool:
+        return name in self._sizes
+
+    def file_size(self, name: str) -> int | None:
+        """Size listed by the Hub for this commit (None: not listed or no size given)."""
+        return self._sizes.get(name)
+
+    def lfs_sha256(self, name: str) -> str | None:
+        return self._lfs_sha256.get(name)
+
+    def url(self, name: str) -> str:
+        from huggingface_hub import hf_hub_url
+
+        return hf_hub_url(self.repo_id, name, revision=self.revision, endpoint=self.endpoint)
+
+    def _known(self, name: str) -> str:
+        safe_member_name(name)
+        if name not in self._sizes:
+            raise FileMissingError(f"{name}: no such file in {self.label}")
+        return name
+
+    def read_file(self, name: str, max_bytes: int) -> bytes:
+        self._known(name)
+        size = self._sizes[name]
+        if size is not None:
+            if size > max_bytes:
+                raise FileTooLargeError(f"{name} is {size:,} bytes, over the {max_bytes:,}-byte limit")
+            if size == 0:
+                return b""
+            got = self.read_range(name, 0, size)
+            if len(got.data) != size:
+                raise ShortReadError(f"{name}: got {len(got.data):,} of {size:,} bytes from {self._where()}")
+            return got.data
+        got = self.read_range(name, 0, max_bytes + 1)
+        if len(got.data) > max_bytes:
+            raise FileTooLargeError(f"{name} is over the {max_bytes:,}-byte limit")
+        return got.data
+
+    def read_range(self, name: str, start: int, length: int) -> RangeRead:
+        if start < 0 or length < 0:
+            raise ValueError("negative range")
+        self._known(name)
+        size = self._sizes[name]
+        if size is not None:
+            if length == 0 or start >= size:
+                return RangeRead(b"", size)
+            length = min(length, size - start)
+        elif length == 0:
+            return RangeRead(b"", 0)
+        data, total = self._ranged_get(name, start, start + length - 1)
+        file_size = total if total is not None else (size if size is not None else start + len(data))
+        expected = max(0, min(length, file_size - start))
+        if len(data) < expected:
+            raise ShortReadError(
+                f"{name}: asked for {expected:,} bytes at offset {start:,}, {self._where()} sent {len(data):,}"
+            )
+        return RangeRead(data, file_size)
+
+    # --- one ranged GET ---------------------------------------------------------------------------
+    def _ranged_get(self, name: str, start: int, last: int) -> tuple[bytes, int | None]:
+        """Bytes [start, last] (inclusive), and the total size from Content-Range.
+
+        Streams the body and never reads past what was asked: a 200 answer (Range ignored) is
+        closed unread and reported. A body that breaks off is retried a few times.
+        """
+        from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
+
+        url = self.url(name)
+        headers = self._headers({"Range": f"bytes={start}-{last}", "Accept-Encoding": "identity"})
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self._translate_errors(name):
+                    with http_stream_backoff("GET", url, headers=headers, **self._backoff_kwargs()) as response:
+                        hf_raise_for_status(response)
+                        return self._take_body(name, response, start, last)
+            except _BodyError as e:
+                if attempt > self.max_retries:
+                    raise ShortReadError(f"{name}: {e} ({attempt} attempts)") from None
+                time.sleep(min(self.retry_wait * 2 ** (attempt - 1), 8.0))
+
+    def _take_body(self, name: str, response: Any, start: int, last: int) -> tuple[bytes, int | None]:
+        import httpx2
+
+        if response.status_code != 206:
+            raise RangeNotSupportedError(
+                f"{name}: {self._where()} ignored the Range request (HTTP {response.status_code} instead of 206); "
+                "stopped without reading the body"
+            )
+        try:
+            first, end, total = parse_content_range(response.headers.get("Content-Range"))
+        except ValueError as e:
+            raise HubError(f"{name}: {e} in the answer to bytes={start}-{last}") from None
+        if first != start or end > last:
+            raise HubError(
+                f"{name}: asked for bytes={start}-{last}, {self._where()} sent {response.headers.get('Content-Range')!r}"
+            )
+        want = end - first + 1
+        buf = bytearray()
+        try:
+            for chunk in response.iter_bytes(_READ_CHUNK):
+                room = want - len(buf)
+                buf += chunk[:room] if len(chunk) > room else chunk
+                if len(buf) >= want:
+                    break
+        except (httpx2.RemoteProtocolError, httpx2.ReadError) as e:
+            raise _BodyError(f"connection broke after {len(buf):,} of {want:,} bytes ({_first_line(e)})") from None
+        if len(buf) < want:
+            raise _BodyError(f"body ended after {len(buf):,} of {want:,} bytes")
+        return bytes(buf), total
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]
+
+
+def default_hub_source(**kwargs: Any) -> HubSource:
+    """The default target: moonshotai/Kimi-K2-Instruct at the pinned commit."""
+    return HubSource(DEFAULT_REPO_ID, DEFAULT_REVISION, **kwargs)

@@ -1,0 +1,556 @@
+"""A loopback fake of the Hugging Face Hub, for tests and benchmarks.
+
+It serves one or more model repos from local directories, speaking just enough of the Hub's
+HTTP protocol for the real `huggingface_hub` client:
+
+- ``HEAD``/``GET /{repo}/resolve/{rev}/{file}`` with ``X-Repo-Commit``, ``ETag``,
+  ``Content-Length``, ``Accept-Ranges``; ``Range: bytes=a-b | a- | -n`` -> 206 + ``Content-Range``
+  (inclusive end), 416 when unsatisfiable;
+- ``GET /api/models/{repo}`` (main) and ``/api/models/{repo}/revision/{rev}`` with ``sha`` and
+  ``siblings`` (``rfilename``, ``size``, ``blobId``, ``lfs {sha256, size, pointerSize}``);
+- ``GET /api/models/{repo}/tree/{rev}`` (one page; what ``snapshot_download`` lists);
+- errors as the Hub sends them: 404 + ``X-Error-Code: RepoNotFound | RevisionNotFound |
+  EntryNotFound``, 401/403 + ``GatedRepo`` for a gated repo without the right Bearer token.
+
+Branch names, the full commit and any prefix of it (>= 7 hex digits) resolve to the full commit.
+sha256 is computed lazily and only for files <= 64 MB (the full-scale replica's shards are 16 GB
+sparse files and are never read whole); bigger files are listed without LFS metadata.
+
+It counts requests and body bytes sent, in total and per path, and injects faults
+(:meth:`FakeHub.add_fault`): ``500`` (N times, then success), ``429`` with ``Retry-After``,
+``ignore_range`` (answer a ranged GET with 200 and the whole body, streamed in chunks, so that a
+good client hangs up early), ``truncate`` (promise the full length, send part, close), ``stall``
+(sleep before answering) and a per-request ``latency_s``.
+
+Every wait is bounded and is cut short by :meth:`FakeHub.stop`, so teardown never hangs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+SHA256_MAX_BYTES = 64 * 1024 * 1024
+CHUNK = 1024 * 1024
+STREAM_CHUNK = 64 * 1024
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".npy", ".gguf", ".msgpack", ".h5")
+LFS_MIN_BYTES = 10 * 1024 * 1024
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX_PREFIX = re.compile(r"^[0-9a-f]{7,40}$")
+_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+
+FAULT_KINDS = ("500", "429", "ignore_range", "truncate", "stall")
+
+
+@dataclass
+class Repo:
+    repo_id: str
+    root: Path
+    commit: str
+    branches: dict[str, str]
+    token: str | None = None  # gated: requests need `Authorization: Bearer <token>`
+
+
+@dataclass
+class Fault:
+    kind: str
+    times: int  # how many matching requests it still applies to
+    match: str | None = None  # substring of the request path; None: every path
+    method: str | None = None  # "GET", "HEAD"; None: both
+    retry_after: int = 1  # 429
+    stall_s: float = 30.0  # stall
+    keep_fraction: float = 0.5  # truncate: share of the promised body actually sent
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    method: str
+    path: str
+    status: int
+    range: str | None
+    bytes_sent: int
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    bytes_sent: int = 0
+    per_path: dict[str, list[int]] = field(default_factory=dict)  # path -> [requests, bytes]
+    records: list[RequestRecord] = field(default_factory=list)
+
+    def for_path(self, needle: str) -> tuple[int, int]:
+        """(requests, bytes) summed over the paths that contain `needle`."""
+        r = b = 0
+        for path, (n, nb) in self.per_path.items():
+            if needle in path:
+                r += n
+                b += nb
+        return r, b
+
+
+def _git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\x00" % len(data) + data).hexdigest()
+
+
+class FakeHub:
+    """Start with ``with FakeHub() as hub:`` or ``hub.start()`` / ``hub.stop()``."""
+
+    def __init__(self) -> None:
+        self.repos: dict[str, Repo] = {}
+        self.latency_s = 0.0
+        self._faults: list[Fault] = []
+        self._lock = threading.Lock()
+        self._stats = Stats()
+        self._hash_cache: dict[tuple[str, int, int], tuple[str, str]] = {}
+        self._stopping = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- configuration -------------------------------------------------------------------------
+    def add_repo(
+        self,
+        repo_id: str,
+        root: str | os.PathLike[str],
+        *,
+        commit: str | None = None,
+        branches: dict[str, str] | None = None,
+        token: str | None = None,
+    ) -> Repo:
+        commit = commit or hashlib.sha1(f"kimi-audit fake hub:{repo_id}".encode()).hexdigest()
+        if not _HEX40.match(commit):
+            raise ValueError(f"commit must be 40 lowercase hex digits: {commit!r}")
+        repo = Repo(repo_id, Path(root), commit, {"main": commit, **(branches or {})}, token)
+        self.repos[repo_id] = repo
+        return repo
+
+    def add_fault(self, kind: str, times: int = 1, match: str | None = None, **params: object) -> Fault:
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {kind!r}; one of {FAULT_KINDS}")
+        fault = Fault(kind, times, match, **params)  # type: ignore[arg-type]
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+        self.latency_s = 0.0
+
+    def _take_fault(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.times <= 0:
+                    continue
+                if fault.method is not None and fault.method != method:
+                    continue
+                if fault.match is not None and fault.match not in path:
+                    continue
+                fault.times -= 1
+                return fault
+        return None
+
+    # --- counters ------------------------------------------------------------------------------
+    def stats(self) -> Stats:
+        """A snapshot of the counters."""
+        with self._lock:
+            s = self._stats
+            return Stats(s.requests, s.bytes_sent, {k: list(v) for k, v in s.per_path.items()}, list(s.records))
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self._stats = Stats()
+
+    def _record(self, method: str, path: str, status: int, rng: str | None, nbytes: int) -> None:
+        with self._lock:
+            s = self._stats
+            s.requests += 1
+            s.bytes_sent += nbytes
+            entry = s.per_path.setdefault(path, [0, 0])
+            entry[0] += 1
+            entry[1] += nbytes
+            s.records.append(RequestRecord(method, path, status, rng, nbytes))
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        if self._server is None:
+            raise RuntimeError("FakeHub is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> FakeHub:
+        hub = self
+
+        class Handler(_Handler):
+            pass
+
+        Handler.hub = hub
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        server.block_on_close = False
+        self._server = server
+        self._stopping.clear()
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = None
+        self._thread = None
+
+    def __enter__(self) -> FakeHub:
+        return self.start() if self._server is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep, but wake up at once when the hub stops."""
+        if seconds > 0:
+            self._stopping.wait(seconds)
+
+    # --- repo content --------------------------------------------------------------------------
+    def resolve_revision(self, repo: Repo, rev: str) -> str | None:
+        if rev in repo.branches:
+            return repo.branches[rev]
+        if _HEX_PREFIX.match(rev) and repo.commit.startswith(rev):
+            return repo.commit
+        return None
+
+    def file_path(self, repo: Repo, name: str) -> Path | None:
+        parts = name.split("/")
+        if not name or any(p in ("", ".", "..") for p in parts) or "\\" in name:
+            return None
+        p = repo.root.joinpath(*parts)
+        return p if p.is_file() else None
+
+    def hashes(self, path: Path) -> tuple[str, str] | None:
+        """(git blob sha1, sha256) of a file <= 64 MB, cached by (path, size, mtime); None if bigger."""
+        st = path.stat()
+        if st.st_size > SHA256_MAX_BYTES:
+            return None
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        with self._lock:
+            cached = self._hash_cache.get(key)
+        if cached is None:
+            data = path.read_bytes()
+            cached = (_git_blob_sha1(data), hashlib.sha256(data).hexdigest())
+            with self._lock:
+                self._hash_cache[key] = cached
+        return cached
+
+    def is_lfs(self, path: Path, size: int) -> bool:
+        return path.name.endswith(LFS_SUFFIXES) or size >= LFS_MIN_BYTES
+
+    def etag(self, path: Path) -> str:
+        st = path.stat()
+        h = self.hashes(path)
+        if h is not None:
+            return h[1] if self.is_lfs(path, st.st_size) else h[0]
+        # Too big to hash: stable per (name, size, mtime), like a content id would be.
+        return hashlib.sha256(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+
+    def list_files(self, repo: Repo) -> list[str]:
+        out = []
+        for dirpath, _dirs, files in os.walk(repo.root):
+            rel = os.path.relpath(dirpath, repo.root)
+            for f in files:
+                out.append(f if rel == "." else f"{rel}/{f}".replace(os.sep, "/"))
+        return sorted(out)
+
+    def entry(self, repo: Repo, name: str, *, blobs: bool) -> dict[str, object]:
+        path = repo.root / name
+        size = path.stat().st_size
+        sib: dict[str, object] = {"rfilename": name}
+        if blobs:
+            sib["size"] = size
+            h = self.hashes(path)
+            if h is not None:
+                sib["blobId"] = h[0]
+                if self.is_lfs(path, size):
+                    sib["lfs"] = {"sha256": h[1], "size": size, "pointerSize": 134}
+        return sib
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hub: FakeHub
+    protocol_version = "HTTP/1.1"
+    server_version = "FakeHub/1.0"
+    timeout = 30  # idle keep-alive connections end on their own
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        pass
+
+    # --- plumbing ------------------------------------------------------------------------------
+    def _send(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        *,
+        content_type: str = "application/json",
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        sent = 0
+        if self.command != "HEAD" and body:
+            self.wfile.write(body)
+            sent = len(body)
+        self.hub._record(self.command, self._path, status, self.headers.get("Range"), sent)
+
+    def _error(self, status: int, code: str | None, message: str, commit: str | None = None) -> None:
+        headers = {"X-Error-Message": message}
+        if code:
+            headers["X-Error-Code"] = code
+        if commit:
+            headers["X-Repo-Commit"] = commit
+        self._send(status, json.dumps({"error": message}).encode(), headers)
+
+    def do_HEAD(self) -> None:
+        self._handle()
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def _handle(self) -> None:
+        hub = self.hub
+        split = urlsplit(self.path)
+        self._path = split.path
+        self._query = parse_qs(split.query)
+        try:
+            hub.wait(hub.latency_s)
+            fault = hub._take_fault(self.command, self._path)
+            if fault is not None and fault.kind == "stall":
+                hub.wait(fault.stall_s)
+                self.close_connection = True
+                self.hub._record(self.command, self._path, 0, self.headers.get("Range"), 0)
+                return
+            if fault is not None and fault.kind == "500":
+                self._error(500, None, "Internal Error (injected)")
+                return
+            if fault is not None and fault.kind == "429":
+                self._send(
+                    429,
+                    json.dumps({"error": "Too Many Requests (injected)"}).encode(),
+                    {"Retry-After": str(fault.retry_after)},
+                )
+                return
+            self._route(fault)
+        except (BrokenPipeError, ConnectionResetError, socket.timeout, TimeoutError):
+            self.close_connection = True
+
+    def _route(self, fault: Fault | None) -> None:
+        path = self._path
+        if path.startswith("/api/models/"):
+            parts = [unquote(p) for p in path[len("/api/models/") :].split("/")]
+            if len(parts) < 2:
+                return self._error(404, "RepoNotFound", "Repository not found")
+            repo = self._repo("/".join(parts[:2]))
+            if repo is None:
+                return
+            rest = parts[2:]
+            if not rest:
+                return self._api_info(repo, "main")
+            if rest[0] == "revision" and len(rest) >= 2:
+                return self._api_info(repo, "/".join(rest[1:]))
+            if rest[0] == "tree" and len(rest) >= 2:
+                return self._api_tree(repo, rest[1], "/".join(rest[2:]))
+            return self._error(404, None, "Not found")
+        parts = path.lstrip("/").split("/")
+        if len(parts) >= 5 and parts[2] == "resolve":
+            repo = self._repo(unquote(parts[0]) + "/" + unquote(parts[1]))
+            if repo is None:
+                return
+            return self._resolve(repo, unquote(parts[3]), unquote("/".join(parts[4:])), fault)
+        return self._error(404, None, "Not found")
+
+    def _repo(self, repo_id: str) -> Repo | None:
+        repo = self.hub.repos.get(repo_id)
+        if repo is None:
+            self._error(404, "RepoNotFound", "Repository not found")
+            return None
+        if repo.token is not None:
+            auth = self.headers.get("Authorization")
+            if auth is None:
+                self._error(
+                    401,
+                    "GatedRepo",
+                    f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it. Please log in.",
+                )
+                return None
+            if auth != f"Bearer {repo.token}":
+                self._error(
+                    403,
+                    "GatedRepo",
+                    f"Access to model {repo_id} is restricted and you are not in the authorized list.",
+                )
+                return None
+        return repo
+
+    def _commit(self, repo: Repo, rev: str) -> str | None:
+        commit = self.hub.resolve_revision(repo, rev)
+        if commit is None:
+            self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+        return commit
+
+    def _api_info(self, repo: Repo, rev: str) -> None:
+        commit = self._commit(repo, rev)
+        if commit is None:
+            return
+        blobs = self._query.get("blobs", ["false"])[0].lower() in ("1", "true")
+        info = {
+            "_id": commit[:24],
+            "id": repo.repo_id,
+            "modelId": repo.repo_id,
+            "author": repo.repo_id.split("/")[0],
+            "sha": commit,
+            "private": False,
+            "gated": "manual" if repo.token else False,
+            "disabled": False,
+            "tags": ["safetensors"],
+            "siblings": [self.hub.entry(repo, n, blobs=blobs) for n in self.hub.list_files(repo)],
+        }
+        self._send(200, json.dumps(info).encode(), {"X-Repo-Commit": commit})
+
+    def _api_tree(self, repo: Repo, rev: str, sub: str) -> None:
+        commit = self._commit(repo, rev)
+        if commit is None:
+            return
+        entries = []
+        dirs: set[str] = set()
+        recursive = self._query.get("recursive", ["false"])[0].lower() in ("1", "true")
+        for name in self.hub.list_files(repo):
+            if sub and not name.startswith(sub + "/"):
+                continue
+            rel = name[len(sub) + 1 :] if sub else name
+            if "/" in rel and not recursive:
+                dirs.add((sub + "/" if sub else "") + rel.split("/")[0])
+                continue
+            sib = self.hub.entry(repo, name, blobs=True)
+            e: dict[str, object] = {
+                "type": "file",
+                "path": name,
+                "size": sib["size"],
+                "oid": sib.get("blobId") or hashlib.sha1(name.encode()).hexdigest(),
+            }
+            if "lfs" in sib:
+                lfs = sib["lfs"]
+                e["lfs"] = {"oid": lfs["sha256"], "size": lfs["size"], "pointerSize": lfs["pointerSize"]}  # type: ignore[index]
+            entries.append(e)
+        if recursive:
+            for name in self.hub.list_files(repo):
+                d = name.rsplit("/", 1)[0] if "/" in name else None
+                while d:
+                    dirs.add(d)
+                    d = d.rsplit("/", 1)[0] if "/" in d else None
+        folders = [{"type": "directory", "path": d, "oid": hashlib.sha1(d.encode()).hexdigest()} for d in sorted(dirs)]
+        self._send(200, json.dumps(folders + entries).encode(), {"X-Repo-Commit": commit})
+
+    def _resolve(self, repo: Repo, rev: str, name: str, fault: Fault | None) -> None:
+        commit = self._commit(repo, rev)
+        if commit is None:
+            return
+        path = self.hub.file_path(repo, name)
+        if path is None:
+            return self._error(404, "EntryNotFound", f"{name} does not exist on \"{rev}\"", commit)
+        size = path.stat().st_size
+        headers = {
+            "X-Repo-Commit": commit,
+            "ETag": f'"{self.hub.etag(path)}"',
+            "Accept-Ranges": "bytes",
+            "Content-Disposition": f'inline; filename="{path.name}"',
+        }
+        rng = self.headers.get("Range")
+        start, end, status = 0, size - 1, 200
+        if rng is not None and not (fault is not None and fault.kind == "ignore_range"):
+            m = _RANGE.match(rng)
+            if m is None or (not m.group(1) and not m.group(2)):
+                return self._error(416, None, f"Invalid range {rng!r}")
+            if m.group(1):
+                start = int(m.group(1))
+                end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
+            else:
+                start = max(0, size - int(m.group(2)))
+            if start >= size or end < start:
+                headers["Content-Range"] = f"bytes */{size}"
+                return self._send(416, b"", headers)
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        length = end - start + 1 if size else 0
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(length))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command == "HEAD":
+            self.hub._record(self.command, self._path, status, rng, 0)
+            return
+        send = length
+        if fault is not None and fault.kind == "truncate":
+            send = int(length * fault.keep_fraction)
+            self.close_connection = True
+        sent = 0
+        chunk = STREAM_CHUNK if (fault is not None and fault.kind == "ignore_range") else CHUNK
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                while sent < send and not self.hub._stopping.is_set():
+                    data = os.pread(fd, min(chunk, send - sent), start + sent)
+                    if not data:
+                        break
+                    self.wfile.write(data)
+                    sent += len(data)
+            finally:
+                os.close(fd)
+            if sent < length:
+                self.close_connection = True
+                self.wfile.flush()
+                try:
+                    self.connection.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+        except (BrokenPipeError, ConnectionResetError, socket.timeout, TimeoutError):
+            self.close_connection = True
+        finally:
+            self.hub._record(self.command, self._path, status, rng, sent)
+
+
+def serve_forever(dirs: dict[str, str], port_file: str | None = None) -> None:  # pragma: no cover - manual use
+    """Run a hub from the command line: python tests/hub_server.py owner/name=DIR ..."""
+    with FakeHub() as hub:
+        for repo_id, d in dirs.items():
+            hub.add_repo(repo_id, d)
+        print(hub.endpoint, flush=True)
+        if port_file:
+            Path(port_file).write_text(hub.endpoint)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    serve_forever(dict(a.split("=", 1) for a in sys.argv[1:]))
