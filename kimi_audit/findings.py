@@ -1,0 +1,57 @@
+"""Findings: what an audit reports. Codes are stable; README.md lists them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {"error": 2, "warning": 1, "info": 0}[self.value]
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: Severity
+    message: str
+    tensor: str | None = None
+    shard: str | None = None
+    expected: Any = None
+    actual: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "severity": self.severity.value,
+            "message": self.message,
+            "tensor": self.tensor,
+            "shard": self.shard,
+            "expected": _jsonable(self.expected),
+            "actual": _jsonable(self.actual),
+        }
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def error(code: str, message: str, **kw: Any) -> Finding:
+    return Finding(code, Severity.ERROR, message, **kw)
+
+
+def warning(code: str, message: str, **kw: Any) -> Finding:
+    return Finding(code, Severity.WARNING, message, **kw)
+
+
+def info(code: str, message: str, **kw: Any) -> Finding:
+    return Finding(code, Severity.INFO, message, **kw)

@@ -1,0 +1,346 @@
+"""Strict safetensors header reader.
+
+A shard is `u64 little-endian N` + `N bytes of UTF-8 JSON` + the data buffer. This module parses the
+first two parts and validates them against the format's rules, reporting each violation as a Finding.
+It never reads tensor data: `read_shard_header` issues at most two range reads, both within the header.
+
+The parser is pure (`parse_shard_prefix`), so the same code serves local files, Hub range reads and
+the fuzz tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from itertools import chain
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from kimi_audit.constants import DTYPE_BITS, HEADER_LENGTH_BYTES, MAX_HEADER_BYTES
+from kimi_audit.findings import Finding, Severity, error, warning
+from kimi_audit.sources.base import Source
+
+U64_MAX = 2**64 - 1
+I64_MAX = 2**63 - 1
+ENTRY_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
+JSON_WHITESPACE = " \t\n\r"
+
+
+class TensorInfo(NamedTuple):
+    """One tensor entry of a header. Offsets are relative to the data buffer (byte 8 + N)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class TensorColumns(NamedTuple):
+    """A header's valid entries as parallel columns (how the parser validates them)."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    begins: list[int]
+    ends: list[int]
+
+    @staticmethod
+    def of(infos: list[TensorInfo]) -> "TensorColumns":
+        return TensorColumns(*(list(col) for col in zip(*infos))) if infos else EMPTY_COLUMNS
+
+
+EMPTY_COLUMNS = TensorColumns([], [], [], [], [])
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    shard: str
+    file_size: int
+    header_len: int | None
+    """N from the length prefix, or None when the file is too short to hold one."""
+    metadata: dict[str, str] | None = None
+    columns: TensorColumns = EMPTY_COLUMNS
+    findings: tuple[Finding, ...] = ()
+
+    @cached_property
+    def tensors(self) -> dict[str, TensorInfo]:
+        c = self.columns
+        new = tuple.__new__
+        return {row[0]: new(TensorInfo, row) for row in zip(c.names, c.dtypes, map(tuple, c.shapes), c.begins, c.ends)}
+
+    @property
+    def tensor_count(self) -> int:
+        return len(self.columns.names)
+
+    @property
+    def data_start(self) -> int:
+        return HEADER_LENGTH_BYTES + (self.header_len or 0)
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity is Severity.ERROR for f in self.findings)
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(self.columns.ends) - sum(self.columns.begins)
+
+
+def header_length(prefix: bytes) -> int | None:
+    if len(prefix) < HEADER_LENGTH_BYTES:
+        return None
+    return int.from_bytes(prefix[:HEADER_LENGTH_BYTES], "little")
+
+
+def read_shard_header(source: Source, shard: str, first_read: int = 1 << 16) -> ShardHeader:
+    """Fetch and parse one shard's header: one read of `first_read` bytes, a second only if short."""
+    first = source.read_range(shard, 0, max(first_read, HEADER_LENGTH_BYTES))
+    data = first.data
+    n = header_length(data)
+    if n is not None and n <= MAX_HEADER_BYTES:
+        need = HEADER_LENGTH_BYTES + n
+        if len(data) < need <= first.file_size:
+            rest = source.read_range(shard, len(data), need - len(data))
+            data += rest.data
+    return parse_shard_prefix(data, shard=shard, file_size=first.file_size)
+
+
+def parse_shard_prefix(prefix: bytes, *, shard: str, file_size: int) -> ShardHeader:
+    """Parse the leading bytes of a shard (at least 8 + N of them when the file has them)."""
+    n = header_length(prefix)
+
+    def fail(code: str, message: str, header_len: int | None = n, **kw: Any) -> ShardHeader:
+        return ShardHeader(shard, file_size, header_len, findings=(error(code, message, shard=shard, **kw),))
+
+    if n is None or file_size < HEADER_LENGTH_BYTES:
+        return fail("HEADER_TOO_SHORT", f"file is {file_size} bytes, too short for the 8-byte header length", None)
+    if n > MAX_HEADER_BYTES:
+        return fail("HEADER_TOO_LARGE", f"header length {n:,} exceeds the {MAX_HEADER_BYTES:,}-byte limit",
+                    expected=MAX_HEADER_BYTES, actual=n)
+    if HEADER_LENGTH_BYTES + n > file_size:
+        return fail("HEADER_PAST_EOF", f"header length {n:,} runs past the end of the {file_size:,}-byte file",
+                    expected=file_size - HEADER_LENGTH_BYTES, actual=n)
+    if len(prefix) < HEADER_LENGTH_BYTES + n:
+        return fail("HEADER_SHORT_READ", f"only {len(prefix) - 8:,} of {n:,} header bytes could be read")
+    return parse_header_json(prefix[HEADER_LENGTH_BYTES:HEADER_LENGTH_BYTES + n], shard=shard, file_size=file_size)
+
+
+def parse_header_json(raw: bytes, *, shard: str, file_size: int) -> ShardHeader:
+    """Validate the N header bytes. `file_size` is the whole shard's size, for the data extent rules."""
+    n = len(raw)
+    findings: list[Finding] = []
+
+    def fail(code: str, message: str) -> ShardHeader:
+        findings.append(error(code, message, shard=shard))
+        return ShardHeader(shard, file_size, n, findings=tuple(findings))
+
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return fail("HEADER_NOT_UTF8", f"header is not valid UTF-8 at byte {e.start}")
+    body = text.rstrip(" ")
+    if body[:1] in tuple(JSON_WHITESPACE):
+        findings.append(warning("HEADER_LEADING_WHITESPACE", "header JSON starts with whitespace", shard=shard))
+    if body[-1:] in tuple(JSON_WHITESPACE):
+        findings.append(warning("HEADER_TRAILING_WHITESPACE",
+                                "header padding holds whitespace other than spaces", shard=shard))
+    try:
+        obj = json.loads(body, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        return fail("HEADER_INVALID_JSON", f"header is not valid JSON: {e.msg} at character {e.pos}")
+    except RecursionError:
+        return fail("HEADER_INVALID_JSON", "header JSON is nested too deeply")
+    except ValueError as e:  # NaN/Infinity literals, integers with too many digits
+        return fail("HEADER_INVALID_JSON", f"header is not valid JSON: {e}")
+    if type(obj) is not dict:
+        return fail("HEADER_NOT_OBJECT", f"header JSON is a {type(obj).__name__}, not an object")
+
+    metadata = obj.get("__metadata__")
+    pairs = len(obj)
+    if type(metadata) is dict:
+        pairs += len(metadata)
+        if not all(type(k) is str and type(v) is str for k, v in metadata.items()):
+            findings.append(error("METADATA_INVALID", "__metadata__ must map strings to strings", shard=shard))
+            metadata = None
+    elif metadata is not None:
+        findings.append(error("METADATA_INVALID",
+                              f"__metadata__ is a {type(metadata).__name__}, not a string map", shard=shard))
+        metadata = None
+
+    columns, entry_pairs = _tensor_entries(obj, shard, findings)
+    if body.count(":") != pairs + entry_pairs:
+        # Cheap proof of no duplicate keys failed (colons also occur inside strings): look properly.
+        findings.extend(_duplicate_key_findings(body, shard))
+    findings.extend(_extent_findings(columns, shard, n, file_size))
+    return ShardHeader(shard, file_size, n, metadata, columns, tuple(findings))
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in JSON")
+
+
+def _tensor_entries(obj: dict[str, Any], shard: str, findings: list[Finding]) -> tuple[TensorColumns, int]:
+    """Check every tensor entry; returns the usable ones and the number of key/value pairs they hold."""
+    names = [k for k in obj if k != "__metadata__"]
+    entries = [obj[k] for k in names]
+    fast = _fast_entries(names, entries)
+    if fast is not None:
+        return fast, 3 * len(names)
+    infos = []
+    pairs = 0
+    for name, e in zip(names, entries):
+        if type(e) is dict:
+            pairs += len(e)
+        entry = _check_entry(name, e, shard, findings)
+        if entry is not None:
+            infos.append(entry)
+    return TensorColumns.of(infos), pairs
+
+
+def _fast_entries(names: list[str], entries: list[Any]) -> TensorColumns | None:
+    """Validate all entries at once, column by column; None as soon as any entry needs a closer look.
+
+    Every step runs inside builtins or numpy, which is what makes a 140k-tensor checkpoint cost
+    about as much to validate as to json.loads.
+    """
+    if not entries:
+        return EMPTY_COLUMNS
+    if set(map(type, entries)) != {dict} or set(map(len, entries)) != {3}:
+        return None
+    try:
+        dts = [e["dtype"] for e in entries]
+        shapes = [e["shape"] for e in entries]
+        offs = [e["data_offsets"] for e in entries]
+    except KeyError:
+        return None
+    if set(map(type, dts)) != {str} or not set(dts) <= DTYPE_BITS.keys():
+        return None
+    if set(map(type, shapes)) != {list} or set(map(type, offs)) != {list} or set(map(len, offs)) != {2}:
+        return None
+    dims = list(chain.from_iterable(shapes))
+    flat = list(chain.from_iterable(offs))
+    if not set(map(type, flat)) <= {int} or not set(map(type, dims)) <= {int}:
+        return None
+    if (dims and min(dims) < 0) or min(flat) < 0 or max(flat) > I64_MAX or (dims and max(dims) > I64_MAX):
+        return None
+    numels = list(map(math.prod, shapes))
+    if max(numels) > I64_MAX >> 4:
+        return None
+    bounds = np.array(flat, dtype=np.int64).reshape(-1, 2)
+    begins, ends = bounds[:, 0], bounds[:, 1]
+    bits = np.array([DTYPE_BITS[d] for d in dts], dtype=np.int64)
+    nbits = np.array(numels, dtype=np.int64) * bits
+    if not ((ends >= begins).all() and ((ends - begins) * 8 == nbits).all()):
+        return None
+    return TensorColumns(names, dts, shapes, begins.tolist(), ends.tolist())
+
+
+def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> TensorInfo | None:
+    """The slow path: say exactly what is wrong with one entry. Returns it if usable for offsets."""
+
+    def bad(code: str, message: str, **kw: Any) -> None:
+        findings.append(error(code, f"{name}: {message}", tensor=name, shard=shard, **kw))
+
+    if type(e) is not dict:
+        bad("TENSOR_ENTRY_INVALID", f"entry is a {type(e).__name__}, not an object")
+        return None
+    missing = sorted(ENTRY_FIELDS - e.keys())
+    if missing:
+        bad("TENSOR_ENTRY_INVALID", f"entry lacks {', '.join(missing)}")
+        return None
+    extra = sorted(e.keys() - ENTRY_FIELDS)
+    if extra:
+        findings.append(warning("TENSOR_EXTRA_FIELD", f"{name}: entry has fields outside the schema: "
+                                f"{', '.join(extra)}", tensor=name, shard=shard))
+    dt, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
+    usable = True
+    bits = DTYPE_BITS.get(dt) if type(dt) is str else None
+    if bits is None:
+        bad("DTYPE_UNKNOWN", f"unknown dtype {dt!r}", actual=dt)
+        usable = False
+    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+        bad("SHAPE_INVALID", f"shape {shape!r} is not a list of non-negative integers", actual=_short(shape))
+        usable = False
+    if not (type(offs) is list and len(offs) == 2 and all(type(o) is int for o in offs)):
+        bad("OFFSETS_INVALID", f"data_offsets {_short(offs)!r} is not [begin, end]", actual=_short(offs))
+        return None
+    begin, end = offs
+    if not 0 <= begin <= end <= U64_MAX:
+        bad("OFFSETS_INVALID", f"data_offsets [{begin}, {end}] must satisfy 0 <= begin <= end < 2^64",
+            actual=[begin, end])
+        return None
+    if usable:
+        assert bits is not None and isinstance(shape, list)
+        numel = math.prod(shape)
+        nbits = numel * bits
+        if nbits > U64_MAX:
+            bad("SHAPE_INVALID", f"shape {shape} overflows a 64-bit size", actual=shape)
+        elif nbits % 8:
+            bad("SIZE_MISMATCH", f"{numel} x {bits} bits is not a whole number of bytes", actual=shape)
+        elif nbits // 8 != end - begin:
+            bad("SIZE_MISMATCH", f"{dt} {shape} needs {nbits // 8:,} bytes, data_offsets span {end - begin:,}",
+                expected=nbits // 8, actual=end - begin)
+        return TensorInfo(name, dt, tuple(shape), begin, end)
+    # Extent still validated, so one bad dtype doesn't also read as a gap in the buffer.
+    return TensorInfo(name, str(dt), (), begin, end)
+
+
+def _short(v: Any, limit: int = 80) -> Any:
+    r = repr(v)
+    return v if len(r) <= limit else r[:limit] + "..."
+
+
+def _extent_findings(columns: TensorColumns, shard: str, n: int, file_size: int) -> list[Finding]:
+    """Offsets must tile the data buffer exactly: from 0, no gaps, no overlaps, to the end of the file."""
+    out: list[Finding] = []
+    begins, ends = columns.begins, columns.ends
+    if begins and (begins[0] != 0 or begins[1:] != ends[:-1]):
+        pos = 0
+        for begin, end, name in sorted(zip(begins, ends, columns.names)):
+            if begin < pos:
+                out.append(error("OFFSETS_OVERLAP", f"{name}: data [{begin}, {end}) overlaps bytes before {pos}",
+                                 tensor=name, shard=shard, expected=pos, actual=begin))
+            elif begin > pos:
+                out.append(error("OFFSETS_GAP", f"{name}: data starts at {begin}, leaving {begin - pos:,} unused "
+                                 f"bytes after {pos}", tensor=name, shard=shard, expected=pos, actual=begin))
+            pos = max(pos, end)
+    else:
+        pos = ends[-1] if ends else 0
+    data_end = HEADER_LENGTH_BYTES + n + pos
+    if data_end > file_size:
+        out.append(error("DATA_PAST_EOF", f"tensor data ends at byte {data_end:,}, past the end of the "
+                         f"{file_size:,}-byte file", shard=shard, expected=file_size, actual=data_end))
+    elif data_end < file_size:
+        out.append(error("TRAILING_BYTES", f"{file_size - data_end:,} bytes follow the last tensor",
+                         shard=shard, expected=data_end, actual=file_size))
+    return out
+
+
+def _duplicate_key_findings(body: str, shard: str) -> list[Finding]:
+    dups: list[str] = []
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                dups.append(k)
+            seen.add(k)
+        return dict(pairs)
+
+    json.loads(body, object_pairs_hook=hook, parse_constant=_reject_constant)
+    return [
+        error("HEADER_DUPLICATE_KEY", f"key {k!r} appears more than once (most readers keep the last silently)",
+              tensor=k, shard=shard)
+        for k in dups
+    ]

@@ -1,0 +1,165 @@
+"""Every tensor a DeepseekV3-family checkpoint should hold, derived from its config.
+
+Mirrors modeling_deepseek.py: DeepseekV3Attention (MLA), DeepseekV3MLP for dense blocks,
+DeepseekV3MoE (router gate + routed experts + shared experts) for MoE blocks, and the
+multi-token-prediction layers stored after the main stack (DeepSeek-V3's `model.layers.61`).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple
+
+from kimi_audit.config import ModelConfig
+
+PARAMETER = "parameter"
+SCALE = "scale"
+BUFFER = "buffer"
+
+DENSE = "dense"
+MOE = "moe"
+MTP = "mtp"
+
+SCALE_SUFFIX = ".weight_scale_inv"
+FP8_DTYPE = "F8_E4M3"
+SCALE_DTYPE = "F32"
+
+
+class ExpectedTensor(NamedTuple):
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str
+    """PARAMETER, SCALE (quantization metadata) or BUFFER (stored, not a parameter)."""
+    component: str
+    """The name with layer and expert indices taken out, e.g. `self_attn.q_a_layernorm.weight`."""
+    layer: int | None
+    block: str | None
+    """DENSE, MOE or MTP for tensors inside a decoder layer."""
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
+    out, inp = shape
+    return ceil_div(out, block[0]), ceil_div(inp, block[1])
+
+
+def is_fp8(cfg: ModelConfig) -> bool:
+    return cfg.quantization is not None and cfg.quantization.method == "fp8"
+
+
+def expected_layout(cfg: ModelConfig) -> dict[str, ExpectedTensor]:
+    """Name -> expected tensor, in checkpoint order (embedding, layers 0..N-1, MTP layers, norm, lm_head)."""
+    h, dt = cfg.hidden_size, cfg.dtype
+    out: dict[str, ExpectedTensor] = {}
+    out["model.embed_tokens.weight"] = ExpectedTensor(
+        "model.embed_tokens.weight", dt, (cfg.vocab_size, h), PARAMETER, "model.embed_tokens.weight", None, None)
+    # Layers of one block kind differ only in their index: build each kind once, then stamp it out.
+    templates: dict[str, list[ExpectedTensor]] = {}
+    new = tuple.__new__
+    for layer in range(cfg.total_layers):
+        block = layer_block(cfg, layer)
+        template = templates.get(block)
+        if template is None:
+            template = templates[block] = list(_decoder_layer(cfg, layer))
+        p = f"model.layers.{layer}."
+        for t in template:
+            name = p + t[0]
+            out[name] = new(ExpectedTensor, (name, t[1], t[2], t[3], t[4], layer, block))
+    out["model.norm.weight"] = ExpectedTensor("model.norm.weight", dt, (h,), PARAMETER, "model.norm.weight", None, None)
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = ExpectedTensor(
+            "lm_head.weight", dt, (cfg.vocab_size, h), PARAMETER, "lm_head.weight", None, None)
+    return out
+
+
+def layer_block(cfg: ModelConfig, layer: int) -> str:
+    if layer >= cfg.num_hidden_layers:
+        return MTP
+    return MOE if cfg.is_moe_layer(layer) else DENSE
+
+
+def _decoder_layer(cfg: ModelConfig, layer: int) -> Iterator[ExpectedTensor]:
+    """One layer's tensors, named relative to its `model.layers.{i}.` prefix."""
+    block = layer_block(cfg, layer)
+    mtp = block == MTP
+    h, dt = cfg.hidden_size, cfg.dtype
+    fp8 = is_fp8(cfg)
+    block_size = cfg.quantization.block if cfg.quantization else (128, 128)
+
+    def param(component: str, shape: tuple[int, ...], dtype: str = dt) -> ExpectedTensor:
+        return ExpectedTensor(component, dtype, shape, PARAMETER, component, layer, block)
+
+    def linear(module: str, out: int, inp: int, bias: bool = False) -> Iterator[ExpectedTensor]:
+        shape = (out, inp)
+        if fp8:
+            yield param(module + ".weight", shape, FP8_DTYPE)
+            comp = module + SCALE_SUFFIX
+            yield ExpectedTensor(comp, SCALE_DTYPE, scale_shape(shape, block_size), SCALE, comp, layer, block)
+        else:
+            yield param(module + ".weight", shape, dt)
+        if bias:
+            yield param(module + ".bias", (out,), dt)
+
+    if mtp:
+        yield param("embed_tokens.weight", (cfg.vocab_size, h))
+        yield param("enorm.weight", (h,))
+        yield param("hnorm.weight", (h,))
+        yield param("eh_proj.weight", (h, 2 * h))
+        yield param("shared_head.norm.weight", (h,))
+        yield param("shared_head.head.weight", (cfg.vocab_size, h))
+
+    yield param("input_layernorm.weight", (h,))
+    yield param("post_attention_layernorm.weight", (h,))
+
+    heads, qhd, bias = cfg.num_attention_heads, cfg.q_head_dim, cfg.attention_bias
+    if cfg.q_lora_rank is None:
+        yield from linear("self_attn.q_proj", heads * qhd, h)
+    else:
+        yield from linear("self_attn.q_a_proj", cfg.q_lora_rank, h, bias)
+        yield param("self_attn.q_a_layernorm.weight", (cfg.q_lora_rank,))
+        yield from linear("self_attn.q_b_proj", heads * qhd, cfg.q_lora_rank)
+    yield from linear("self_attn.kv_a_proj_with_mqa", cfg.kv_lora_rank + cfg.qk_rope_head_dim, h, bias)
+    yield param("self_attn.kv_a_layernorm.weight", (cfg.kv_lora_rank,))
+    yield from linear("self_attn.kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)
+    yield from linear("self_attn.o_proj", h, heads * cfg.v_head_dim, bias)
+    comp = "self_attn.rotary_emb.inv_freq"
+    yield ExpectedTensor(comp, dt, (cfg.qk_rope_head_dim // 2,), BUFFER, comp, layer, block)
+
+    if block == DENSE:
+        yield from _mlp(linear, "mlp", cfg.intermediate_size, h)
+        return
+    assert cfg.n_routed_experts is not None
+    yield param("mlp.gate.weight", (cfg.n_routed_experts, h))
+    if cfg.topk_method == "noaux_tc":
+        yield param("mlp.gate.e_score_correction_bias", (cfg.n_routed_experts,), "F32")
+    inter = cfg.moe_intermediate_size
+    for e in range(cfg.n_routed_experts):
+        for t in _mlp(linear, f"mlp.experts.{e}", inter, h):
+            yield t._replace(component=t.component.replace(f"experts.{e}.", "experts.", 1))
+    if cfg.n_shared_experts:
+        yield from _mlp(linear, "mlp.shared_experts", inter * cfg.n_shared_experts, h)
+
+
+def _mlp(linear, module: str, inter: int, h: int) -> Iterator[ExpectedTensor]:  # type: ignore[no-untyped-def]
+    yield from linear(f"{module}.gate_proj", inter, h)
+    yield from linear(f"{module}.up_proj", inter, h)
+    yield from linear(f"{module}.down_proj", h, inter)
+
+
+def classify_name(name: str) -> str:
+    """Kind of a tensor the layout does not know, from its name alone."""
+    if name.endswith((SCALE_SUFFIX, ".weight_scale", ".weight_shape", ".input_scale")):
+        return SCALE
+    if name.endswith(".inv_freq"):
+        return BUFFER
+    return PARAMETER
