@@ -292,6 +292,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "FakeHub/1.0"
     timeout = 30  # idle keep-alive connections end on their own
+    disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stalls
 
     def log_message(self, format: str, *args: object) -> None:  # quiet
         pass

@@ -1,0 +1,150 @@
+"""Load what an audit needs from a source: config.json, the index and every shard's header.
+
+This is the only place the audit does I/O; everything downstream works on the returned Checkpoint.
+"""
+
+from __future__ import annotations
+
+import gc
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from kimi_audit.config import ModelConfig, parse_config_bytes
+from kimi_audit.constants import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    MAX_CONFIG_BYTES,
+    MAX_INDEX_BYTES,
+    SAFETENSORS_SUFFIX,
+)
+from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError
+from kimi_audit.findings import Finding, error, warning
+from kimi_audit.format import ShardHeader, read_shard_header
+from kimi_audit.header_estimate import first_read_bytes
+from kimi_audit.index import IndexFile, natural_key, parse_index
+from kimi_audit.sources.base import Source
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    label: str
+    revision: str | None
+    files: tuple[str, ...]
+    config_raw: dict[str, Any]
+    config: ModelConfig
+    index: IndexFile | None
+    headers: dict[str, ShardHeader]
+    """Shard name -> parsed header, for every shard that could be read, in natural order."""
+    findings: tuple[Finding, ...]
+    """What loading itself found: absent or unlisted shards, pickle files, unreadable files."""
+
+
+ProgressFn = Callable[[str, int, int], None]
+"""Called with (shard, done, total) after each header is read."""
+
+
+def load_config(source: Source) -> tuple[dict[str, Any], ModelConfig]:
+    try:
+        raw = source.read_file(CONFIG_FILE, MAX_CONFIG_BYTES)
+    except FileMissingError:
+        raise ConfigError(f"no {CONFIG_FILE} in {source.label}: the expected layout is derived from it") from None
+    except FileTooLargeError as e:
+        raise ConfigError(str(e)) from None
+    return parse_config_bytes(raw)
+
+
+def load_index(source: Source, files: tuple[str, ...]) -> tuple[IndexFile | None, list[Finding]]:
+    if INDEX_FILE not in files:
+        return None, []
+    try:
+        return parse_index(source.read_file(INDEX_FILE, MAX_INDEX_BYTES), INDEX_FILE), []
+    except FileTooLargeError as e:
+        return None, [error("INDEX_TOO_LARGE", str(e), shard=INDEX_FILE)]
+
+
+def shards_to_read(files: tuple[str, ...], index: IndexFile | None) -> tuple[list[str], list[Finding]]:
+    on_disk = [f for f in files if f.endswith(SAFETENSORS_SUFFIX)]
+    findings: list[Finding] = []
+    present = set(on_disk)
+    if index is not None:
+        listed: dict[str, int] = {}
+        for shard in index.weight_map.values():
+            listed[shard] = listed.get(shard, 0) + 1
+        for shard, count in listed.items():
+            if shard not in present:
+                findings.append(error("INDEX_SHARD_ABSENT", f"{INDEX_FILE} maps {count:,} tensors to {shard}, "
+                                      "which is not in the checkpoint", shard=shard, actual=count))
+        for shard in on_disk:
+            if shard not in listed:
+                findings.append(warning("SHARD_NOT_IN_INDEX", f"{shard} is not listed in {INDEX_FILE}; loaders "
+                                        "that follow the index will not read it", shard=shard))
+    elif len(on_disk) > 1:
+        findings.append(warning("INDEX_MISSING", f"{len(on_disk)} shards but no {INDEX_FILE}"))
+    for f in files:
+        if f.endswith(PICKLE_SUFFIXES):
+            findings.append(warning("PICKLE_NOT_INSPECTED", f"{f} is a pickle-based file: not inspected "
+                                    "(kimi-audit never unpickles)", shard=f))
+    if not on_disk:
+        findings.append(error("NO_SAFETENSORS", "the checkpoint has no .safetensors files"))
+    return sorted(on_disk, key=natural_key), findings
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Parsing builds ~10^6 acyclic objects; the cycle collector would rescan them all, repeatedly."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def read_headers(
+    source: Source, shards: list[str], index: IndexFile | None, progress: ProgressFn | None = None
+) -> tuple[dict[str, ShardHeader], list[Finding]]:
+    names_by_shard: dict[str, list[str]] = {s: [] for s in shards}
+    if index is not None:
+        for tensor, shard in index.weight_map.items():
+            if shard in names_by_shard:
+                names_by_shard[shard].append(tensor)
+
+    def one(shard: str) -> ShardHeader | Finding:
+        try:
+            return read_shard_header(source, shard, first_read_bytes(names_by_shard[shard]))
+        except SourceError as e:
+            return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
+
+    results: dict[str, ShardHeader | Finding] = {}
+    total = len(shards)
+    with _gc_paused():
+        if source.parallel_reads > 1 and total > 1:
+            with ThreadPoolExecutor(max_workers=min(source.parallel_reads, total)) as pool:
+                for done, (shard, result) in enumerate(zip(shards, pool.map(one, shards)), 1):
+                    results[shard] = result
+                    if progress:
+                        progress(shard, done, total)
+        else:
+            for done, shard in enumerate(shards, 1):
+                results[shard] = one(shard)
+                if progress:
+                    progress(shard, done, total)
+    headers = {s: r for s, r in results.items() if isinstance(r, ShardHeader)}
+    failures = [r for r in results.values() if isinstance(r, Finding)]
+    return headers, failures
+
+
+def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Checkpoint:
+    files = source.list_files()
+    config_raw, config = load_config(source)
+    index, findings = load_index(source, files)
+    shards, shard_findings = shards_to_read(files, index)
+    findings += shard_findings
+    headers, failures = read_headers(source, shards, index, progress)
+    findings += failures
+    return Checkpoint(source.label, source.revision, files, config_raw, config, index, headers, tuple(findings))

@@ -1,0 +1,1 @@
+"""Checks: pure functions from a loaded Checkpoint (and its expected layout) to Findings."""

@@ -1,0 +1,75 @@
+"""Actual tensors against the layout the config implies: presence, dtype, shape, FP8 scales, buffers."""
+
+from __future__ import annotations
+
+from kimi_audit.checks.tensors import Located
+from kimi_audit.findings import Finding, error, warning
+from kimi_audit.layout import BUFFER, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedTensor
+
+MISMATCH_CODES = {
+    PARAMETER: ("DTYPE_MISMATCH", "SHAPE_MISMATCH"),
+    SCALE: ("SCALE_DTYPE", "SCALE_SHAPE"),
+    BUFFER: ("BUFFER_DTYPE", "BUFFER_SHAPE"),
+}
+
+
+def weight_of_scale(scale_name: str) -> str:
+    return scale_name[: -len(SCALE_SUFFIX)] + ".weight"
+
+
+def scale_of_weight(weight_name: str) -> str:
+    return weight_name[: -len(".weight")] + SCALE_SUFFIX
+
+
+def layout_findings(actual: Located, expected: dict[str, ExpectedTensor]) -> list[Finding]:
+    out: list[Finding] = []
+    for name, e in expected.items():
+        if name in actual or e.kind == BUFFER:
+            continue
+        want = [e.dtype, list(e.shape)]
+        if e.kind == SCALE:
+            out.append(error("SCALE_MISSING", f"{name}: FP8 weight {weight_of_scale(name)} has no "
+                             f"weight_scale_inv (expected {e.dtype} {list(e.shape)})", tensor=name, expected=want))
+        else:
+            out.append(error("TENSOR_MISSING", f"{name}: expected {e.dtype} {list(e.shape)}, not in any shard",
+                             tensor=name, expected=want))
+
+    for name, (t, shard) in actual.items():
+        e = expected.get(name)
+        if e is None:
+            out.extend(_unexpected(name, t.dtype, shard, actual, expected))
+            continue
+        if t.dtype == e.dtype and t.shape == e.shape:
+            if e.kind == SCALE:
+                weight_shard = actual.get(weight_of_scale(name), (None, shard))[1]
+                if weight_shard != shard:
+                    out.append(warning("SCALE_SHARD_SPLIT", f"{name} is in {shard} but its weight is in "
+                                       f"{weight_shard}; tools that convert one shard at a time miss it",
+                                       tensor=name, shard=shard, expected=weight_shard, actual=shard))
+            continue
+        dtype_code, shape_code = MISMATCH_CODES[e.kind]
+        make = warning if e.kind == BUFFER else error
+        what = {PARAMETER: "", SCALE: "scale ", BUFFER: "stored buffer (not a parameter) "}[e.kind]
+        if t.dtype != e.dtype:
+            out.append(make(dtype_code, f"{name}: {what}dtype {t.dtype}, expected {e.dtype}",
+                            tensor=name, shard=shard, expected=e.dtype, actual=t.dtype))
+        if t.shape != e.shape:
+            out.append(make(shape_code, f"{name}: {what}shape {list(t.shape)}, expected {list(e.shape)}",
+                            tensor=name, shard=shard, expected=list(e.shape), actual=list(t.shape)))
+    return out
+
+
+def _unexpected(name: str, dtype: str, shard: str, actual: Located, expected: dict[str, ExpectedTensor]) -> list[Finding]:
+    if name.endswith(SCALE_SUFFIX):
+        weight = weight_of_scale(name)
+        if weight not in actual:
+            return [error("SCALE_ORPHAN", f"{name}: scale without its weight {weight}", tensor=name, shard=shard)]
+        return [error("SCALE_UNEXPECTED", f"{name}: {weight} is not an FP8 weight in this layout, yet has a scale",
+                      tensor=name, shard=shard)]
+    out = [error("TENSOR_UNEXPECTED", f"{name}: {dtype} tensor the config does not account for",
+                 tensor=name, shard=shard, actual=dtype)]
+    if dtype.startswith("F8_") and name.endswith(".weight"):
+        scale = scale_of_weight(name)
+        if scale not in actual and scale not in expected:
+            out.append(error("SCALE_MISSING", f"{name}: FP8 weight without {scale}", tensor=scale, shard=shard))
+    return out

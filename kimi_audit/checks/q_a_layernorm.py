@@ -1,0 +1,86 @@
+"""Every layer's query-latent RMSNorm gain (`self_attn.q_a_layernorm.weight`, BF16 [q_lora_rank])."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kimi_audit.checks.tensors import Located
+from kimi_audit.config import ModelConfig
+from kimi_audit.layout import DENSE, MOE, MTP, layer_block
+
+COMPONENT = "self_attn.q_a_layernorm.weight"
+
+
+@dataclass(frozen=True)
+class GainRow:
+    layer: int
+    block: str
+    tensor: str
+    shard: str | None
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    ok: bool
+
+    @property
+    def params(self) -> int:
+        n = 1
+        for d in self.shape or (0,):
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class BlockTotal:
+    block: str
+    blocks: int
+    """Blocks of this kind whose gain was found with the expected dtype and shape."""
+    of: int
+    """Blocks of this kind the config defines."""
+    params: int
+    """Elements of the gains found in these blocks."""
+
+    def line(self, width: int) -> str:
+        label = {MOE: "MoE", DENSE: "dense", MTP: "MTP"}[self.block]
+        noun = "block" if self.of == 1 else "blocks"
+        missing = "" if self.blocks == self.of else f" (of {self.of} defined)"
+        sign = "=" if self.blocks * width == self.params else "≠"
+        return f"{self.blocks} {label} {noun}{missing} × {width:,} {sign} {self.params:,}"
+
+
+@dataclass(frozen=True)
+class QALayerNormReport:
+    width: int | None
+    """q_lora_rank from config.json; None when the model has no query compression."""
+    rows: tuple[GainRow, ...]
+    totals: tuple[BlockTotal, ...]
+
+    @property
+    def total_params(self) -> int:
+        return sum(t.params for t in self.totals)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+
+def q_a_layernorm_report(cfg: ModelConfig, actual: Located) -> QALayerNormReport:
+    if cfg.q_lora_rank is None:
+        return QALayerNormReport(None, (), ())
+    want = (cfg.q_lora_rank,)
+    rows = []
+    for layer in range(cfg.total_layers):
+        name = f"model.layers.{layer}.{COMPONENT}"
+        found = actual.get(name)
+        block = layer_block(cfg, layer)
+        if found is None:
+            rows.append(GainRow(layer, block, name, None, None, None, False))
+        else:
+            t, shard = found
+            rows.append(GainRow(layer, block, name, shard, t.dtype, t.shape, t.dtype == cfg.dtype and t.shape == want))
+    totals = []
+    for block in (MOE, DENSE, MTP):
+        mine = [r for r in rows if r.block == block]
+        if mine:
+            good = [r for r in mine if r.ok]
+            totals.append(BlockTotal(block, len(good), len(mine), sum(r.params for r in mine if r.shape)))
+    return QALayerNormReport(cfg.q_lora_rank, tuple(rows), tuple(totals))

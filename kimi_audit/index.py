@@ -1,0 +1,109 @@
+"""model.safetensors.index.json: `{"metadata": {"total_size": N}, "weight_map": {tensor: shard}}`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from kimi_audit.errors import UnsafePathError
+from kimi_audit.findings import Finding, error
+from kimi_audit.sources.base import safe_member_name
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    total_size: int | None
+    weight_map: dict[str, str] = field(default_factory=dict)
+    """Entries whose shard name is safe to open; unsafe ones are reported and dropped."""
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def shards(self) -> list[str]:
+        return sorted(set(self.weight_map.values()), key=natural_key)
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sort `model-2-of-61` before `model-10-of-61`."""
+    out: list[Any] = []
+    num = ""
+    for ch in name:
+        if ch.isdigit():
+            num += ch
+            continue
+        if num:
+            out.append(int(num))
+            num = ""
+        out.append(ch)
+    if num:
+        out.append(int(num))
+    return [(0, x) if isinstance(x, int) else (1, x) for x in out]
+
+
+def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> IndexFile:
+    def invalid(message: str) -> IndexFile:
+        return IndexFile(None, {}, (error("INDEX_INVALID", f"{name}: {message}", shard=name),))
+
+    try:
+        text = raw.decode("utf-8")
+        obj = json.loads(text)
+    except UnicodeDecodeError as e:
+        return invalid(f"not valid UTF-8 at byte {e.start}")
+    except json.JSONDecodeError as e:
+        return invalid(f"not valid JSON: {e.msg} at character {e.pos}")
+    except (ValueError, RecursionError) as e:
+        return invalid(f"not valid JSON: {e}")
+    if not isinstance(obj, dict):
+        return invalid(f"top level is a {type(obj).__name__}, not an object")
+    wm = obj.get("weight_map")
+    if not isinstance(wm, dict):
+        return invalid("has no weight_map object")
+    findings: list[Finding] = []
+    meta = obj.get("metadata")
+    total_size = None
+    if isinstance(meta, dict) and "total_size" in meta:
+        ts = meta["total_size"]
+        if type(ts) is int and ts >= 0:
+            total_size = ts
+        else:
+            findings.append(error("INDEX_INVALID", f"{name}: metadata.total_size {ts!r} is not a byte count",
+                                  shard=name))
+    pairs = len(obj) + len(wm) + (len(meta) if isinstance(meta, dict) else 0)
+    if text.count(":") != pairs:
+        findings.extend(_duplicates(text, name))
+
+    weight_map: dict[str, str] = {}
+    unsafe: dict[str, str] = {}
+    safe: set[str] = set()
+    for tensor, shard in wm.items():
+        if shard in safe:
+            weight_map[tensor] = shard
+            continue
+        if shard in unsafe:
+            continue
+        try:
+            safe_member_name(shard)
+        except UnsafePathError as e:
+            unsafe[shard] = str(e)
+            continue
+        safe.add(shard)
+        weight_map[tensor] = shard
+    for shard, why in unsafe.items():
+        findings.append(error("INDEX_UNSAFE_PATH", f"{name}: refused to open {why}", shard=str(shard)[:200]))
+    return IndexFile(total_size, weight_map, tuple(findings))
+
+
+def _duplicates(text: str, name: str) -> list[Finding]:
+    dups: list[str] = []
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                dups.append(k)
+            seen.add(k)
+        return dict(pairs)
+
+    json.loads(text, object_pairs_hook=hook)
+    return [error("INDEX_DUPLICATE_KEY", f"{name}: key {k!r} appears more than once", tensor=k, shard=name)
+            for k in dups]
