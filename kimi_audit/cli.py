@@ -150,6 +150,12 @@ def demo(
     raise typer.Exit(report.exit_code())
 
 
+# Commands defined in their own modules register themselves on `app` when imported.
+# fmt: off
+# (one import per line; keep this block just above main())
+# fmt: on
+
+
 def main() -> None:
     app()
 
