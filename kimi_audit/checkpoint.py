@@ -22,8 +22,9 @@ from kimi_audit.constants import (
 from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format import ShardHeader, read_shard_header
-from kimi_audit.header_estimate import first_read_bytes
+from kimi_audit.header_estimate import first_read_bytes, source_file_size
 from kimi_audit.index import IndexFile, natural_key, parse_index
+from kimi_audit.layout import expected_layout
 from kimi_audit.sources.base import Source
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -106,7 +107,8 @@ def _gc_paused() -> Iterator[None]:
 
 
 def read_headers(
-    source: Source, shards: list[str], index: IndexFile | None, progress: ProgressFn | None = None
+    source: Source, shards: list[str], index: IndexFile | None, progress: ProgressFn | None = None,
+    expected: Any = None,
 ) -> tuple[dict[str, ShardHeader], list[Finding]]:
     names_by_shard: dict[str, list[str]] = {s: [] for s in shards}
     if index is not None:
@@ -116,7 +118,8 @@ def read_headers(
 
     def one(shard: str) -> ShardHeader | Finding:
         try:
-            return read_shard_header(source, shard, first_read_bytes(names_by_shard[shard]))
+            first = first_read_bytes(names_by_shard[shard], expected, source_file_size(source, shard))
+            return read_shard_header(source, shard, first)
         except SourceError as e:
             return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
 
@@ -145,6 +148,8 @@ def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Check
     index, findings = load_index(source, files)
     shards, shard_findings = shards_to_read(files, index)
     findings += shard_findings
-    headers, failures = read_headers(source, shards, index, progress)
+    # Remote sources list file sizes: with the expected layout, each header's length is known exactly.
+    expected = expected_layout(config) if hasattr(source, "file_size") else None
+    headers, failures = read_headers(source, shards, index, progress, expected)
     findings += failures
     return Checkpoint(source.label, source.revision, files, config_raw, config, index, headers, tuple(findings))

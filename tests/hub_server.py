@@ -71,13 +71,14 @@ class Fault:
     keep_fraction: float = 0.5  # truncate: share of the promised body actually sent
 
 
-@dataclass(frozen=True)
+@dataclass
 class RequestRecord:
     method: str
     path: str
     status: int
     range: str | None
     bytes_sent: int
+    gen: int = field(default=0, repr=False, compare=False)  # which reset_stats() epoch counted it
 
 
 @dataclass
@@ -110,6 +111,7 @@ class FakeHub:
         self._faults: list[Fault] = []
         self._lock = threading.Lock()
         self._stats = Stats()
+        self._gen = 0
         self._hash_cache: dict[tuple[str, int, int], tuple[str, str]] = {}
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
@@ -163,21 +165,32 @@ class FakeHub:
         """A snapshot of the counters."""
         with self._lock:
             s = self._stats
-            return Stats(s.requests, s.bytes_sent, {k: list(v) for k, v in s.per_path.items()}, list(s.records))
+            records = [RequestRecord(r.method, r.path, r.status, r.range, r.bytes_sent) for r in s.records]
+            return Stats(s.requests, s.bytes_sent, {k: list(v) for k, v in s.per_path.items()}, records)
 
     def reset_stats(self) -> None:
         with self._lock:
             self._stats = Stats()
+            self._gen += 1
 
-    def _record(self, method: str, path: str, status: int, rng: str | None, nbytes: int) -> None:
+    def _record(self, method: str, path: str, status: int, rng: str | None, nbytes: int) -> RequestRecord:
+        """Count a request (before its body goes out, so a client never sees an answer not yet counted)."""
         with self._lock:
+            rec = RequestRecord(method, path, status, rng, 0, self._gen)
             s = self._stats
             s.requests += 1
-            s.bytes_sent += nbytes
-            entry = s.per_path.setdefault(path, [0, 0])
-            entry[0] += 1
-            entry[1] += nbytes
-            s.records.append(RequestRecord(method, path, status, rng, nbytes))
+            s.per_path.setdefault(path, [0, 0])[0] += 1
+            s.records.append(rec)
+        self._add_bytes(rec, nbytes)
+        return rec
+
+    def _add_bytes(self, rec: RequestRecord, nbytes: int) -> None:
+        with self._lock:
+            rec.bytes_sent += nbytes
+            s = self._stats
+            if rec.gen == self._gen:  # not reset since
+                s.bytes_sent += nbytes
+                s.per_path.setdefault(rec.path, [0, 0])[1] += nbytes
 
     # --- lifecycle -----------------------------------------------------------------------------
     @property
@@ -312,11 +325,10 @@ class _Handler(BaseHTTPRequestHandler):
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()
-        sent = 0
-        if self.command != "HEAD" and body:
-            self.wfile.write(body)
-            sent = len(body)
-        self.hub._record(self.command, self._path, status, self.headers.get("Range"), sent)
+        send = body if self.command != "HEAD" else b""
+        self.hub._record(self.command, self._path, status, self.headers.get("Range"), len(send))
+        if send:
+            self.wfile.write(send)
 
     def _error(self, status: int, code: str | None, message: str, commit: str | None = None) -> None:
         headers = {"X-Error-Message": message}
@@ -502,9 +514,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(length))
         for k, v in headers.items():
             self.send_header(k, v)
+        rec = self.hub._record(self.command, self._path, status, rng, 0)
         self.end_headers()
         if self.command == "HEAD":
-            self.hub._record(self.command, self._path, status, rng, 0)
             return
         send = length
         if fault is not None and fault.kind == "truncate":
@@ -519,7 +531,12 @@ class _Handler(BaseHTTPRequestHandler):
                     data = os.pread(fd, min(chunk, send - sent), start + sent)
                     if not data:
                         break
-                    self.wfile.write(data)
+                    self.hub._add_bytes(rec, len(data))
+                    try:
+                        self.wfile.write(data)
+                    except OSError:
+                        self.hub._add_bytes(rec, -len(data))  # the peer hung up: this chunk did not go out
+                        raise
                     sent += len(data)
             finally:
                 os.close(fd)
@@ -532,8 +549,6 @@ class _Handler(BaseHTTPRequestHandler):
                     pass
         except (BrokenPipeError, ConnectionResetError, socket.timeout, TimeoutError):
             self.close_connection = True
-        finally:
-            self.hub._record(self.command, self._path, status, rng, sent)
 
 
 def serve_forever(dirs: dict[str, str], port_file: str | None = None) -> None:  # pragma: no cover - manual use

@@ -109,19 +109,30 @@ def write_safetensors(path: Path, arrays: dict[str, np.ndarray]) -> None:
     serialize_file(specs, str(path), metadata={"format": "pt"})
 
 
-def build_tiny(directory: Path, seed: int = 0) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    arrays = {k: np.ascontiguousarray(v) for k, v in tiny_tensors(seed).items()}
+def tiny_shards(seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
+    """Shard name -> {tensor name: array}, as build_tiny writes them."""
     shards: dict[str, dict[str, np.ndarray]] = {}
-    for name, arr in arrays.items():
-        shards.setdefault(tiny_shard_of(name), {})[name] = arr
+    for name, arr in tiny_tensors(seed).items():
+        shards.setdefault(tiny_shard_of(name), {})[name] = np.ascontiguousarray(arr)
+    return shards
+
+
+def write_tiny(directory: Path, shards: dict[str, dict[str, np.ndarray]], config: dict | None = None) -> Path:
+    """Write shards, a matching index and config.json into `directory`, replacing any shards there."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("*.safetensors"):
+        old.unlink()
     weight_map = {}
     total = 0
     for shard, members in shards.items():
         write_safetensors(directory / shard, members)
         weight_map.update({k: shard for k in members})
         total += sum(a.nbytes for a in members.values())
-    (directory / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2))
+    (directory / "config.json").write_text(json.dumps(config or TINY_CONFIG, indent=2))
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return directory
+
+
+def build_tiny(directory: Path, seed: int = 0) -> Path:
+    return write_tiny(directory, tiny_shards(seed))

@@ -39,6 +39,9 @@ def layout_findings(actual: Located, expected: dict[str, ExpectedTensor]) -> lis
         if e is None:
             out.extend(_unexpected(name, t.dtype, shard, actual, expected))
             continue
+        if e.kind == SCALE and weight_of_scale(name) not in actual:
+            out.append(error("SCALE_ORPHAN", f"{name}: scale without its weight {weight_of_scale(name)}",
+                             tensor=name, shard=shard))
         if t.dtype == e.dtype and t.shape == e.shape:
             if e.kind == SCALE:
                 weight_shard = actual.get(weight_of_scale(name), (None, shard))[1]

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from kimi_audit.constants import PINNED_REPO_ID, PINNED_REVISION
-from kimi_audit.errors import FileMissingError, FileTooLargeError, ShortReadError, SourceError
+from kimi_audit.errors import FileMissingError, FileTooLargeError, KimiAuditError, ShortReadError
 from kimi_audit.sources.base import RangeRead, safe_member_name
 
 DEFAULT_REPO_ID = PINNED_REPO_ID
@@ -37,8 +37,13 @@ _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNOR
 _READ_CHUNK = 1 << 20
 
 
-class HubError(SourceError):
-    """The Hub (or whatever HF_ENDPOINT points at) refused or failed a request."""
+class HubError(KimiAuditError):
+    """The Hub (or whatever HF_ENDPOINT points at) refused or failed a request.
+
+    Not a SourceError: it is about the server, not one file, so an audit stops at once (exit 2)
+    instead of reporting every shard unreadable. A missing file is a FileMissingError and a body
+    that kept breaking off a ShortReadError (both SourceErrors: findings for that one shard).
+    """
 
 
 class RepoNotFoundError(HubError):
@@ -125,6 +130,7 @@ class HubSource:
         self.revision: str | None = None
         self._sizes: dict[str, int | None] = {}
         self._lfs_sha256: dict[str, str] = {}
+        self._fatal: HubError | None = None
         self._resolve()
         self.label = f"{self.repo_id}@{self.revision}"
 
@@ -279,7 +285,13 @@ class HubSource:
             length = min(length, size - start)
         elif length == 0:
             return RangeRead(b"", 0)
-        data, total = self._ranged_get(name, start, start + length - 1)
+        if self._fatal is not None:  # the server already failed in a way no retry mends: fail fast
+            raise type(self._fatal)(str(self._fatal))
+        try:
+            data, total = self._ranged_get(name, start, start + length - 1)
+        except (RangeNotSupportedError, HubTimeoutError, GatedRepoError, HubOfflineError) as e:
+            self._fatal = e
+            raise
         file_size = total if total is not None else (size if size is not None else start + len(data))
         expected = max(0, min(length, file_size - start))
         if len(data) < expected:

@@ -1,0 +1,142 @@
+"""Benchmark: kimi-audit's remote header audit vs huggingface_hub's get_safetensors_metadata.
+
+    python bench/audit_remote.py [--latency-ms 20] [--replica DIR]
+
+Both run the real huggingface_hub client against the loopback FakeHub (tests/hub_server.py) serving
+the full-scale Kimi-K2-Instruct replica, with an injected per-request latency. The hub runs in its
+own process (so its work does not compete with the client's for the GIL) and counts requests and
+body bytes. "needed" = config.json + index + every shard's 8 + N header bytes.
+
+kimi-audit's figure is the whole audit (resolve, config, index, 61 headers, parse, every check);
+huggingface_hub's is metadata retrieval only. Target: fewer bytes and requests, <= half the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="kimi-audit-bench-hf-")
+os.environ.pop("HF_TOKEN", None)
+
+REPO = "moonshotai/Kimi-K2-Instruct"
+
+
+def _serve(conn, replica: str, commit: str, latency_s: float) -> None:  # runs in the child process
+    from hub_server import FakeHub
+
+    with FakeHub() as hub:
+        hub.add_repo(REPO, replica, commit=commit)
+        hub.latency_s = latency_s
+        conn.send(hub.endpoint)
+        while True:
+            cmd = conn.recv()
+            if cmd == "reset":
+                hub.reset_stats()
+                conn.send(None)
+            elif cmd == "stats":
+                s = hub.stats()
+                conn.send((s.requests, s.bytes_sent))
+            else:
+                break
+
+
+class RemoteHub:
+    def __init__(self, replica: Path, commit: str, latency_s: float) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, str(replica), commit, latency_s), daemon=True)
+        self._proc.start()
+        if not self._conn.poll(60):
+            raise RuntimeError("hub process did not start")
+        self.endpoint: str = self._conn.recv()
+
+    def reset(self) -> None:
+        self._conn.send("reset")
+        self._conn.recv()
+
+    def stats(self) -> tuple[int, int]:
+        self._conn.send("stats")
+        return self._conn.recv()
+
+    def close(self) -> None:
+        try:
+            self._conn.send("stop")
+        except (BrokenPipeError, OSError):
+            pass
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.terminate()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--latency-ms", type=float, default=20.0)
+    ap.add_argument("--replica", type=Path, default=None, help="an existing replica directory (default: build one)")
+    args = ap.parse_args()
+
+    from hub_fixtures import needed_bytes
+
+    from kimi_audit.constants import PINNED_REVISION
+    from kimi_audit.replica import build_replica
+
+    tmp = None
+    replica = args.replica
+    if replica is None:
+        tmp = tempfile.TemporaryDirectory(prefix="kimi-audit-bench-replica-")
+        replica = build_replica(Path(tmp.name) / "kimi-k2")
+    need = needed_bytes(replica)
+
+    hub = RemoteHub(replica, PINNED_REVISION, args.latency_ms / 1000)
+    try:
+        from huggingface_hub import HfApi
+
+        from kimi_audit.audit import audit_source
+        from kimi_audit.sources.hub import HubSource
+
+        hub.reset()
+        t0 = time.perf_counter()
+        report = audit_source(HubSource(REPO, endpoint=hub.endpoint))
+        ka_wall = time.perf_counter() - t0
+        ka_req, ka_bytes = hub.stats()
+        ka_tensors = report.stats.get("tensors") if isinstance(getattr(report, "stats", None), dict) else None
+
+        hub.reset()
+        t0 = time.perf_counter()
+        meta = HfApi(endpoint=hub.endpoint).get_safetensors_metadata(REPO, revision=PINNED_REVISION)
+        hf_wall = time.perf_counter() - t0
+        hf_req, hf_bytes = hub.stats()
+        hf_tensors = sum(len(f.tensors) for f in meta.files_metadata.values())
+    finally:
+        hub.close()
+        if tmp is not None:
+            tmp.cleanup()
+
+    print(f"loopback FakeHub, {args.latency_ms:g} ms per request, full-scale replica; needed {need:,} bytes")
+    print(f"{'':34s}{'wall s':>8s}{'requests':>10s}{'bytes':>14s}{'bytes/needed':>14s}")
+    print(f"{'kimi-audit audit (whole audit)':34s}{ka_wall:8.2f}{ka_req:10d}{ka_bytes:14,d}{ka_bytes / need:14.4f}")
+    print(f"{'hf get_safetensors_metadata':34s}{hf_wall:8.2f}{hf_req:10d}{hf_bytes:14,d}{hf_bytes / need:14.4f}")
+    print(
+        f"ratios kimi-audit / hf: wall {ka_wall / hf_wall:.2f}x, requests {ka_req / hf_req:.2f}x, "
+        f"bytes {ka_bytes / hf_bytes:.2f}x"
+        + (f"  (tensors: {ka_tensors:,} vs {hf_tensors:,})" if isinstance(ka_tensors, int) else f"  (hf tensors: {hf_tensors:,})")
+    )
+    ok = ka_req < hf_req and ka_bytes < hf_bytes and ka_wall <= hf_wall / 2 and ka_bytes <= 1.02 * need
+    print("target (fewer requests and bytes, <= half the wall time, <= 1.02x needed):", "met" if ok else "NOT met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
