@@ -1,0 +1,81 @@
+"""The command line: exit codes, one-line errors, JSON on stdout, the demo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from kimi_audit.cli import app
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_clean_audit_exits_zero_and_prints_the_summary(tiny_dir):
+    r = run("audit", str(tiny_dir))
+    assert r.exit_code == 0, r.output
+    assert "3 MoE blocks × 192 = 576" in r.stdout
+    assert "PASS" in r.stdout
+
+
+def test_json_report_is_stable_and_computed(tiny_dir):
+    r = run("audit", str(tiny_dir), "--json", "--no-progress")
+    assert r.exit_code == 0
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "kimi-audit/audit/1"
+    assert doc["result"] == {"errors": 0, "warnings": 0, "exit_code": 0}
+    assert doc["summary"]["tensors"] == 237
+    assert [t["line"] for t in doc["q_a_layernorm"]["totals"]] == ["3 MoE blocks × 192 = 576",
+                                                                    "1 dense block × 192 = 192"]
+    assert len(doc["q_a_layernorm"]["gains"]) == 4
+
+
+def test_findings_exit_one_with_codes_in_json(tiny_copy):
+    (tiny_copy / "model-2-of-3.safetensors").unlink()
+    r = run("audit", str(tiny_copy), "--json")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    codes = {f["code"] for f in doc["findings"]}
+    assert {"INDEX_SHARD_ABSENT", "TENSOR_MISSING"} <= codes
+    f = next(f for f in doc["findings"] if f["code"] == "TENSOR_MISSING")
+    assert set(f) == {"code", "severity", "message", "tensor", "shard", "expected", "actual"}
+
+
+def test_unusable_input_exits_two_with_one_line(tmp_path):
+    for args, needle in [
+        (["audit", str(tmp_path / "nope")], "no such file or directory"),
+        (["audit", str(tmp_path)], "no config.json"),
+    ]:
+        r = run(*args)
+        assert r.exit_code == 2, r.output
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and needle in lines[0]
+        assert "Traceback" not in r.output
+
+
+def test_invalid_config_exits_two(tiny_copy):
+    (tiny_copy / "config.json").write_text("{oops")
+    r = run("audit", str(tiny_copy))
+    assert r.exit_code == 2 and "config.json is not valid JSON" in r.stderr
+
+
+def test_module_entry_point_and_help():
+    r = subprocess.run([sys.executable, "-m", "kimi_audit", "audit", "--help"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0
+    assert "--json" in r.stdout and "owner/name" in r.stdout
+
+
+def test_demo_builds_and_audits_the_full_scale_replica(tmp_path):
+    r = run("demo", str(tmp_path / "replica"))
+    assert r.exit_code == 0, r.output
+    assert "1,026,408,232,448" in r.stdout
+    assert "60 MoE blocks × 1,536 = 92,160" in r.stdout
+    assert "1 dense block × 1,536 = 1,536" in r.stdout
+    assert (tmp_path / "replica" / "model-61-of-61.safetensors").exists()
