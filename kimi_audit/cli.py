@@ -111,6 +111,8 @@ def audit(
         None, "--revision", "-r", help="Hub revision: commit hash (full or short), branch or tag."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report on stdout."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
+    values: bool = typer.Option(False, "--values", help="Also fetch every small tensor (norm gains, router "
+                                "biases, FP8 scales: ~250 MB for Kimi-K2) and report NaN/Inf, scales <= 0, zero gains."),
 ) -> None:
     """Check every tensor of a checkpoint against the layout its config.json implies.
 
@@ -118,7 +120,11 @@ def audit(
     """
     src = open_source(source, revision)
     with shard_progress("reading headers", progress) as update:
-        report = audit_source(src, update)
+        if values:
+            from kimi_audit.checks_values import audit_with_values
+            report = audit_with_values(src, update, update)
+        else:
+            report = audit_source(src, update)
     emit_report(report, as_json)
     raise typer.Exit(report.exit_code())
 
@@ -153,6 +159,7 @@ def demo(
 # Commands defined in their own modules register themselves on `app` when imported.
 # fmt: off
 # (one import per line; keep this block just above main())
+import kimi_audit.cli_numerics  # noqa: E402,F401  (rmsnorm, tensor)
 # fmt: on
 
 
