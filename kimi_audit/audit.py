@@ -12,6 +12,7 @@ from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_rep
 from kimi_audit.checks.quantization import quantization_findings
 from kimi_audit.checks.tensors import locate_tensors
 from kimi_audit.findings import Finding, Severity
+from kimi_audit.gcpause import gc_paused
 from kimi_audit.layout import DENSE, MOE, MTP, expected_layout, layer_block
 from kimi_audit.sources.base import Source
 from kimi_audit.stats import Stats, compute_stats
@@ -101,4 +102,5 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
 
 
 def audit_source(source: Source, progress: ProgressFn | None = None) -> AuditReport:
-    return audit_checkpoint(load_checkpoint(source, progress))
+    with gc_paused():
+        return audit_checkpoint(load_checkpoint(source, progress))

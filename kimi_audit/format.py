@@ -26,6 +26,7 @@ from kimi_audit.sources.base import Source
 U64_MAX = 2**64 - 1
 I64_MAX = 2**63 - 1
 ENTRY_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
+CANONICAL_DTYPE = {d: d for d in DTYPE_BITS}
 JSON_WHITESPACE = " \t\n\r"
 
 
@@ -243,6 +244,7 @@ def _fast_entries(names: list[str], entries: list[Any]) -> TensorColumns | None:
     nbits = np.array(numels, dtype=np.int64) * bits
     if not ((ends >= begins).all() and ((ends - begins) * 8 == nbits).all()):
         return None
+    dts = list(map(CANONICAL_DTYPE.__getitem__, dts))  # one shared str per dtype, not one per tensor
     return TensorColumns(names, dts, shapes, begins.tolist(), ends.tolist())
 
 

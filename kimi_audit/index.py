@@ -75,9 +75,10 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
     weight_map: dict[str, str] = {}
     unsafe: dict[str, str] = {}
     safe: set[str] = set()
+    canonical: dict[str, str] = {}  # JSON gives each value its own str; share one per shard
     for tensor, shard in wm.items():
         if shard in safe:
-            weight_map[tensor] = shard
+            weight_map[tensor] = canonical[shard]
             continue
         if shard in unsafe:
             continue
@@ -87,6 +88,7 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
             unsafe[shard] = str(e)
             continue
         safe.add(shard)
+        canonical[shard] = shard
         weight_map[tensor] = shard
     for shard, why in unsafe.items():
         findings.append(error("INDEX_UNSAFE_PATH", f"{name}: refused to open {why}", shard=str(shard)[:200]))

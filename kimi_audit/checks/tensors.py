@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import repeat
+
 from kimi_audit.findings import Finding, error
 from kimi_audit.format import ShardHeader, TensorInfo
 
@@ -13,7 +15,11 @@ def locate_tensors(headers: dict[str, ShardHeader]) -> tuple[Located, list[Findi
     located: Located = {}
     findings: list[Finding] = []
     for shard, header in headers.items():
-        for name, info in header.tensors.items():
+        tensors = header.tensors
+        if not tensors.keys() & located.keys():
+            located.update(zip(tensors, zip(tensors.values(), repeat(shard))))
+            continue
+        for name, info in tensors.items():
             prev = located.get(name)
             if prev is not None:
                 findings.append(error("TENSOR_DUPLICATE", f"{name} is stored in both {prev[1]} and {shard}",
