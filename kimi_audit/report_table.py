@@ -54,16 +54,26 @@ def render_table(report: AuditReport, console: Console) -> None:
 
     groups = group_findings(report.findings)
     if groups:
-        t = Table(title=f"Findings ({report.errors} errors, {report.warnings} warnings)", title_justify="left")
+        t = Table(title=f"Findings ({counted(report)})", title_justify="left")
         for col in ("severity", "code", "count", "tensor / shard", "detail (first)"):
             t.add_column(col, overflow="fold")
         for g in groups[:MAX_GROUPS]:
-            t.add_row(Text(g.severity, style=SEVERITY_STYLE[g.severity]), g.code, _n(g.count), g.pattern,
-                      g.example.message)
+            detail = g.example.message
+            if g.example.tensor and detail.startswith(g.example.tensor + ": "):
+                detail = detail[len(g.example.tensor) + 2:]
+            t.add_row(Text(g.severity, style=SEVERITY_STYLE[g.severity]), g.code, _n(g.count), g.pattern, detail)
         console.print(t)
         if len(groups) > MAX_GROUPS:
             console.print(f"… and {len(groups) - MAX_GROUPS} more groups (use --json for every finding)")
     verdict = (
         Text("FAIL", style="bold red") if report.errors else Text("PASS", style="bold green")
     )
-    console.print(Group(Text.assemble(verdict, f"  {report.errors} errors, {report.warnings} warnings")))
+    console.print(Group(Text.assemble(verdict, f"  {counted(report)}")))
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def counted(report: AuditReport) -> str:
+    return f"{plural(report.errors, 'error')}, {plural(report.warnings, 'warning')}"

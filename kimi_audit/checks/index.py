@@ -26,7 +26,7 @@ def index_findings(actual: Located, index: IndexFile | None, headers: dict[str, 
         if name not in actual and shard in headers:
             out.append(error("INDEX_TENSOR_ABSENT", f"{name}: {INDEX_FILE} maps it to {shard}, whose header "
                              "lacks it", tensor=name, shard=shard))
-    if index.total_size is not None:
+    if index.total_size is not None and all(shard in headers for shard in index.shards):
         payload = sum(h.payload_bytes for h in headers.values())
         if payload != index.total_size:
             out.append(warning("INDEX_TOTAL_SIZE", f"{INDEX_FILE} metadata.total_size is {index.total_size:,}; "
