@@ -159,6 +159,7 @@ def test_index_entry_whose_shard_is_absent(tiny_copy):
     absent = [f for f in r.findings if f.code == "INDEX_SHARD_ABSENT"]
     assert [f.shard for f in absent] == [S3]
     assert "model.norm.weight" in {t for t, _ in found(r, "TENSOR_MISSING")}
+    assert "INDEX_TOTAL_SIZE" not in only_codes(r)  # the payload of an absent shard is unknown, not zero
 
 
 @pytest.mark.parametrize("evil", ["../outside.safetensors", "/etc/passwd", "a/../../b.safetensors", "C:\\x"])
