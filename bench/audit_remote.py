@@ -103,15 +103,21 @@ def main() -> int:
     try:
         from huggingface_hub import HfApi
 
-        from kimi_audit.audit import audit_source
+        from kimi_audit.audit import audit_checkpoint
+        from kimi_audit.checkpoint import load_checkpoint
         from kimi_audit.sources.hub import HubSource
 
+        # The hub hashes small files lazily on its first listing: do that before timing anyone.
+        HubSource(REPO, endpoint=hub.endpoint)
         hub.reset()
         t0 = time.perf_counter()
-        report = audit_source(HubSource(REPO, endpoint=hub.endpoint))
-        ka_wall = time.perf_counter() - t0
+        ckpt = load_checkpoint(HubSource(REPO, endpoint=hub.endpoint))
+        t1 = time.perf_counter()
+        report = audit_checkpoint(ckpt)
+        t2 = time.perf_counter()
+        ka_load, ka_wall = t1 - t0, t2 - t0
         ka_req, ka_bytes = hub.stats()
-        ka_tensors = report.stats.get("tensors") if isinstance(getattr(report, "stats", None), dict) else None
+        ka_tensors = sum(len(h.tensors) for h in ckpt.headers.values())
 
         hub.reset()
         t0 = time.perf_counter()
@@ -126,15 +132,19 @@ def main() -> int:
 
     print(f"loopback FakeHub, {args.latency_ms:g} ms per request, full-scale replica; needed {need:,} bytes")
     print(f"{'':34s}{'wall s':>8s}{'requests':>10s}{'bytes':>14s}{'bytes/needed':>14s}")
-    print(f"{'kimi-audit audit (whole audit)':34s}{ka_wall:8.2f}{ka_req:10d}{ka_bytes:14,d}{ka_bytes / need:14.4f}")
+    print(f"{'kimi-audit audit, whole':34s}{ka_wall:8.2f}{ka_req:10d}{ka_bytes:14,d}{ka_bytes / need:14.4f}")
+    print(f"{'  of which fetch + strict parse':34s}{ka_load:8.2f}")
+    print(f"{'  of which checks':34s}{ka_wall - ka_load:8.2f}")
     print(f"{'hf get_safetensors_metadata':34s}{hf_wall:8.2f}{hf_req:10d}{hf_bytes:14,d}{hf_bytes / need:14.4f}")
     print(
-        f"ratios kimi-audit / hf: wall {ka_wall / hf_wall:.2f}x, requests {ka_req / hf_req:.2f}x, "
-        f"bytes {ka_bytes / hf_bytes:.2f}x"
-        + (f"  (tensors: {ka_tensors:,} vs {hf_tensors:,})" if isinstance(ka_tensors, int) else f"  (hf tensors: {hf_tensors:,})")
+        f"ratios kimi-audit / hf: wall {ka_wall / hf_wall:.2f}x (fetch + parse {ka_load / hf_wall:.2f}x), "
+        f"requests {ka_req / hf_req:.2f}x, bytes {ka_bytes / hf_bytes:.2f}x; tensors {ka_tensors:,} vs {hf_tensors:,}; "
+        f"audit errors {report.errors}"
     )
-    ok = ka_req < hf_req and ka_bytes < hf_bytes and ka_wall <= hf_wall / 2 and ka_bytes <= 1.02 * need
-    print("target (fewer requests and bytes, <= half the wall time, <= 1.02x needed):", "met" if ok else "NOT met")
+    fewer = ka_req < hf_req and ka_bytes < hf_bytes and ka_bytes <= 1.02 * need
+    print(f"fewer requests and bytes, <= 1.02x needed: {'met' if fewer else 'NOT met'}; "
+          f"whole audit <= half hf's wall time: {'met' if ka_wall <= hf_wall / 2 else 'NOT met'}; "
+          f"fetch + parse <= half: {'met' if ka_load <= hf_wall / 2 else 'NOT met'}")
     return 0
 
 

@@ -21,8 +21,8 @@ from kimi_audit.constants import (
 )
 from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError
 from kimi_audit.findings import Finding, error, warning
-from kimi_audit.format import ShardHeader, read_shard_header
-from kimi_audit.header_estimate import first_read_bytes, source_file_size
+from kimi_audit.format import ShardHeader, parse_shard_prefix, read_shard_header
+from kimi_audit.header_estimate import fetch_shard_prefix, first_read_bytes, source_file_size
 from kimi_audit.index import IndexFile, natural_key, parse_index
 from kimi_audit.layout import expected_layout
 from kimi_audit.sources.base import Source
@@ -127,9 +127,18 @@ def read_headers(
     total = len(shards)
     with _gc_paused():
         if source.parallel_reads > 1 and total > 1:
+            # Threads only fetch; this thread parses, so parsing never starves the receiving threads.
+            def fetch(shard: str) -> tuple[bytes, int] | Finding:
+                try:
+                    first = first_read_bytes(names_by_shard[shard], expected, source_file_size(source, shard))
+                    return fetch_shard_prefix(source, shard, first)
+                except SourceError as e:
+                    return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
+
             with ThreadPoolExecutor(max_workers=min(source.parallel_reads, total)) as pool:
-                for done, (shard, result) in enumerate(zip(shards, pool.map(one, shards)), 1):
-                    results[shard] = result
+                for done, (shard, got) in enumerate(zip(shards, pool.map(fetch, shards)), 1):
+                    results[shard] = got if isinstance(got, Finding) else parse_shard_prefix(
+                        got[0], shard=shard, file_size=got[1])
                     if progress:
                         progress(shard, done, total)
         else:

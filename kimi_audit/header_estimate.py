@@ -49,6 +49,17 @@ def _json_len(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 
 
+def _names_len(names: list[str]) -> int:
+    """Sum of the names' lengths as JSON strings (one C-level dumps for the whole list)."""
+    if not names:
+        return 0
+    return len(json.dumps(names, ensure_ascii=False, separators=(",", ":")).encode()) - 2 - (len(names) - 1)
+
+
+def _shape_len(shape: tuple[int, ...]) -> int:
+    return 2 + max(0, len(shape) - 1) + sum(len(str(d)) for d in shape)
+
+
 def _nbytes(t: _Expected) -> int | None:
     bits = DTYPE_BITS.get(t.dtype)
     if bits is None:
@@ -64,22 +75,29 @@ def header_upper_bound(
 ) -> int:
     """8 + an upper estimate of N for a shard holding `names` (see module docstring)."""
     digits = len(str(max(file_size, 1))) if file_size is not None else UNKNOWN_OFFSET_DIGITS
-    total = HEADER_LENGTH_BYTES + 2 + METADATA_ALLOWANCE + PADDING
+    names = list(names)
     expected = expected or {}
+    total = HEADER_LENGTH_BYTES + 2 + METADATA_ALLOWANCE + PADDING
+    total += _names_len(names) + len(names) * (ENTRY_PUNCTUATION + 2 * digits)
+    text_len: dict[tuple[str, tuple[int, ...]], int] = {}
     for name in names:
-        total += _json_len(name) + ENTRY_PUNCTUATION + 2 * digits
         t = expected.get(name)
-        if t is not None:
-            total += _json_len(t.dtype) + _json_len(list(t.shape))
-        else:
+        if t is None:
             total += UNKNOWN_DTYPE_TEXT + UNKNOWN_SHAPE_TEXT
+            continue
+        key = (t.dtype, tuple(t.shape))
+        n = text_len.get(key)
+        if n is None:
+            n = text_len[key] = len(t.dtype) + 2 + _shape_len(key[1])
+        total += n
     return total
 
 
 def names_lower_bound(names: Iterable[str]) -> int:
     """8 + the least N a header holding these names can have (names, braces, shortest fields)."""
     shortest = len(':{"dtype":"U8","shape":[],"data_offsets":[0,0]},')
-    return HEADER_LENGTH_BYTES + 2 + sum(_json_len(n) + shortest for n in names)
+    names = list(names)
+    return HEADER_LENGTH_BYTES + 2 + _names_len(names) + shortest * len(names)
 
 
 def estimate_first_read(
@@ -92,17 +110,36 @@ def estimate_first_read(
     names = list(names)
     if not names:
         return DEFAULT_FIRST_READ
-    upper = header_upper_bound(names, expected, file_size=file_size)
-    estimate = upper
-    if file_size is not None and expected:
-        sizes = [_nbytes(expected[n]) if n in expected else None for n in names]
-        if all(s is not None for s in sizes):
-            exact = file_size - sum(s for s in sizes if s is not None)
-            if names_lower_bound(names) <= exact <= upper:
-                estimate = exact
     cap = HEADER_LENGTH_BYTES + MAX_HEADER_BYTES
     if file_size is not None:
         cap = min(cap, file_size)
+    if file_size is None or not expected:
+        return max(min(header_upper_bound(names, expected, file_size=file_size), cap), HEADER_LENGTH_BYTES)
+    # One pass: the upper bound's entry text and the expected payload.
+    digits = len(str(max(file_size, 1)))
+    upper = HEADER_LENGTH_BYTES + 2 + METADATA_ALLOWANCE + PADDING
+    upper += _names_len(names) + len(names) * (ENTRY_PUNCTUATION + 2 * digits)
+    payload: int | None = 0
+    per_key: dict[tuple[str, tuple[int, ...]], tuple[int, int | None]] = {}
+    get = expected.get
+    for name in names:
+        t = get(name)
+        if t is None:
+            upper += UNKNOWN_DTYPE_TEXT + UNKNOWN_SHAPE_TEXT
+            payload = None
+            continue
+        key = (t.dtype, t.shape)
+        v = per_key.get(key)
+        if v is None:
+            v = per_key[key] = (len(t.dtype) + 2 + _shape_len(tuple(t.shape)), _nbytes(t))
+        upper += v[0]
+        if payload is not None:
+            payload = None if v[1] is None else payload + v[1]
+    estimate = upper
+    if payload is not None:
+        exact = file_size - payload
+        if names_lower_bound(names) <= exact <= upper:
+            estimate = exact
     return max(min(estimate, cap), HEADER_LENGTH_BYTES)
 
 
@@ -142,3 +179,20 @@ def source_file_size(source: object, name: str) -> int | None:
     except Exception:  # noqa: BLE001 - an optional hint, never a failure
         return None
     return size if isinstance(size, int) and size >= 0 else None
+
+
+def fetch_shard_prefix(source: Any, shard: str, first_read: int) -> tuple[bytes, int]:
+    """The reads of `format.read_shard_header`, without the parse: (leading bytes, file size).
+
+    One read of `first_read` bytes, a second for the rest of the header only if the first fell
+    short. Lets a caller fetch many headers in threads and parse them in one thread, so that
+    parsing (CPU, holding the GIL) does not starve the threads that are receiving.
+    """
+    first = source.read_range(shard, 0, max(first_read, HEADER_LENGTH_BYTES))
+    data = first.data
+    if len(data) >= HEADER_LENGTH_BYTES:
+        n = int.from_bytes(data[:HEADER_LENGTH_BYTES], "little")
+        need = HEADER_LENGTH_BYTES + n
+        if n <= MAX_HEADER_BYTES and len(data) < need <= first.file_size:
+            data += source.read_range(shard, len(data), need - len(data)).data
+    return data, first.file_size

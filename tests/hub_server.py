@@ -207,7 +207,7 @@ class FakeHub:
             pass
 
         Handler.hub = hub
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = _Server(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
         server.block_on_close = False
         self._server = server
@@ -298,6 +298,14 @@ class FakeHub:
                 if self.is_lfs(path, size):
                     sib["lfs"] = {"sha256": h[1], "size": size, "pointerSize": 134}
         return sib
+
+
+class _Server(ThreadingHTTPServer):
+    # The default listen backlog (5) drops SYNs when a client opens 16 connections at once, and the
+    # kernel retries them only after 1 s: a stall no real Hub has.
+    request_queue_size = 256
+    daemon_threads = True
+    block_on_close = False
 
 
 class _Handler(BaseHTTPRequestHandler):
