@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from itertools import chain
 from dataclasses import dataclass
 from functools import cached_property
@@ -28,6 +29,11 @@ I64_MAX = 2**63 - 1
 ENTRY_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
 CANONICAL_DTYPE = {d: d for d in DTYPE_BITS}
 JSON_WHITESPACE = " \t\n\r"
+# What the reference reader (serde_json) refuses that Python's json module accepts, in values it
+# otherwise ignores (extra entry fields): nesting of 128 containers or more, numbers outside f64.
+MAX_JSON_DEPTH = 127
+F64_MAX_INT = int(sys.float_info.max)
+FAST_MAX_DIMS = 8
 
 
 class TensorInfo(NamedTuple):
@@ -156,8 +162,10 @@ def parse_header_json(raw: bytes, *, shard: str, file_size: int) -> ShardHeader:
     if body[-1:] in tuple(JSON_WHITESPACE):
         findings.append(warning("HEADER_TRAILING_WHITESPACE",
                                 "header padding holds whitespace other than spaces", shard=shard))
+    # serde_json reads `-0` as the float -0.0 (not an integer): mirror that, so `shape: [-0]` is refused.
+    ints: dict[str, Any] = {"parse_int": _int_literal} if "-0" in body else {}
     try:
-        obj = json.loads(body, parse_constant=_reject_constant)
+        obj = json.loads(body, parse_constant=_reject_constant, **ints)
     except json.JSONDecodeError as e:
         return fail("HEADER_INVALID_JSON", f"header is not valid JSON: {e.msg} at character {e.pos}")
     except RecursionError:
@@ -166,11 +174,20 @@ def parse_header_json(raw: bytes, *, shard: str, file_size: int) -> ShardHeader:
         return fail("HEADER_INVALID_JSON", f"header is not valid JSON: {e}")
     if type(obj) is not dict:
         return fail("HEADER_NOT_OBJECT", f"header JSON is a {type(obj).__name__}, not an object")
+    escapes = "\\u" in body
+    if escapes:  # Python decodes a lone UTF-16 surrogate escape (\ud800); it is not Unicode, and serde refuses it
+        problem = _json_problem(obj, 0, strings=True)
+        if problem:
+            return fail("HEADER_INVALID_JSON", f"header is not valid JSON: {problem}")
 
     metadata = obj.get("__metadata__")
     pairs = len(obj)
+    # Colons inside the names and metadata strings, so that the colon count below proves no duplicates.
+    string_colons = "".join(obj).count(":")
     if type(metadata) is dict:
         pairs += len(metadata)
+        string_colons += "".join(metadata).count(":")
+        string_colons += "".join(v for v in metadata.values() if type(v) is str).count(":")
         if not all(type(k) is str and type(v) is str for k, v in metadata.items()):
             findings.append(error("METADATA_INVALID", "__metadata__ must map strings to strings", shard=shard))
             metadata = None
@@ -180,8 +197,8 @@ def parse_header_json(raw: bytes, *, shard: str, file_size: int) -> ShardHeader:
         metadata = None
 
     columns, entry_pairs = _tensor_entries(obj, shard, findings)
-    if body.count(":") != pairs + entry_pairs:
-        # Cheap proof of no duplicate keys failed (colons also occur inside strings): look properly.
+    if escapes or body.count(":") != pairs + entry_pairs + string_colons:
+        # Cheap proof of no duplicate keys failed (colons also occur in other strings, or escaped): look properly.
         findings.extend(_duplicate_key_findings(body, shard))
     findings.extend(_extent_findings(columns, shard, n, file_size))
     return ShardHeader(shard, file_size, n, metadata, columns, tuple(findings))
@@ -189,6 +206,50 @@ def parse_header_json(raw: bytes, *, shard: str, file_size: int) -> ShardHeader:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed in JSON")
+
+
+def _int_literal(text: str) -> Any:
+    return -0.0 if text == "-0" else int(text)
+
+
+def _json_problem(value: Any, depth: int, *, strings: bool = False, limits: bool = False) -> str | None:
+    """What the reference reader would refuse in a parsed JSON value (iterative: no recursion limit).
+
+    `strings`: a lone surrogate in any key or string. `limits`: `depth` (containers around `value`)
+    reaching 128, or a number beyond the f64 range.
+    """
+    stack = [(value, depth)]
+    while stack:
+        v, d = stack.pop()
+        t = type(v)
+        if t is dict or t is list:
+            if limits and d + 1 > MAX_JSON_DEPTH:
+                return f"nested more than {MAX_JSON_DEPTH} levels deep"
+            if t is dict:
+                if strings:
+                    for k in v:
+                        if not k.isascii() and _lone_surrogate(k):
+                            return f"lone UTF-16 surrogate in key {k.encode('utf-8', 'backslashreplace')[:80]!r}"
+                stack.extend((x, d + 1) for x in v.values())
+            else:
+                stack.extend((x, d + 1) for x in v)
+        elif t is str:
+            if strings and not v.isascii() and _lone_surrogate(v):
+                return f"lone UTF-16 surrogate in string {v.encode('utf-8', 'backslashreplace')[:80]!r}"
+        elif limits and t is float:
+            if math.isinf(v):
+                return "a number is out of the 64-bit float range"
+        elif limits and t is int and abs(v) >= F64_MAX_INT:
+            return "a number is out of the 64-bit float range"
+    return None
+
+
+def _lone_surrogate(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _tensor_entries(obj: dict[str, Any], shard: str, findings: list[Finding]) -> tuple[TensorColumns, int]:
@@ -229,14 +290,18 @@ def _fast_entries(names: list[str], entries: list[Any]) -> TensorColumns | None:
         return None
     if set(map(type, shapes)) != {list} or set(map(type, offs)) != {list} or set(map(len, offs)) != {2}:
         return None
+    if max(map(len, shapes)) > FAST_MAX_DIMS:  # bounds math.prod's work: a million-dim shape goes slow
+        return None
     dims = list(chain.from_iterable(shapes))
     flat = list(chain.from_iterable(offs))
     if not set(map(type, flat)) <= {int} or not set(map(type, dims)) <= {int}:
         return None
-    if (dims and min(dims) < 0) or min(flat) < 0 or max(flat) > I64_MAX or (dims and max(dims) > I64_MAX):
+    if (dims and min(dims) < 0) or min(flat) < 0 or max(flat) > I64_MAX >> 3 or (dims and max(dims) > I64_MAX):
         return None
     numels = list(map(math.prod, shapes))
-    if max(numels) > I64_MAX >> 4:
+    # int64 arithmetic below: numel x bits (<= 64) and (end - begin) x 8 must not wrap around.
+    # A zero-element tensor goes slow too: the overflow rule applies to the running product.
+    if max(numels) > I64_MAX >> 6 or min(numels) == 0:
         return None
     bounds = np.array(flat, dtype=np.int64).reshape(-1, 2)
     begins, ends = bounds[:, 0], bounds[:, 1]
@@ -252,7 +317,7 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
     """The slow path: say exactly what is wrong with one entry. Returns it if usable for offsets."""
 
     def bad(code: str, message: str, **kw: Any) -> None:
-        findings.append(error(code, f"{name}: {message}", tensor=name, shard=shard, **kw))
+        findings.append(error(code, f"{name[:200]}: {message}", tensor=name, shard=shard, **kw))
 
     if type(e) is not dict:
         bad("TENSOR_ENTRY_INVALID", f"entry is a {type(e).__name__}, not an object")
@@ -264,7 +329,13 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
     extra = sorted(e.keys() - ENTRY_FIELDS)
     if extra:
         findings.append(warning("TENSOR_EXTRA_FIELD", f"{name}: entry has fields outside the schema: "
-                                f"{', '.join(extra)}", tensor=name, shard=shard))
+                                f"{', '.join(extra)[:200]}", tensor=name, shard=shard))
+        # Ignored by readers, but still parsed: the reference reader refuses what it cannot represent.
+        for k in extra:
+            problem = _json_problem(e[k], 2, limits=True)
+            if problem:
+                bad("HEADER_INVALID_JSON", f"field {k[:80]!r}: {problem}")
+                break
     dt, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
     usable = True
     bits = DTYPE_BITS.get(dt) if type(dt) is str else None
@@ -272,7 +343,7 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
         bad("DTYPE_UNKNOWN", f"unknown dtype {dt!r}", actual=dt)
         usable = False
     if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
-        bad("SHAPE_INVALID", f"shape {shape!r} is not a list of non-negative integers", actual=_short(shape))
+        bad("SHAPE_INVALID", f"shape {_short(shape)!r} is not a list of non-negative integers", actual=_short(shape))
         usable = False
     if not (type(offs) is list and len(offs) == 2 and all(type(o) is int for o in offs)):
         bad("OFFSETS_INVALID", f"data_offsets {_short(offs)!r} is not [begin, end]", actual=_short(offs))
@@ -284,14 +355,18 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
         return None
     if usable:
         assert bits is not None and isinstance(shape, list)
-        numel = math.prod(shape)
+        numel = 1
+        for dim in shape:  # the running product must fit in 64 bits, as the reference reader checks it
+            numel *= dim
+            if numel > U64_MAX:
+                break
         nbits = numel * bits
         if nbits > U64_MAX:
-            bad("SHAPE_INVALID", f"shape {shape} overflows a 64-bit size", actual=shape)
+            bad("SHAPE_INVALID", f"shape {_short(shape)} overflows a 64-bit size", actual=_short(shape))
         elif nbits % 8:
-            bad("SIZE_MISMATCH", f"{numel} x {bits} bits is not a whole number of bytes", actual=shape)
+            bad("SIZE_MISMATCH", f"{numel} x {bits} bits is not a whole number of bytes", actual=_short(shape))
         elif nbits // 8 != end - begin:
-            bad("SIZE_MISMATCH", f"{dt} {shape} needs {nbits // 8:,} bytes, data_offsets span {end - begin:,}",
+            bad("SIZE_MISMATCH", f"{dt} {_short(shape)} needs {nbits // 8:,} bytes, data_offsets span {end - begin:,}",
                 expected=nbits // 8, actual=end - begin)
         return TensorInfo(name, dt, tuple(shape), begin, end)
     # Extent still validated, so one bad dtype doesn't also read as a gap in the buffer.
@@ -299,6 +374,9 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
 
 
 def _short(v: Any, limit: int = 80) -> Any:
+    if type(v) in (list, dict, str) and len(v) > limit:  # never repr a huge value whole
+        r = repr(v[:limit] if type(v) is not dict else dict(list(v.items())[:8]))
+        return r[:limit] + "..."
     r = repr(v)
     return v if len(r) <= limit else r[:limit] + "..."
 
@@ -340,9 +418,13 @@ def _duplicate_key_findings(body: str, shard: str) -> list[Finding]:
             seen.add(k)
         return dict(pairs)
 
-    json.loads(body, object_pairs_hook=hook, parse_constant=_reject_constant)
+    try:
+        json.loads(body, object_pairs_hook=hook, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):  # parsed once already; only a deeper stack could make this fail
+        return [error("HEADER_INVALID_JSON", "header JSON is nested too deeply to check for duplicate keys",
+                      shard=shard)]
     return [
-        error("HEADER_DUPLICATE_KEY", f"key {k!r} appears more than once (most readers keep the last silently)",
+        error("HEADER_DUPLICATE_KEY", f"key {k[:200]!r} appears more than once (most readers keep the last silently)",
               tensor=k, shard=shard)
         for k in dups
     ]
