@@ -23,6 +23,7 @@ from kimi_audit.config import ModelConfig
 from kimi_audit.constants import HEADER_LENGTH_BYTES, PINNED_REPO_ID, SAFETENSORS_SUFFIX
 from kimi_audit.errors import KimiAuditError, SourceError
 from kimi_audit.format import ShardHeader, TensorInfo, read_shard_header
+from kimi_audit.header_estimate import first_read_bytes, source_file_size
 from kimi_audit.index import IndexFile, natural_key
 from kimi_audit.layout import FP8_DTYPE, SCALE_SUFFIX, layer_block
 from kimi_audit.numerics import (
@@ -66,7 +67,11 @@ class TensorFetcher:
     def header(self, shard: str) -> ShardHeader:
         h = self._headers.get(shard)
         if h is None:
-            h = self._headers[shard] = read_shard_header(self.source, shard)
+            names = []
+            if self._index is not None:
+                names = [n for n, s in self._index.weight_map.items() if s == shard]
+            first = first_read_bytes(names, None, source_file_size(self.source, shard)) if names else 1 << 16
+            h = self._headers[shard] = read_shard_header(self.source, shard, first)
             if h.header_len is None:
                 raise SourceError(f"{shard}: not a safetensors file")
             self.bytes_read += HEADER_LENGTH_BYTES + (h.header_len or 0)

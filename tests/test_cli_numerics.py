@@ -1,0 +1,365 @@
+"""`rmsnorm`, `tensor` and `audit --values` on the tiny real checkpoint, the full-scale replica and the
+loopback Hub. References are computed independently: tensors loaded with the safetensors library,
+arithmetic in torch (DeepseekV3RMSNorm), header bytes parsed here with struct + json."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from hub_fixtures import *  # noqa: F403
+from hub_fixtures import TINY_REPO
+
+from kimi_audit.checks_values import plan_reads, value_findings
+from kimi_audit.cli import app
+from kimi_audit.format import TensorInfo
+from kimi_audit.sources import LocalSource
+from kimi_audit.checkpoint import load_checkpoint
+
+torch = pytest.importorskip("torch")
+from safetensors.torch import load_file  # noqa: E402
+
+runner = CliRunner()
+TINY_Q = 192  # q_lora_rank of the tiny config
+EPS = 1e-6
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def run_json(*args: str, code: int = 0) -> dict:
+    r = run(*args, "--json")
+    assert r.exit_code == code, r.output
+    return json.loads(r.stdout)
+
+
+# ------------------------------------------------------------------ independent references
+
+
+def header_of(path: Path) -> tuple[int, dict]:
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return 8 + n, json.loads(f.read(n))
+
+
+def tensor_file(d: Path, name: str) -> Path:
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    return d / index["weight_map"][name]
+
+
+def load_tensor(d: Path, name: str) -> "torch.Tensor":
+    return load_file(str(tensor_file(d, name)))[name]
+
+
+def poke(d: Path, name: str, values: np.ndarray, start_elem: int = 0) -> None:
+    """Overwrite elements of a tensor in place (tests' own copy of a checkpoint)."""
+    path = tensor_file(d, name)
+    data_start, header = header_of(path)
+    begin = header[name]["data_offsets"][0]
+    raw = np.ascontiguousarray(values).tobytes()
+    with open(path, "r+b") as f:
+        f.seek(data_start + begin + start_elem * values.dtype.itemsize)
+        f.write(raw)
+
+
+def ref_rmsnorm(x: "torch.Tensor", g: "torch.Tensor", eps: float = EPS) -> "torch.Tensor":
+    input_dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return g * h.to(input_dtype)
+
+
+def ref_position_rms(y: "torch.Tensor") -> list[float]:
+    y64 = y.double().reshape(-1, y.shape[-1])
+    return y64.pow(2).mean(-1).sqrt().tolist()
+
+
+def ref_dequant(w: "torch.Tensor", s: "torch.Tensor") -> "torch.Tensor":
+    rows, cols = w.shape
+    se = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:rows, :cols]
+    return (w.float() * se).to(torch.bfloat16)
+
+
+def gain_name(layer: int) -> str:
+    return f"model.layers.{layer}.self_attn.q_a_layernorm.weight"
+
+
+# ------------------------------------------------------------------ rmsnorm
+
+
+def test_rmsnorm_seeded_input_matches_torch_reference(tiny_dir: Path) -> None:
+    doc = run_json("rmsnorm", str(tiny_dir), "--layer", "2", "--seed", "7", "--tokens", "5", "--batch", "3")
+    (layer,) = doc["layers"]
+    assert layer["layer"] == 2 and layer["block"] == "moe" and layer["ok"] is True
+    assert doc["input"] == {"kind": "random", "seed": 7, "shape": [3, 5, TINY_Q], "dtype": "BF16"}
+    g = load_tensor(tiny_dir, gain_name(2))
+    x32 = np.random.default_rng(7).standard_normal((3, 5, TINY_Q), dtype=np.float32)
+    y = ref_rmsnorm(torch.from_numpy(x32).to(torch.bfloat16), g)
+    assert layer["output_rms"] == pytest.approx(ref_position_rms(y), rel=1e-12)
+    assert len(layer["output_rms"]) == 15
+    gd = g.double()
+    assert layer["gain"]["min"] == float(gd.min()) and layer["gain"]["max"] == float(gd.max())
+    assert layer["gain"]["mean"] == pytest.approx(float(gd.mean()), rel=1e-12)
+    ratio = (y.double() / gd).reshape(-1, TINY_Q).pow(2).mean(-1).sqrt() - 1
+    assert layer["rms_y_over_gain_minus_1"] == pytest.approx(ratio.tolist(), rel=1e-9, abs=1e-12)
+    assert 0 < layer["max_abs_deviation"] < 0.01  # bf16 rounding only
+
+
+def test_rmsnorm_all_layers_table(tiny_dir: Path) -> None:
+    r = run("rmsnorm", str(tiny_dir), "--all")
+    assert r.exit_code == 0, r.output
+    assert "4 layer(s): gains finite and non-zero" in r.stdout
+    assert "layer 3 output RMS per position" in r.stdout
+    doc = run_json("rmsnorm", str(tiny_dir), "--all")
+    assert [(l["layer"], l["block"]) for l in doc["layers"]] == [(0, "dense"), (1, "moe"), (2, "moe"), (3, "moe")]
+    # only the 4 gains and the headers of the 3 shards were read
+    headers = sum(header_of(p)[0] for p in tiny_dir.glob("*.safetensors"))
+    assert doc["bytes_read"] == headers + 4 * TINY_Q * 2
+
+
+def test_rmsnorm_input_file(tiny_dir: Path, tmp_path: Path) -> None:
+    x = (np.random.default_rng(3).standard_normal((2, 4, TINY_Q)) * 5).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    doc = run_json("rmsnorm", str(tiny_dir), "--input", str(tmp_path / "x.npy"), "--layer", "0")
+    y = ref_rmsnorm(torch.from_numpy(x).to(torch.bfloat16), load_tensor(tiny_dir, gain_name(0)))
+    assert doc["layers"][0]["output_rms"] == pytest.approx(ref_position_rms(y), rel=1e-12)
+    np.save(tmp_path / "bad.npy", np.zeros((2, 7), np.float32))
+    r = run("rmsnorm", str(tiny_dir), "--input", str(tmp_path / "bad.npy"))
+    assert r.exit_code == 2 and "is not [B, T, 192]" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_rmsnorm_from_embeddings_is_the_real_query_latent(tiny_dir: Path) -> None:
+    ids = [1, 5, 999]
+    doc = run_json("rmsnorm", str(tiny_dir), "--from-embeddings", "1,5,999", "--layer", "0")
+    emb = load_tensor(tiny_dir, "model.embed_tokens.weight")[ids]
+    p = "model.layers.0."
+    h = ref_rmsnorm(emb, load_tensor(tiny_dir, p + "input_layernorm.weight"))
+    w = ref_dequant(load_tensor(tiny_dir, p + "self_attn.q_a_proj.weight"),
+                    load_tensor(tiny_dir, p + "self_attn.q_a_proj.weight_scale_inv"))
+    q = (h.float() @ w.float().T).to(torch.bfloat16)  # F.linear with float32 accumulation
+    y = ref_rmsnorm(q, load_tensor(tiny_dir, gain_name(0)))
+    # the projection's float32 summation order is BLAS's: equal to within bf16 rounding
+    assert doc["layers"][0]["output_rms"] == pytest.approx(ref_position_rms(y), rel=2e-3)
+    assert doc["input"]["token_ids"] == ids and doc["input"]["shape"] == [1, 3, TINY_Q]
+    r = run("rmsnorm", str(tiny_dir), "--from-embeddings", "1,1000")
+    assert r.exit_code == 2 and "row 1000 out of range" in r.output
+    r = run("rmsnorm", str(tiny_dir), "--from-embeddings", "a,b")
+    assert r.exit_code == 2
+
+
+@pytest.mark.parametrize("fault,needle", [("zeros", "gain is all zeros"), ("nan", "1 NaN")])
+def test_rmsnorm_fails_on_zero_or_nan_gain(tiny_copy: Path, fault: str, needle: str) -> None:
+    if fault == "zeros":
+        poke(tiny_copy, gain_name(1), np.zeros(TINY_Q, ml_dtypes.bfloat16))
+    else:
+        poke(tiny_copy, gain_name(1), np.array([np.nan], ml_dtypes.bfloat16), start_elem=17)
+    r = run("rmsnorm", str(tiny_copy), "--all")
+    assert r.exit_code == 1, r.output
+    assert "1 of 4 layers failed the check" in r.stdout
+    doc = run_json("rmsnorm", str(tiny_copy), "--all", code=1)
+    bad = [l for l in doc["layers"] if not l["ok"]]
+    assert [l["layer"] for l in bad] == [1]
+    assert any(needle in p for p in bad[0]["problems"])
+
+
+def test_rmsnorm_bad_layer_is_one_line_error(tiny_dir: Path) -> None:
+    r = run("rmsnorm", str(tiny_dir), "--layer", "9")
+    assert r.exit_code == 2 and "layers 0..3" in r.output
+
+
+def test_rmsnorm_on_the_replica_reads_only_gains(replica_dir: Path) -> None:
+    doc = run_json("rmsnorm", str(replica_dir), "--all", "--tokens", "8")
+    assert len(doc["layers"]) == 61 and all(l["ok"] for l in doc["layers"])
+    assert [l["block"] for l in doc["layers"]].count("moe") == 60
+    headers = sum(header_of(p)[0] for p in replica_dir.glob("*.safetensors"))
+    assert doc["bytes_read"] == headers + 61 * 1536 * 2
+    # layer 0's gain, read back independently (by offset: replica shards are 2.8-17 GB apparent)
+    path = tensor_file(replica_dir, gain_name(0))
+    start, header = header_of(path)
+    b, e = header[gain_name(0)]["data_offsets"]
+    with open(path, "rb") as f:
+        f.seek(start + b)
+        gain = np.frombuffer(f.read(e - b), ml_dtypes.bfloat16).astype(np.float64)
+    assert doc["layers"][0]["gain"]["max"] == float(gain.max())
+
+
+def test_rmsnorm_from_embeddings_on_replica_reads_rows_not_the_table(replica_dir: Path) -> None:
+    doc = run_json("rmsnorm", str(replica_dir), "--from-embeddings", "0,163839")
+    # two 7168-wide bf16 rows, the input_layernorm gain, q_a_proj (FP8 1536x7168) and its scales, the gain
+    payload = 2 * 7168 * 2 + 7168 * 2 + 1536 * 7168 + 12 * 56 * 4 + 1536 * 2
+    header = header_of(replica_dir / "model-1-of-61.safetensors")[0]
+    assert doc["bytes_read"] == header + payload
+    assert doc["layers"][0]["ok"]  # sparse (zero) embeddings give a zero latent: finite, gain fine
+
+
+# ------------------------------------------------------------------ tensor
+
+
+def test_tensor_fp8_weight_dequant_matches_torch(tiny_dir: Path) -> None:
+    name = "model.layers.1.mlp.experts.3.down_proj.weight"
+    doc = run_json("tensor", str(tiny_dir), name, "--dequant")
+    w = load_tensor(tiny_dir, name)
+    s = load_tensor(tiny_dir, name + "_scale_inv")
+    assert doc["dtype"] == "F8_E4M3" and doc["shape"] == list(w.shape) and doc["bytes"] == w.numel()
+    wf = w.float().double()
+    st = doc["stats"]
+    assert st["saturated"] == int((wf.abs() == 448).sum()) and st["saturated"] > 0
+    assert st["zeros"] == int((wf == 0).sum()) and st["nan"] == 0
+    assert st["mean"] == pytest.approx(float(wf.mean()), rel=1e-9)
+    d = ref_dequant(w, s).double()
+    dq = doc["dequantized"]
+    assert dq["min"] == float(d.min()) and dq["max"] == float(d.max())
+    assert dq["std"] == pytest.approx(float(d.std(unbiased=False)), rel=1e-9)
+    assert doc["scale"]["tensor"] == name + "_scale_inv"
+    assert doc["scale"]["stats"]["min"] == float(s.double().min()) and doc["ok"]
+    r = run("tensor", str(tiny_dir), name, "--dequant")
+    assert r.exit_code == 0 and "FP8 saturated" in r.stdout and "dequantized BF16" in r.stdout
+
+
+def test_tensor_bf16_gain_and_router_bias(tiny_dir: Path) -> None:
+    doc = run_json("tensor", str(tiny_dir), gain_name(0))
+    g = load_tensor(tiny_dir, gain_name(0)).double()
+    assert doc["stats"]["max"] == float(g.max()) and doc["stats"]["saturated"] is None
+    assert doc["bytes"] == TINY_Q * 2 and doc["scale"] is None
+    bias = "model.layers.2.mlp.gate.e_score_correction_bias"
+    doc = run_json("tensor", str(tiny_dir), bias)
+    assert doc["dtype"] == "F32" and doc["stats"]["count"] == 8
+
+
+def test_tensor_reports_nan_weight_and_bad_scales(tiny_copy: Path) -> None:
+    name = "model.layers.2.self_attn.q_a_proj.weight"
+    poke(tiny_copy, name, np.array([0x7F, 0xFF], np.uint8), start_elem=10)  # the two FP8 NaN codes
+    poke(tiny_copy, name + "_scale_inv", np.array([0.0, -1.0], np.float32), start_elem=1)
+    doc = run_json("tensor", str(tiny_copy), name, "--dequant", code=1)
+    assert doc["stats"]["nan"] == 2 and doc["dequantized"]["nan"] == 2
+    assert any("2 of 6 scales are not finite and > 0" in p for p in doc["problems"])
+    r = run("tensor", str(tiny_copy), name)
+    assert r.exit_code == 1 and "2 NaN" in r.stdout
+
+
+def test_tensor_errors_are_one_line(tiny_dir: Path) -> None:
+    r = run("tensor", str(tiny_dir), "model.layers.0.nope.weight")
+    assert r.exit_code == 2 and "no tensor named" in r.output and len(r.output.strip().splitlines()) == 1
+    r = run("tensor", str(tiny_dir), "model.embed_tokens.weight", "--max-bytes", "1000")
+    assert r.exit_code == 2 and "over the 1,000-byte limit" in r.output
+
+
+def test_tensor_on_replica_expert_weight(replica_dir: Path) -> None:
+    name = "model.layers.30.mlp.experts.200.down_proj.weight"
+    doc = run_json("tensor", str(replica_dir), name, "--dequant")
+    assert doc["shape"] == [7168, 2048] and doc["bytes"] == 7168 * 2048
+    assert doc["stats"]["zeros"] == 7168 * 2048  # the replica's big weights are holes
+    assert doc["scale"]["stats"]["shape"] == [56, 16] and doc["scale"]["stats"]["min"] > 0
+    assert doc["dequantized"]["zeros"] == 7168 * 2048 and doc["ok"]
+
+
+# ------------------------------------------------------------------ Hub
+
+
+def test_rmsnorm_and_tensor_over_the_hub(hub, tiny_dir: Path) -> None:  # noqa: F811
+    doc = run_json("rmsnorm", TINY_REPO, "--layer", "3")
+    local = run_json("rmsnorm", str(tiny_dir), "--layer", "3")
+    assert doc["layers"][0]["output_rms"] == local["layers"][0]["output_rms"]
+    assert doc["revision"] == hub.repos[TINY_REPO].commit
+    shard = tensor_file(tiny_dir, gain_name(3)).name
+    data_start, header = header_of(tiny_dir / shard)
+    b, e = header[gain_name(3)]["data_offsets"]
+    ranges = [r.range for r in hub.stats().records if r.path.endswith(shard) and r.method == "GET"]
+    # the header (one read sized from the index's names), then exactly the 384-byte gain
+    assert ranges[-1] == f"bytes={data_start + b}-{data_start + e - 1}"
+    assert all(r.startswith("bytes=0-") for r in ranges[:-1]) and len(ranges) <= 3
+    reqs, sent = hub.stats().for_path(shard)
+    assert sent <= 1.2 * data_start + (e - b)
+    name = "model.layers.1.mlp.shared_experts.up_proj.weight"
+    assert run_json("tensor", TINY_REPO, name, "--dequant")["dequantized"] == \
+        run_json("tensor", str(tiny_dir), name, "--dequant")["dequantized"]
+
+
+# ------------------------------------------------------------------ audit --values
+
+
+def _small_counts(d: Path) -> tuple[int, int, int]:
+    names = [n for p in d.glob("*.safetensors") for n in header_of(p)[1] if n != "__metadata__"]
+    return (sum(n.endswith("norm.weight") for n in names),
+            sum(n.endswith(".e_score_correction_bias") for n in names),
+            sum(n.endswith(".weight_scale_inv") for n in names))
+
+
+def test_values_pass_clean_tiny(tiny_dir: Path) -> None:
+    doc = run_json("audit", str(tiny_dir), "--values", "--no-progress")
+    codes = [f["code"] for f in doc["findings"]]
+    assert codes == ["VALUES_CHECKED"]
+    gains, biases, scales = _small_counts(tiny_dir)
+    assert doc["findings"][0]["actual"] == gains + biases + scales
+    assert f"({gains} gains, {biases} router biases, {scales} FP8 scales)" in doc["findings"][0]["message"]
+
+
+def test_values_pass_reports_each_fault_by_name(tiny_copy: Path) -> None:
+    scale = "model.layers.1.mlp.experts.5.gate_proj.weight_scale_inv"
+    scale2 = "model.layers.3.self_attn.o_proj.weight_scale_inv"
+    gain = "model.layers.2.self_attn.kv_a_layernorm.weight"
+    bias = "model.layers.3.mlp.gate.e_score_correction_bias"
+    poke(tiny_copy, scale, np.array([0.0, -3.0], np.float32), start_elem=2)
+    poke(tiny_copy, scale2, np.array([np.nan], np.float32))
+    poke(tiny_copy, gain, np.zeros(96, ml_dtypes.bfloat16))
+    poke(tiny_copy, bias, np.array([np.inf], np.float32), start_elem=4)
+    assert run("audit", str(tiny_copy), "--no-progress").exit_code == 0  # headers alone can't see values
+    doc = run_json("audit", str(tiny_copy), "--values", "--no-progress", code=1)
+    got = {(f["code"], f["tensor"], f["actual"]) for f in doc["findings"] if f["severity"] == "error"}
+    assert got == {("SCALE_NOT_POSITIVE", scale, 2), ("VALUE_NAN", scale2, 1),
+                   ("GAIN_ALL_ZERO", gain, 96), ("VALUE_INF", bias, 1)}
+
+
+def test_values_pass_caps_listed_findings(tiny_copy: Path) -> None:
+    names = [f"model.layers.2.mlp.experts.{e}.up_proj.weight_scale_inv" for e in range(8)]
+    for n in names:
+        poke(tiny_copy, n, np.zeros(6, np.float32))
+    src = LocalSource(tiny_copy)
+    found = value_findings(src, load_checkpoint(src).headers, max_per_code=3)
+    bad = [f for f in found if f.code == "SCALE_NOT_POSITIVE"]
+    assert [f.tensor for f in bad[:3]] == names[:3]
+    assert bad[3].tensor is None and bad[3].actual == 8 and "5 more tensors" in bad[3].message
+    assert len(bad) == 4
+
+
+def test_plan_reads_coalesces_neighbours_only() -> None:
+    t = [TensorInfo("a", "F32", (2,), 0, 8), TensorInfo("b", "F32", (2,), 8, 16),
+         TensorInfo("c", "F32", (2,), 100, 108), TensorInfo("d", "F32", (2,), 10_000, 10_008)]
+    groups = plan_reads(t, max_gap=100)
+    assert [(g0, g1, [m.name for m in ms]) for g0, g1, ms in groups] == [
+        (0, 108, ["a", "b", "c"]), (10_000, 10_008, ["d"])]
+    assert len(plan_reads(t, max_gap=0)) == 3
+    assert len(plan_reads(t, max_gap=1 << 20, max_span=50)) == 3
+
+
+def test_values_pass_on_the_replica(replica_copy: Path, replica_dir: Path) -> None:
+    from kimi_audit.config import parse_config_bytes
+    from kimi_audit.replica import replica_shards, write_shard
+
+    shard = "model-8-of-61.safetensors"
+    tensors = replica_shards(parse_config_bytes((replica_dir / "config.json").read_bytes())[1])[shard]
+    tmp = replica_copy / (shard + ".new")
+    write_shard(tmp, tensors, seed=7)  # the shard's own seed: same bytes as the original
+    victim = "model.layers.7.mlp.experts.311.down_proj.weight_scale_inv"
+    start, header = header_of(tmp)
+    b, _ = header[victim]["data_offsets"]
+    with open(tmp, "r+b") as f:
+        f.seek(start + b + 4 * 100)
+        f.write(np.array([-1.0], np.float32).tobytes())
+    os.replace(tmp, replica_copy / shard)  # replaces the hard link, not the shared file
+    doc = run_json("audit", str(replica_copy), "--values", "--no-progress", code=1)
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert [(f["code"], f["tensor"], f["actual"]) for f in errors] == [("SCALE_NOT_POSITIVE", victim, 1)]
+    checked = next(f for f in doc["findings"] if f["code"] == "VALUES_CHECKED")
+    gains, biases, scales = _small_counts(replica_dir)
+    assert checked["actual"] == gains + biases + scales == 69_913
+    assert (biases, scales) == (60, 69_608)
