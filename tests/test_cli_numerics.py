@@ -363,3 +363,25 @@ def test_values_pass_on_the_replica(replica_copy: Path, replica_dir: Path) -> No
     gains, biases, scales = _small_counts(replica_dir)
     assert checked["actual"] == gains + biases + scales == 69_913
     assert (biases, scales) == (60, 69_608)
+
+
+def test_values_pass_over_the_hub_reads_only_small_tensors(hub, tiny_dir: Path) -> None:  # noqa: F811
+    import re
+
+    local = run_json("audit", str(tiny_dir), "--values", "--no-progress")
+    hub.reset_stats()
+    doc = run_json("audit", TINY_REPO, "--values", "--no-progress")
+    (checked,) = [f for f in doc["findings"] if f["code"] == "VALUES_CHECKED"]
+    assert checked == next(f for f in local["findings"] if f["code"] == "VALUES_CHECKED")
+    fetched = int(re.search(r"([\d,]+) bytes fetched", checked["message"]).group(1).replace(",", ""))
+    data = [r for r in hub.stats().records
+            if r.method == "GET" and r.range and not r.range.startswith("bytes=0-")]
+    assert sum(r.bytes_sent for r in data) == fetched
+    # every data read lies inside the small tensors' span of its shard (no big weight read)
+    for r in data:
+        shard = r.path.rsplit("/", 1)[-1]
+        start, header = header_of(tiny_dir / shard)
+        small = [v["data_offsets"] for n, v in header.items()
+                 if n.endswith(("norm.weight", "_scale_inv", "e_score_correction_bias"))]
+        lo, hi = (int(x) for x in r.range[len("bytes="):].split("-"))
+        assert start + min(b for b, _ in small) <= lo and hi < start + max(e for _, e in small)
