@@ -160,6 +160,7 @@ def demo(
 # fmt: off
 # (one import per line; keep this block just above main())
 import kimi_audit.cli_numerics  # noqa: E402,F401  (rmsnorm, tensor)
+import kimi_audit.cli_hub  # noqa: E402,F401  (download)
 # fmt: on
 
 

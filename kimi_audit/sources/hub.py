@@ -88,6 +88,16 @@ def default_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
+def default_timeout() -> float:
+    """HF_HUB_DOWNLOAD_TIMEOUT as set now (huggingface_hub's own default is 10 s)."""
+    raw = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT")
+    try:
+        value = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        value = DEFAULT_TIMEOUT_S
+    return value if value > 0 else DEFAULT_TIMEOUT_S
+
+
 def parse_content_range(value: str | None) -> tuple[int, int, int | None]:
     """`bytes first-last/total` -> (first, last, total); the end is inclusive."""
     m = _CONTENT_RANGE_RE.match(value or "")
@@ -110,7 +120,7 @@ class HubSource:
         *,
         endpoint: str | None = None,
         token: str | bool | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
+        timeout: float | None = None,
         parallel_reads: int = DEFAULT_PARALLEL_READS,
         max_retries: int = DEFAULT_MAX_RETRIES,
         retry_wait: float = DEFAULT_RETRY_WAIT_S,
@@ -123,7 +133,7 @@ class HubSource:
         self.requested_revision = revision
         self.endpoint = (endpoint or default_endpoint()).rstrip("/")
         self._token: str | bool | None = _Secret(token) if isinstance(token, str) else token
-        self.timeout = float(timeout)
+        self.timeout = float(timeout) if timeout is not None else default_timeout()
         self.parallel_reads = max(1, int(parallel_reads))
         self.max_retries = max(0, int(max_retries))
         self.retry_wait = max(0.0, float(retry_wait))
