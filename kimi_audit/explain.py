@@ -273,7 +273,7 @@ def find_nodes(acc: Accounting, cfg: ModelConfig, query: str) -> list[Node]:
                     and any(p.component == comp for p in n.parts) and (block is not None or "." not in n.key)]
     if not hits:
         names = sorted({n.name for n in nodes} | {n.key for n in nodes})
-        close = difflib.get_close_matches(q, names, n=4, cutoff=0.5)
+        close = difflib.get_close_matches(q, names, n=4, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `kimi-audit params SOURCE` lists every node"
         raise KimiAuditError(f"no component {query!r} in the accounting tree{hint}")
     # MoE blocks first (the seed cards' order), then dense, MTP, the rest.
