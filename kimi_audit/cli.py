@@ -161,6 +161,7 @@ def demo(
 # (one import per line; keep this block just above main())
 import kimi_audit.cli_numerics  # noqa: E402,F401  (rmsnorm, tensor)
 import kimi_audit.cli_hub  # noqa: E402,F401  (download)
+import kimi_audit.cli_params  # noqa: E402,F401  (params, explain)
 # fmt: on
 
 
