@@ -179,6 +179,10 @@ class Node:
 
     @property
     def own_mismatch(self) -> bool:
+        """A leaf whose found tensors differ from the derived ones (count, parameters or dtype).
+        Groups are flagged (`mismatch`) through their leaves."""
+        if self.children:
+            return False
         return self.derived != self.found or self.derived_tensors != self.found_tensors or not self.dtype_ok
 
     @property

@@ -1,0 +1,221 @@
+"""The parameter accounting tree: derived counts from config, found counts from headers, mismatches flagged."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kimi_audit.accounting import UNACCOUNTED, accounting_dict, accounting_of_checkpoint, build_accounting
+from kimi_audit.checkpoint import load_checkpoint
+from kimi_audit.cli import app
+from kimi_audit.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
+from kimi_audit.layout import BUFFER, PARAMETER, SCALE, expected_layout
+from kimi_audit.replica import ReplicaTensor, replica_shards, write_shard
+from kimi_audit.sources import LocalSource
+from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
+
+# Published figures for the pinned checkpoint (shared/reference/kimi-k2-instruct.layout.md): compared against,
+# never used to compute.
+PUBLISHED_PARAMETERS = 1_026_408_232_448
+PUBLISHED_BY_DTYPE = {"F8_E4M3": 1_023_893_241_856, "BF16": 2_514_967_552, "F32": 23_040}
+PUBLISHED_SCALE_ELEMENTS = 62_495_192
+PUBLISHED_BUFFER_ELEMENTS = 3_416
+MOE_QA = "blocks.moe.attention.q_compression.q_a_layernorm"
+runner = CliRunner()
+
+
+def acc_of(path):
+    return accounting_of_checkpoint(load_checkpoint(LocalSource(path)))
+
+
+def layout_parameters(cfg) -> int:
+    return sum(t.numel for t in expected_layout(cfg).values() if t.kind == PARAMETER)
+
+
+@pytest.fixture(scope="module")
+def replica_acc(replica_dir):
+    return acc_of(replica_dir)
+
+
+def assert_all_agree(acc):
+    for _, n in acc.root.walk():
+        assert (n.derived, n.derived_tensors) == (n.found, n.found_tensors), n.key
+        assert not n.mismatch, n.key
+
+
+def test_replica_tree_totals_equal_the_published_count(replica_acc):
+    assert replica_acc.derived == replica_acc.found == PUBLISHED_PARAMETERS
+    assert {r.dtype: r.found for r in replica_acc.dtypes} == PUBLISHED_BY_DTYPE
+    assert {r.dtype: r.derived for r in replica_acc.dtypes} == PUBLISHED_BY_DTYPE
+    assert_all_agree(replica_acc)
+    excluded = {kind: sum(r.found_elements for r in replica_acc.excluded if r.kind == kind) for kind in
+                (SCALE, BUFFER)}
+    assert excluded == {SCALE: PUBLISHED_SCALE_ELEMENTS, BUFFER: PUBLISHED_BUFFER_ELEMENTS}
+
+
+def test_replica_tree_structure_and_formulas_follow_the_config(replica_acc):
+    _, cfg = parse_config_bytes(pinned_config_bytes())
+    n_moe = sum(1 for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i))
+    qa = replica_acc.node(MOE_QA)
+    assert qa.derived == cfg.q_lora_rank * n_moe
+    assert qa.formula == f"{cfg.q_lora_rank:,} × {n_moe} MoE blocks = {cfg.q_lora_rank * n_moe:,}"
+    assert [n.title for n in replica_acc.path_to(MOE_QA)][1:] == [
+        f"{cfg.num_hidden_layers} transformer blocks", f"{n_moe} MoE blocks", "Latent attention",
+        "Query compression", "Query latent RMSNorm"]
+    assert [c.key for c in replica_acc.root.children] == ["embedding", "blocks", "norm", "lm_head"]
+    moe = replica_acc.node("blocks.moe")
+    assert [c.name for c in moe.children] == ["norms", "attention", "router", "experts", "shared_experts"]
+    experts = replica_acc.node("blocks.moe.experts")
+    per_expert = 3 * cfg.moe_intermediate_size * cfg.hidden_size
+    assert experts.per_instance == per_expert
+    assert experts.derived == per_expert * cfg.n_routed_experts * n_moe
+    bias = replica_acc.node("blocks.moe.router.e_score_correction_bias")
+    assert bias.derived == cfg.n_routed_experts * n_moe and {t.dtype for t in bias.tensors} == {"F32"}
+    # every node's formula ends in its own derived count
+    for _, n in replica_acc.root.walk():
+        assert n.formula.endswith(f"{n.derived:,}"), n.key
+    # the tree and the expected layout (built independently) agree on every parameter
+    assert replica_acc.derived == layout_parameters(cfg)
+
+
+def test_activated_parameters_per_token(replica_acc):
+    _, cfg = parse_config_bytes(pinned_config_bytes())
+    n_moe = sum(1 for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i))
+    per_expert = 3 * cfg.moe_intermediate_size * cfg.hidden_size
+    routed = per_expert * cfg.n_routed_experts * n_moe
+    want = PUBLISHED_PARAMETERS - routed + per_expert * cfg.num_experts_per_tok * n_moe
+    a = replica_acc.activation
+    assert a.per_token == want
+    assert a.routed_total == routed
+    assert a.without_embedding == want - cfg.vocab_size * cfg.hidden_size
+    tech, card = replica_acc.comparisons
+    assert tech.published_activated == 32.6e9 and card.published_total == 1e12
+    assert tech.activated_ratio == pytest.approx(want / 32.6e9)
+    assert tech.total_ratio == pytest.approx(PUBLISHED_PARAMETERS / 1.04e12)
+    # 1.026T is within 2% of the tech report's "1.04T"; 32.86B is within 1% of its "32.6B"
+    assert abs(tech.total_ratio - 1) < 0.02 and abs(tech.activated_ratio - 1) < 0.01
+
+
+def test_fault_in_a_full_scale_shard_flags_exactly_its_node(replica_copy):
+    _, cfg = parse_config_bytes(pinned_config_bytes())
+    shard = "model-6-of-61.safetensors"
+    victim = "model.layers.5.self_attn.q_a_layernorm.weight"
+    tensors = [ReplicaTensor(t.name, t.dtype, (1535,)) if t.name == victim else t
+               for t in replica_shards(cfg)[shard]]
+    write_shard(replica_copy / (shard + ".new"), tensors, seed=5, fill_small=False)
+    os.replace(replica_copy / (shard + ".new"), replica_copy / shard)
+    acc = acc_of(replica_copy)
+    qa = acc.node(MOE_QA)
+    assert qa.own_mismatch and (qa.derived, qa.found) == (92_160, 92_159)
+    flagged = {n.key for _, n in acc.root.walk() if n.mismatch}
+    assert flagged == {"model", "blocks", "blocks.moe", "blocks.moe.attention", "blocks.moe.attention.q_compression",
+                       MOE_QA}
+    assert {n.key for _, n in acc.root.walk() if n.own_mismatch} == {MOE_QA}
+    assert acc.found == PUBLISHED_PARAMETERS - 1
+
+
+def test_tiny_tree_agrees_with_its_layout(tiny_dir):
+    acc = acc_of(tiny_dir)
+    cfg = model_config_from_dict(TINY_CONFIG)
+    assert acc.derived == acc.found == layout_parameters(cfg)
+    assert_all_agree(acc)
+    assert acc.node(MOE_QA).derived == TINY_CONFIG["q_lora_rank"] * 3
+    assert acc.comparisons == ()  # the published figures are Kimi-K2's, not this model's
+
+
+def mutated(tmp_path, mutate):
+    shards = tiny_shards()
+    mutate(shards)
+    return write_tiny(tmp_path / "ckpt", shards)
+
+
+S2 = "model-2-of-3.safetensors"
+
+
+def test_missing_and_wrong_dtype_tensors_are_flagged(tmp_path):
+    def mutate(s):
+        s[S2].pop("model.layers.1.mlp.experts.3.up_proj.weight")
+        s[S2].pop("model.layers.1.mlp.experts.3.up_proj.weight_scale_inv")
+        s[S2]["model.layers.2.self_attn.kv_a_layernorm.weight"] = \
+            s[S2]["model.layers.2.self_attn.kv_a_layernorm.weight"].astype(np.float32)
+    acc = acc_of(mutated(tmp_path, mutate))
+    up = acc.node("blocks.moe.experts.up_proj")
+    assert up.found_tensors == up.derived_tensors - 1 and up.found == up.derived - up.per_instance
+    kv = acc.node("blocks.moe.attention.kv_compression.kv_a_layernorm")
+    assert kv.found == kv.derived and not kv.dtype_ok and kv.own_mismatch
+    assert {n.key for _, n in acc.root.walk() if n.own_mismatch} == {up.key, kv.key}
+    assert {r.dtype: r.found for r in acc.dtypes}["F32"] > {r.dtype: r.derived for r in acc.dtypes}["F32"]
+
+
+def test_extra_expert_and_unknown_tensor_are_flagged(tmp_path):
+    def mutate(s):
+        n = TINY_CONFIG["n_routed_experts"]
+        s[S2][f"model.layers.1.mlp.experts.{n}.gate_proj.weight"] = s[S2]["model.layers.1.mlp.experts.0.gate_proj.weight"]
+        s[S2]["model.layers.1.self_attn.extra.weight"] = np.ones(7, dtype=ml_dtypes.bfloat16)
+    acc = acc_of(mutated(tmp_path, mutate))
+    gate = acc.node("blocks.moe.experts.gate_proj")
+    assert gate.found_tensors == gate.derived_tensors + 1 and gate.own_mismatch
+    extra = acc.node(UNACCOUNTED)
+    assert [t.name for t in extra.tensors] == ["model.layers.1.self_attn.extra.weight"]
+    assert extra.found == 7 and extra.mismatch and acc.found == acc.derived + gate.per_instance + 7
+
+
+@pytest.mark.parametrize("change", [
+    {"tie_word_embeddings": True},
+    {"q_lora_rank": None},
+    {"num_nextn_predict_layers": 1},
+    {"n_shared_experts": 2, "attention_bias": True},
+    {"first_k_dense_replace": 2, "moe_layer_freq": 2, "num_hidden_layers": 6},
+    {"quantization_config": None, "topk_method": "greedy"},
+])
+def test_derived_tree_matches_the_layout_for_config_variants(change):
+    cfg = model_config_from_dict({**TINY_CONFIG, **change})
+    acc = build_accounting(cfg, {})
+    assert acc.derived == layout_parameters(cfg)
+    assert acc.found == 0 and acc.mismatch
+    keys = {n.key for n in acc.nodes()}
+    assert ("lm_head" in keys) is not cfg.tie_word_embeddings
+    assert ("mtp" in keys) is (cfg.num_nextn_predict_layers > 0)
+    assert ("blocks.moe.attention.q_projection.q_proj" in keys) is (cfg.q_lora_rank is None)
+    dtypes = {r.dtype for r in acc.dtypes}
+    assert ("F8_E4M3" in dtypes) is (cfg.quantization is not None)
+
+
+def test_params_cli_json_and_exit_codes(tiny_dir, tmp_path):
+    r = runner.invoke(app, ["params", str(tiny_dir), "--json", "--no-progress", "--depth", "1"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "kimi-audit/params/1"
+    assert doc["total"] == {"derived": doc["tree"]["found"], "found": doc["tree"]["found"], "mismatch": False}
+    assert [c["key"] for c in doc["tree"]["children"]] == ["embedding", "blocks", "norm", "lm_head"]
+    assert all("children" not in c for c in doc["tree"]["children"])  # --depth 1
+    assert sum(r["found"] for r in doc["by_dtype"]) == doc["total"]["found"]
+    assert doc["activated"]["per_token"] < doc["total"]["derived"]
+    r = runner.invoke(app, ["params", str(tiny_dir), "--no-progress"])
+    assert r.exit_code == 0 and "Query latent RMSNorm" in r.stdout and "MATCH" in r.stdout
+    bad = mutated(tmp_path, lambda s: s[S2].pop("model.layers.1.self_attn.q_a_layernorm.weight"))
+    r = runner.invoke(app, ["params", str(bad), "--no-progress"])
+    assert r.exit_code == 1 and "MISMATCH" in r.stdout
+    r = runner.invoke(app, ["params", str(tmp_path / "nope"), "--no-progress"])
+    assert r.exit_code == 2
+
+
+def test_accounting_dict_is_json_and_complete(tiny_dir):
+    acc = acc_of(tiny_dir)
+    doc = json.loads(json.dumps(accounting_dict(acc)))
+    leaves = []
+
+    def walk(n):
+        if "children" in n:
+            for c in n["children"]:
+                walk(c)
+        else:
+            leaves.append(n)
+    walk(doc["tree"])
+    assert sum(leaf["found"] for leaf in leaves) == acc.found
+    assert all(leaf["formula"] and leaf["tensors"] for leaf in leaves)
