@@ -22,6 +22,7 @@ from kimi_audit.format import ShardHeader, TensorInfo
 from kimi_audit.layout import SCALE_SUFFIX
 from kimi_audit.numerics import NumericsError, decode, to_float32
 from kimi_audit.sources.base import Source
+from kimi_audit.tensor_io import read_exact
 
 GAIN = "gain"
 ROUTER_BIAS = "router_bias"
@@ -93,19 +94,9 @@ def read_tensors(
 ) -> Iterator[tuple[TensorInfo, bytes]]:
     """The bytes of each tensor, in offset order, with coalesced range reads. Raises SourceError."""
     for g0, g1, members in plan_reads(infos, max_gap, max_span):
-        data = _read_exact(source, shard, data_start + g0, g1 - g0)
+        data = read_exact(source, shard, data_start + g0, g1 - g0)
         for t in members:
             yield t, data[t.begin - g0 : t.end - g0]
-
-
-def _read_exact(source: Source, shard: str, start: int, length: int) -> bytes:
-    got = source.read_range(shard, start, length)
-    if len(got.data) != length:
-        raise SourceError(
-            f"{shard}: {length:,} bytes at offset {start:,} asked, {len(got.data):,} read "
-            f"(file is {got.file_size:,} bytes)"
-        )
-    return got.data
 
 
 def check_values(name: str, kind: str, values: np.ndarray) -> list[tuple[str, str, int]]:
@@ -177,7 +168,7 @@ def value_findings(
     def fetch(job: tuple[str, int, int, int, list[TensorInfo]]):
         shard, start, g0, g1, members = job
         try:
-            return job, _read_exact(source, shard, start + g0, g1 - g0), None
+            return job, read_exact(source, shard, start + g0, g1 - g0), None
         except SourceError as e:
             return job, None, e
 

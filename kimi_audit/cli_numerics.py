@@ -17,19 +17,15 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from kimi_audit.checkpoint import load_config, load_index
+from kimi_audit.checkpoint import load_config
 from kimi_audit.cli import app, stderr, stdout, user_errors
 from kimi_audit.config import ModelConfig
-from kimi_audit.constants import HEADER_LENGTH_BYTES, PINNED_REPO_ID, SAFETENSORS_SUFFIX
-from kimi_audit.errors import KimiAuditError, SourceError
-from kimi_audit.format import ShardHeader, TensorInfo, read_shard_header
-from kimi_audit.header_estimate import first_read_bytes, source_file_size
-from kimi_audit.index import IndexFile, natural_key
+from kimi_audit.constants import PINNED_REPO_ID
+from kimi_audit.errors import KimiAuditError
 from kimi_audit.layout import FP8_DTYPE, SCALE_SUFFIX, layer_block
 from kimi_audit.numerics import (
     TensorStats,
     bfloat16,
-    decode,
     dequantize_fp8,
     f32_to_bf16,
     rms_norm,
@@ -38,102 +34,12 @@ from kimi_audit.numerics import (
 )
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
+from kimi_audit.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher
 
-DEFAULT_MAX_TENSOR_BYTES = 1 << 30
 Q_A_LAYERNORM = "self_attn.q_a_layernorm.weight"
 INPUT_LAYERNORM = "input_layernorm.weight"
 Q_A_PROJ = "self_attn.q_a_proj.weight"
 EMBED = "model.embed_tokens.weight"
-
-
-class TensorNotFoundError(KimiAuditError):
-    pass
-
-
-class TensorFetcher:
-    """Finds tensors through the index (or the headers) and reads exactly their bytes."""
-
-    def __init__(self, source: Source) -> None:
-        self.source = source
-        self.files = source.list_files()
-        self._index: IndexFile | None = None
-        self._index_loaded = False
-        self._headers: dict[str, ShardHeader] = {}
-        self.bytes_read = 0
-
-    def _shards(self) -> list[str]:
-        return sorted((f for f in self.files if f.endswith(SAFETENSORS_SUFFIX)), key=natural_key)
-
-    def header(self, shard: str) -> ShardHeader:
-        h = self._headers.get(shard)
-        if h is None:
-            names = []
-            if self._index is not None:
-                names = [n for n, s in self._index.weight_map.items() if s == shard]
-            first = first_read_bytes(names, None, source_file_size(self.source, shard)) if names else 1 << 16
-            h = self._headers[shard] = read_shard_header(self.source, shard, first)
-            if h.header_len is None:
-                raise SourceError(f"{shard}: not a safetensors file")
-            self.bytes_read += HEADER_LENGTH_BYTES + (h.header_len or 0)
-        return h
-
-    def locate(self, name: str) -> tuple[str, TensorInfo, ShardHeader]:
-        if not self._index_loaded:
-            self._index, _ = load_index(self.source, self.files)
-            self._index_loaded = True
-        candidates: list[str] = []
-        if self._index is not None and name in self._index.weight_map:
-            candidates.append(self._index.weight_map[name])
-        candidates += [s for s in self._shards() if s not in candidates]
-        for shard in candidates:
-            if not self.source.exists(shard):
-                continue
-            h = self.header(shard)
-            t = h.tensors.get(name)
-            if t is not None:
-                if h.data_start + t.end > h.file_size or t.end < t.begin:
-                    raise SourceError(f"{name}: its data_offsets run past the end of {shard}")
-                return shard, t, h
-        raise TensorNotFoundError(f"no tensor named {name!r} in {self.source.label}")
-
-    def has(self, name: str) -> bool:
-        try:
-            self.locate(name)
-            return True
-        except TensorNotFoundError:
-            return False
-
-    def _read(self, shard: str, start: int, length: int) -> bytes:
-        got = self.source.read_range(shard, start, length)
-        if len(got.data) != length:
-            raise SourceError(f"{shard}: short read at {start:,} ({len(got.data):,} of {length:,} bytes)")
-        self.bytes_read += length
-        return got.data
-
-    def read(self, name: str, max_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> tuple[np.ndarray, TensorInfo, str]:
-        shard, t, h = self.locate(name)
-        if t.nbytes > max_bytes:
-            raise KimiAuditError(
-                f"{name} is {t.nbytes:,} bytes, over the {max_bytes:,}-byte limit (raise --max-bytes to read it)"
-            )
-        raw = self._read(shard, h.data_start + t.begin, t.nbytes)
-        return decode(raw, t.dtype, t.shape), t, shard
-
-    def read_rows(self, name: str, rows: list[int]) -> tuple[np.ndarray, TensorInfo, str]:
-        """Selected rows of a 2-D tensor (e.g. embedding rows), one range read per run of rows."""
-        shard, t, h = self.locate(name)
-        if len(t.shape) != 2:
-            raise KimiAuditError(f"{name} has shape {list(t.shape)}: rows need a 2-D tensor")
-        n_rows, width = t.shape
-        row_bytes = t.nbytes // max(1, n_rows)
-        for r in rows:
-            if not 0 <= r < n_rows:
-                raise KimiAuditError(f"row {r} out of range for {name} with {n_rows:,} rows")
-        out = []
-        for r in rows:
-            raw = self._read(shard, h.data_start + t.begin + r * row_bytes, row_bytes)
-            out.append(decode(raw, t.dtype, (width,)))
-        return np.stack(out) if out else np.zeros((0, width)), t, shard
 
 
 # ------------------------------------------------------------------ rmsnorm

@@ -22,7 +22,7 @@ import numpy as np
 
 from kimi_audit.config import ModelConfig, parse_config_bytes, pinned_config_bytes
 from kimi_audit.constants import CONFIG_FILE, DTYPE_BITS, INDEX_FILE
-from kimi_audit.layout import BUFFER, ExpectedTensor, expected_layout
+from kimi_audit.layout import BUFFER, expected_layout
 
 # Published fact: the checkpoint stores rotary_emb.inv_freq as BF16 [56], not [qk_rope_head_dim / 2].
 PUBLISHED_INV_FREQ_SHAPE = (56,)

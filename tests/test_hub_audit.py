@@ -139,7 +139,7 @@ def test_audit_revision_pinned_in_every_request(hub: FakeHub) -> None:
 
 
 def test_read_tensor_by_range_over_the_hub(hub: FakeHub, replica_dir: Path) -> None:
-    from kimi_audit.cli_numerics import TensorFetcher
+    from kimi_audit.tensor_io import TensorFetcher
 
     remote = TensorFetcher(HubSource(REPLICA_REPO, endpoint=hub.endpoint))
     local = TensorFetcher(LocalSource(replica_dir))
