@@ -342,7 +342,7 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
     if bits is None:
         bad("DTYPE_UNKNOWN", f"unknown dtype {dt!r}", actual=dt)
         usable = False
-    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+    if type(shape) is not list or not all(type(d) is int and 0 <= d <= U64_MAX for d in shape):
         bad("SHAPE_INVALID", f"shape {_short(shape)!r} is not a list of non-negative integers", actual=_short(shape))
         usable = False
     if not (type(offs) is list and len(offs) == 2 and all(type(o) is int for o in offs)):
