@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from kimi_audit.constants import DTYPE_BITS, HEADER_LENGTH_BYTES, MAX_HEADER_BYTES
+from kimi_audit.jsondup import duplicate_keys
 from kimi_audit.findings import Finding, Severity, error, warning
 from kimi_audit.sources.base import Source
 
@@ -408,18 +409,8 @@ def _extent_findings(columns: TensorColumns, shard: str, n: int, file_size: int)
 
 
 def _duplicate_key_findings(body: str, shard: str) -> list[Finding]:
-    dups: list[str] = []
-
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen: set[str] = set()
-        for k, _ in pairs:
-            if k in seen:
-                dups.append(k)
-            seen.add(k)
-        return dict(pairs)
-
     try:
-        json.loads(body, object_pairs_hook=hook, parse_constant=_reject_constant)
+        dups = duplicate_keys(body, parse_constant=_reject_constant)
     except (ValueError, RecursionError):  # parsed once already; only a deeper stack could make this fail
         return [error("HEADER_INVALID_JSON", "header JSON is nested too deeply to check for duplicate keys",
                       shard=shard)]

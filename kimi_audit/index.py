@@ -8,6 +8,7 @@ from typing import Any
 
 from kimi_audit.errors import UnsafePathError
 from kimi_audit.findings import Finding, error
+from kimi_audit.jsondup import duplicate_keys
 from kimi_audit.sources.base import safe_member_name
 
 
@@ -96,16 +97,5 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
 
 
 def _duplicates(text: str, name: str) -> list[Finding]:
-    dups: list[str] = []
-
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen: set[str] = set()
-        for k, _ in pairs:
-            if k in seen:
-                dups.append(k)
-            seen.add(k)
-        return dict(pairs)
-
-    json.loads(text, object_pairs_hook=hook)
-    return [error("INDEX_DUPLICATE_KEY", f"{name}: key {k!r} appears more than once", tensor=k, shard=name)
-            for k in dups]
+    return [error("INDEX_DUPLICATE_KEY", f"{name}: key {k[:200]!r} appears more than once", tensor=k, shard=name)
+            for k in duplicate_keys(text)]
