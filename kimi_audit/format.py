@@ -318,7 +318,7 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
     """The slow path: say exactly what is wrong with one entry. Returns it if usable for offsets."""
 
     def bad(code: str, message: str, **kw: Any) -> None:
-        findings.append(error(code, f"{name[:200]}: {message}", tensor=name, shard=shard, **kw))
+        findings.append(error(code, f"{_label(name)}: {message}", tensor=name, shard=shard, **kw))
 
     if type(e) is not dict:
         bad("TENSOR_ENTRY_INVALID", f"entry is a {type(e).__name__}, not an object")
@@ -329,8 +329,8 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
         return None
     extra = sorted(e.keys() - ENTRY_FIELDS)
     if extra:
-        findings.append(warning("TENSOR_EXTRA_FIELD", f"{name}: entry has fields outside the schema: "
-                                f"{', '.join(extra)[:200]}", tensor=name, shard=shard))
+        findings.append(warning("TENSOR_EXTRA_FIELD", f"{_label(name)}: entry has fields outside the schema: "
+                                f"{_label(', '.join(extra))}", tensor=name, shard=shard))
         # Ignored by readers, but still parsed: the reference reader refuses what it cannot represent.
         for k in extra:
             problem = _json_problem(e[k], 2, limits=True)
@@ -374,6 +374,13 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
     return TensorInfo(name, str(dt), (), begin, end)
 
 
+def _label(name: str, limit: int = 200) -> str:
+    """A tensor name fit for a one-line message: as is when printable and short, else escaped and cut."""
+    if len(name) <= limit and name.isprintable():
+        return name
+    return repr(name[:limit])[1:-1] + ("..." if len(name) > limit else "")
+
+
 def _short(v: Any, limit: int = 80) -> Any:
     if type(v) in (list, dict, str) and len(v) > limit:  # never repr a huge value whole
         r = repr(v[:limit] if type(v) is not dict else dict(list(v.items())[:8]))
@@ -390,10 +397,10 @@ def _extent_findings(columns: TensorColumns, shard: str, n: int, file_size: int)
         pos = 0
         for begin, end, name in sorted(zip(begins, ends, columns.names)):
             if begin < pos:
-                out.append(error("OFFSETS_OVERLAP", f"{name}: data [{begin}, {end}) overlaps bytes before {pos}",
+                out.append(error("OFFSETS_OVERLAP", f"{_label(name)}: data [{begin}, {end}) overlaps bytes before {pos}",
                                  tensor=name, shard=shard, expected=pos, actual=begin))
             elif begin > pos:
-                out.append(error("OFFSETS_GAP", f"{name}: data starts at {begin}, leaving {begin - pos:,} unused "
+                out.append(error("OFFSETS_GAP", f"{_label(name)}: data starts at {begin}, leaving {begin - pos:,} unused "
                                  f"bytes after {pos}", tensor=name, shard=shard, expected=pos, actual=begin))
             pos = max(pos, end)
     else:
