@@ -9,12 +9,14 @@ from __future__ import annotations
 import functools
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kimi_audit import __version__
@@ -52,13 +54,18 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except KimiAuditError as e:
-            stderr.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+            # The message may quote hostile names: no markup from it, and one line whatever it holds.
+            stderr.print(f"[bold red]error:[/bold red] {escape(one_line(str(e)))}", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             stderr.print("interrupted")
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def one_line(text: str) -> str:
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @contextmanager
@@ -109,7 +116,15 @@ def audit(
     ),
     revision: Optional[str] = typer.Option(
         None, "--revision", "-r", help="Hub revision: commit hash (full or short), branch or tag."),
-    as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report on stdout."),
+    as_json: bool = typer.Option(False, "--json", help="Alias for --format json."),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="table (default), json, junit or markdown."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
+    fail_on: str = typer.Option("error", "--fail-on", help="Exit 1 on findings of this severity or worse: "
+                                "error or warning."),
+    expect_params: Optional[str] = typer.Option(None, "--expect-params", metavar="N", help="Gate: PARAMS_GATE "
+                                                "error unless the parameter count is exactly N."),
+    expect_revision: Optional[str] = typer.Option(None, "--expect-revision", metavar="SHA", help="Gate: "
+                                                  "REVISION_GATE error unless the resolved commit starts with SHA."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
     values: bool = typer.Option(False, "--values", help="Also fetch every small tensor (norm gains, router "
                                 "biases, FP8 scales: ~250 MB for Kimi-K2) and report NaN/Inf, scales <= 0, zero gains."),
@@ -118,6 +133,14 @@ def audit(
 
     Reads config.json, model.safetensors.index.json and each shard's header only: no tensor data.
     """
+    from kimi_audit.cli_ci import deliver, resolve_fail_on, resolve_format
+    from kimi_audit.gates import apply_gates, check_sha, parse_count
+
+    out_format, severity = resolve_format(fmt, as_json), resolve_fail_on(fail_on)
+    for validate, value in ((parse_count, expect_params), (check_sha, expect_revision)):
+        if value is not None:
+            validate(value)  # refuse a malformed gate before reading anything
+    started = time.monotonic()
     src = open_source(source, revision)
     with shard_progress("reading headers", progress) as update:
         if values:
@@ -125,8 +148,9 @@ def audit(
             report = audit_with_values(src, update, update)
         else:
             report = audit_source(src, update)
-    emit_report(report, as_json)
-    raise typer.Exit(report.exit_code())
+    report = apply_gates(report, expect_params, expect_revision)
+    deliver(report, out_format, output, severity, time.monotonic() - started, stdout)
+    raise typer.Exit(report.exit_code(severity))
 
 
 @app.command()

@@ -14,6 +14,13 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_GROUPS = 40
 
 
+def _plain(text: str) -> Text:
+    """Untrusted text (tensor names, messages): no rich markup, no terminal control characters."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return Text(text)
+
+
 def _n(v: int) -> str:
     return f"{v:,}"
 
@@ -21,7 +28,7 @@ def _n(v: int) -> str:
 def render_table(report: AuditReport, console: Console) -> None:
     m, s, qa = report.model, report.stats, report.q_a_layernorm
     head = Table.grid(padding=(0, 2))
-    head.add_row("source", report.source)
+    head.add_row("source", _plain(report.source))
     head.add_row("revision", report.revision or "(local files)")
     blocks = f"{m['layers']} blocks: {m['dense_layers']} dense + {m['moe_layers']} MoE"
     if m["mtp_layers"]:
@@ -61,7 +68,9 @@ def render_table(report: AuditReport, console: Console) -> None:
             detail = g.example.message
             if g.example.tensor and detail.startswith(g.example.tensor + ": "):
                 detail = detail[len(g.example.tensor) + 2:]
-            t.add_row(Text(g.severity, style=SEVERITY_STYLE[g.severity]), g.code, _n(g.count), g.pattern, detail)
+            # Names and messages come from the checkpoint: plain Text, never parsed as rich markup.
+            t.add_row(Text(g.severity, style=SEVERITY_STYLE[g.severity]), g.code, _n(g.count), _plain(g.pattern),
+                      _plain(detail))
         console.print(t)
         if len(groups) > MAX_GROUPS:
             console.print(f"… and {len(groups) - MAX_GROUPS} more groups (use --json for every finding)")
