@@ -307,6 +307,13 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError, OSError)):
+            return  # a client hanging up (as good clients do on a Range-ignoring answer) is not an error
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
+
 
 class _Handler(BaseHTTPRequestHandler):
     hub: FakeHub
