@@ -238,8 +238,10 @@ def _json_problem(value: Any, depth: int, *, strings: bool = False, limits: bool
             if strings and not v.isascii() and _lone_surrogate(v):
                 return f"lone UTF-16 surrogate in string {v.encode('utf-8', 'backslashreplace')[:80]!r}"
         elif limits and t is float:
-            if math.isinf(v):
-                return "a number is out of the 64-bit float range"
+            # serde_json's decimal conversion overflows on some spellings of numbers that round to
+            # f64::MAX (and accepts others); Python sees one float for all: refuse them all.
+            if math.isinf(v) or abs(v) >= sys.float_info.max:
+                return "a number is out of the 64-bit float range (or rounds to its largest value)"
         elif limits and t is int and abs(v) >= F64_MAX_INT:
             return "a number is out of the 64-bit float range"
     return None
