@@ -81,7 +81,7 @@ def render_params(acc: Accounting, console: Console, depth: int | None = None) -
     for r in acc.excluded:
         ok = r.derived_tensors == r.found_tensors
         count = f"{r.found_tensors:,}" if ok else f"{r.found_tensors:,} (derived {r.derived_tensors:,})"
-        ex.add_row(f"{r.kind} {r.dtype}", r.pattern, Text(count, style="" if ok else "bold red"),
+        ex.add_row(Text(f"{r.kind} {r.dtype}"), Text(r.pattern), Text(count, style="" if ok else "bold red"),
                    f"{r.found_elements:,}")
     for kind in ("scale", "buffer"):
         rows = [r for r in acc.excluded if r.kind == kind]

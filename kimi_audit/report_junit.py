@@ -11,6 +11,7 @@ A check fails when it has a finding at or above `fail_on` (error by default; war
 
 from __future__ import annotations
 
+import re
 import socket
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -60,9 +61,17 @@ def check_of(code: str) -> Check:
     return OTHER
 
 
+INVALID_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_safe(text: object) -> str:
+    """Characters XML 1.0 cannot hold (NUL, ESC, ...; names come from untrusted headers) as \\xNN."""
+    return INVALID_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
 def finding_line(f: Finding) -> str:
     where = f.tensor or f.shard or ""
-    return f"{f.severity.value.upper()} {f.code}" + (f" [{where}]" if where else "") + f": {f.message}"
+    return xml_safe(f"{f.severity.value.upper()} {f.code}" + (f" [{where}]" if where else "") + f": {f.message}")
 
 
 def _lines(findings: list[Finding]) -> str:
@@ -89,24 +98,24 @@ def junit_tree(report: AuditReport, *, fail_on: Severity = Severity.ERROR, elaps
     ts = (timestamp or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(tzinfo=None, microsecond=0)
 
     root = ET.Element("testsuites", name="kimi-audit")
-    suite = ET.SubElement(root, "testsuite", name=f"kimi-audit {report.source}")
+    suite = ET.SubElement(root, "testsuite", name=xml_safe(f"kimi-audit {report.source}"))
     props = ET.SubElement(suite, "properties")
     s = report.stats
     for k, v in (("source", report.source), ("revision", report.revision or ""),
                  ("tool", f"kimi-audit {__version__}"), ("fail_on", fail_on.value),
                  ("tensors", s.tensors), ("parameters", s.parameters), ("shards", s.shards)):
-        ET.SubElement(props, "property", name=k, value=str(v))
+        ET.SubElement(props, "property", name=k, value=xml_safe(v))
 
     failures = 0
     cases: list[ET.Element] = []
-    classname = "kimi_audit." + (report.model.get("model_type") or "checkpoint")
+    classname = xml_safe("kimi_audit." + str(report.model.get("model_type") or "checkpoint"))
     for check in checks:
         mine = by_check.get(check.name, [])
         failing = [f for f in mine if f.severity.rank >= fail_on.rank]
         case = ET.Element("testcase", name=check.name, classname=classname, time="0")
         if failing:
             failures += 1
-            fail = ET.SubElement(case, "failure", message=_summary(failing), type=failing[0].code)
+            fail = ET.SubElement(case, "failure", message=xml_safe(_summary(failing)), type=xml_safe(failing[0].code))
             fail.text = _lines(failing)
         rest = [f for f in mine if f.severity.rank < fail_on.rank]
         if rest:
@@ -121,7 +130,7 @@ def junit_tree(report: AuditReport, *, fail_on: Severity = Severity.ERROR, elaps
             bad = [r for r in qa.rows if not r.ok]
             fail = ET.SubElement(case, "failure", message=f"{len(bad)} of {len(qa.rows)} gains missing or malformed",
                                  type="Q_A_LAYERNORM")
-            fail.text = "\n".join(lines + [f"layer {r.layer} ({r.block}): {r.tensor}" for r in bad])
+            fail.text = xml_safe("\n".join(lines + [f"layer {r.layer} ({r.block}): {r.tensor}" for r in bad]))
         else:
             ET.SubElement(case, "system-out").text = "\n".join(lines)
         cases.append(case)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 from kimi_audit.audit import AuditReport
 from kimi_audit.findings import Severity
 from kimi_audit.grouping import group_findings
 
 MAX_GROUPS = 50
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def cell(text: object) -> str:
-    """A table cell: pipes escaped, newlines flattened."""
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    """A table cell: pipes escaped, newlines flattened, control characters (untrusted names) as \\xNN."""
+    s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
 
 
 def code(text: object) -> str:
