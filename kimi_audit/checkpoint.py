@@ -19,7 +19,7 @@ from kimi_audit.constants import (
     MAX_INDEX_BYTES,
     SAFETENSORS_SUFFIX,
 )
-from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError
+from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError, UnsafePathError
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format import ShardHeader, parse_shard_prefix, read_shard_header
 from kimi_audit.header_estimate import fetch_shard_prefix, first_read_bytes, source_file_size
@@ -65,6 +65,8 @@ def load_index(source: Source, files: tuple[str, ...]) -> tuple[IndexFile | None
         return parse_index(source.read_file(INDEX_FILE, MAX_INDEX_BYTES), INDEX_FILE), []
     except FileTooLargeError as e:
         return None, [error("INDEX_TOO_LARGE", str(e), shard=INDEX_FILE)]
+    except UnsafePathError:  # a symlink out of the directory: reported as SYMLINK_OUTSIDE, never read
+        return None, []
 
 
 def shards_to_read(files: tuple[str, ...], index: IndexFile | None) -> tuple[list[str], list[Finding]]:
@@ -155,6 +157,9 @@ def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Check
     files = source.list_files()
     config_raw, config = load_config(source)
     index, findings = load_index(source, files)
+    for link in getattr(source, "outside_links", tuple)():
+        findings.append(error("SYMLINK_OUTSIDE", f"{link} is a symlink that leaves the checkpoint directory: "
+                              "not opened", shard=link))
     shards, shard_findings = shards_to_read(files, index)
     findings += shard_findings
     # Remote sources list file sizes: with the expected layout, each header's length is known exactly.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kimi_audit.errors import FileMissingError, FileTooLargeError, SourceError
+from kimi_audit.errors import FileMissingError, FileTooLargeError, SourceError, UnsafePathError
 from kimi_audit.sources.base import RangeRead, safe_member_name
 
 
@@ -28,9 +28,37 @@ class LocalSource:
             raise SourceError(f"not a file or directory: {p}")
         self.label = str(p)
         self.revision: str | None = None
+        # Where a symlink may lead: inside the directory; for a Hugging Face cache snapshot
+        # (`snapshots/<rev>/f -> ../../blobs/<sha256>`) also into that repo's blobs; the file named itself.
+        real = os.path.realpath(self.root)
+        self._allowed = [real]
+        if os.path.basename(os.path.dirname(real)) == "snapshots":
+            self._allowed.append(os.path.join(os.path.dirname(os.path.dirname(real)), "blobs"))
+        if self._only is not None:
+            self._allowed.append(os.path.realpath(p))
+
+    def _inside(self, real: str) -> bool:
+        return any(real == a or real.startswith(a.rstrip(os.sep) + os.sep) for a in self._allowed)
 
     def _path(self, name: str) -> Path:
-        return self.root / safe_member_name(name)
+        path = self.root / safe_member_name(name)
+        real = os.path.realpath(path)
+        if not self._inside(real):
+            raise UnsafePathError(f"{name} is a symlink that leaves the checkpoint directory: not opened")
+        return path
+
+    def outside_links(self) -> tuple[str, ...]:
+        """Names of the symlinks (files or directories) under the root that resolve outside it."""
+        if self._only is not None:
+            return ()
+        out = []
+        for dirpath, dirs, files in os.walk(self.root):
+            rel = os.path.relpath(dirpath, self.root)
+            for f in dirs + files:
+                full = os.path.join(dirpath, f)
+                if os.path.islink(full) and not self._inside(os.path.realpath(full)):
+                    out.append(f if rel == "." else f"{rel}/{f}".replace(os.sep, "/"))
+        return tuple(sorted(out))
 
     def list_files(self) -> tuple[str, ...]:
         if self._only is not None:
@@ -45,7 +73,10 @@ class LocalSource:
     def exists(self, name: str) -> bool:
         if self._only is not None and name != self._only:
             return False
-        return self._path(name).is_file()
+        try:
+            return self._path(name).is_file()
+        except UnsafePathError:
+            return False
 
     def read_file(self, name: str, max_bytes: int) -> bytes:
         path = self._path(name)
