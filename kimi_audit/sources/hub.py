@@ -182,7 +182,7 @@ class HubSource:
             status = e.response.status_code if e.response is not None else "?"
             raise GatedRepoError(
                 f"{self.repo_id} is a gated repo and access was refused (HTTP {status}): accept its terms on the Hub "
-                "and pass a token that has access (HF_TOKEN, --token or `hf auth login`)"
+                "and use a token that has access (set HF_TOKEN or run `hf auth login`)"
             ) from None
         except hf_errors.RepositoryNotFoundError:
             raise RepoNotFoundError(
