@@ -186,6 +186,7 @@ def demo(
 import kimi_audit.cli_numerics  # noqa: E402,F401  (rmsnorm, tensor)
 import kimi_audit.cli_hub  # noqa: E402,F401  (download)
 import kimi_audit.cli_params  # noqa: E402,F401  (params, explain)
+import kimi_audit.cli_diff  # noqa: E402,F401  (diff)
 # fmt: on
 
 
