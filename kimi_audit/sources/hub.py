@@ -235,6 +235,10 @@ class HubSource:
         sha = info.sha
         if not isinstance(sha, str) or not _COMMIT_RE.match(sha):
             raise HubError(f"{self._where()} did not resolve {self.requested_revision!r} to a full commit hash (got {sha!r})")
+        if _COMMIT_RE.match(self.requested_revision) and sha != self.requested_revision:
+            raise HubError(
+                f"{self._where()} answered commit {sha} for the requested commit {self.requested_revision}"
+            )
         self.revision = sha
         for sib in info.siblings or []:
             name = sib.rfilename
