@@ -10,7 +10,8 @@ HTTP protocol for the real `huggingface_hub` client:
   ``siblings`` (``rfilename``, ``size``, ``blobId``, ``lfs {sha256, size, pointerSize}``);
 - ``GET /api/models/{repo}/tree/{rev}`` (one page; what ``snapshot_download`` lists);
 - errors as the Hub sends them: 404 + ``X-Error-Code: RepoNotFound | RevisionNotFound |
-  EntryNotFound``, 401/403 + ``GatedRepo`` for a gated repo without the right Bearer token.
+  EntryNotFound``, 401/403 + ``GatedRepo`` for a file of a gated repo without the right Bearer
+  token (as on the Hub, a gated repo's info and file listing stay public).
 
 Branch names, the full commit and any prefix of it (>= 7 hex digits) resolve to the full commit.
 sha256 is computed lazily and only for files <= 64 MB (the full-scale replica's shards are 16 GB
@@ -392,7 +393,8 @@ class _Handler(BaseHTTPRequestHandler):
             parts = [unquote(p) for p in path[len("/api/models/") :].split("/")]
             if len(parts) < 2:
                 return self._error(404, "RepoNotFound", "Repository not found")
-            repo = self._repo("/".join(parts[:2]))
+            # Like the Hub, a gated repo's info and listing are public; its files are not.
+            repo = self._repo("/".join(parts[:2]), files=False)
             if repo is None:
                 return
             rest = parts[2:]
@@ -411,12 +413,12 @@ class _Handler(BaseHTTPRequestHandler):
             return self._resolve(repo, unquote(parts[3]), unquote("/".join(parts[4:])), fault)
         return self._error(404, None, "Not found")
 
-    def _repo(self, repo_id: str) -> Repo | None:
+    def _repo(self, repo_id: str, files: bool = True) -> Repo | None:
         repo = self.hub.repos.get(repo_id)
         if repo is None:
             self._error(404, "RepoNotFound", "Repository not found")
             return None
-        if repo.token is not None:
+        if repo.token is not None and files:
             auth = self.headers.get("Authorization")
             if auth is None:
                 self._error(

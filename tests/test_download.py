@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hub_fixtures import *  # noqa: F403
-from hub_fixtures import REPLICA_COMMIT, REPLICA_REPO, TINY_REPO, needed_bytes, shard_count
+from hub_fixtures import GATED_REPO, REPLICA_COMMIT, REPLICA_REPO, TINY_REPO, needed_bytes, shard_count
 from hub_server import FakeHub
 
 from kimi_audit.audit import audit_source
@@ -139,6 +139,8 @@ def test_headers_only_redoes_a_damaged_shard(hub: FakeHub, tiny_dir: Path, tmp_p
         (["download", TINY_REPO, "--include", "*.nothing"], "no file"),
         (["download", "test-org/no-such-repo"], "not found"),
         (["download", TINY_REPO, "--revision", "no-such-branch"], "no-such-branch"),
+        (["download", GATED_REPO, "--local-dir", "g"], "gated"),
+        (["download", GATED_REPO, "--local-dir", "g", "--headers-only"], "gated"),
     ],
 )
 def test_download_usage_errors(hub: FakeHub, args: list[str], words: str, tmp_path: Path,

@@ -213,12 +213,18 @@ def test_file_missing_on_the_server(hub: FakeHub, tiny_dir: Path) -> None:
 
 
 def test_gated_repo(hub: FakeHub) -> None:
+    """As on the Hub, the listing of a gated repo is public and its files are refused."""
+    src = _src(hub, GATED_REPO, token=False)
+    hub.reset_stats()
     with pytest.raises(GatedRepoError) as e:
-        _src(hub, GATED_REPO, token=False)
-    assert "gated" in str(e.value) and "HTTP 401" in str(e.value)
+        src.read_file("config.json", 1_000_000)
+    assert "gated" in str(e.value) and "HTTP 401" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(GatedRepoError):  # no point asking again: fails fast, no request
+        src.read_range("config.json", 0, 8)
+    assert hub.stats().requests == 1
     wrong = "hf_WrongTokenShouldNeverBePrinted42"
     with pytest.raises(GatedRepoError) as e:
-        _src(hub, GATED_REPO, token=wrong)
+        _src(hub, GATED_REPO, token=wrong).read_file("config.json", 1_000_000)
     assert "HTTP 403" in str(e.value) and wrong not in str(e.value) and wrong not in repr(e.value)
     src = _src(hub, GATED_REPO, token=GATED_TOKEN)
     assert src.read_file("config.json", 1_000_000)
