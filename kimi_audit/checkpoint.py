@@ -6,6 +6,7 @@ This is the only place the audit does I/O; everything downstream works on the re
 from __future__ import annotations
 
 import gc
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from kimi_audit.constants import (
     INDEX_FILE,
     MAX_CONFIG_BYTES,
     MAX_INDEX_BYTES,
+    MAX_HEADER_BYTES,
     SAFETENSORS_SUFFIX,
 )
 from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError, UnsafePathError
@@ -28,6 +30,11 @@ from kimi_audit.layout import expected_layout
 from kimi_audit.sources.base import Source
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+MAX_TOTAL_HEADER_BYTES = 256_000_000
+"""All shards' headers together (Kimi-K2: 17.7 MB, 139,644 tensors). Past it, no further shard is read:
+parsed headers cost ~4x their JSON in memory, so this bounds a hostile checkpoint (10 million tensor
+names, thousands of shards) to about a gigabyte."""
+_SKIPPED = "skipped"
 
 
 @dataclass(frozen=True)
@@ -118,28 +125,43 @@ def read_headers(
             if shard in names_by_shard:
                 names_by_shard[shard].append(tensor)
 
-    def one(shard: str) -> ShardHeader | Finding:
+    budget = {"used": 0}
+    lock = threading.Lock()
+
+    def spend(n: int | None) -> None:
+        with lock:
+            budget["used"] += n or 0
+
+    def one(shard: str) -> ShardHeader | Finding | str:
+        if budget["used"] > MAX_TOTAL_HEADER_BYTES:
+            return _SKIPPED
         try:
             first = first_read_bytes(names_by_shard[shard], expected, source_file_size(source, shard))
-            return read_shard_header(source, shard, first)
+            h = read_shard_header(source, shard, first)
         except SourceError as e:
             return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
+        spend(h.header_len if h.header_len is not None and h.header_len <= MAX_HEADER_BYTES else 0)
+        return h
 
-    results: dict[str, ShardHeader | Finding] = {}
+    results: dict[str, ShardHeader | Finding | str] = {}
     total = len(shards)
     with _gc_paused():
         if source.parallel_reads > 1 and total > 1:
             # Threads only fetch; this thread parses, so parsing never starves the receiving threads.
-            def fetch(shard: str) -> tuple[bytes, int] | Finding:
+            def fetch(shard: str) -> tuple[bytes, int] | Finding | str:
+                if budget["used"] > MAX_TOTAL_HEADER_BYTES:
+                    return _SKIPPED
                 try:
                     first = first_read_bytes(names_by_shard[shard], expected, source_file_size(source, shard))
-                    return fetch_shard_prefix(source, shard, first)
+                    got = fetch_shard_prefix(source, shard, first)
                 except SourceError as e:
                     return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
+                spend(len(got[0]))
+                return got
 
             with ThreadPoolExecutor(max_workers=min(source.parallel_reads, total)) as pool:
                 for done, (shard, got) in enumerate(zip(shards, pool.map(fetch, shards)), 1):
-                    results[shard] = got if isinstance(got, Finding) else parse_shard_prefix(
+                    results[shard] = got if isinstance(got, (Finding, str)) else parse_shard_prefix(
                         got[0], shard=shard, file_size=got[1])
                     if progress:
                         progress(shard, done, total)
@@ -150,6 +172,12 @@ def read_headers(
                     progress(shard, done, total)
     headers = {s: r for s, r in results.items() if isinstance(r, ShardHeader)}
     failures = [r for r in results.values() if isinstance(r, Finding)]
+    skipped = [s for s, r in results.items() if r is _SKIPPED]
+    if skipped:
+        failures.append(error(
+            "CHECKPOINT_TOO_LARGE", f"the headers of {len(headers):,} shards already exceed "
+            f"{MAX_TOTAL_HEADER_BYTES:,} bytes together: {len(skipped):,} more shards not read "
+            f"(from {skipped[0]})", shard=skipped[0], expected=MAX_TOTAL_HEADER_BYTES, actual=len(skipped)))
     return headers, failures
 
 
