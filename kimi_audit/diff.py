@@ -13,13 +13,12 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 from kimi_audit.accounting import Accounting, accounting_of_checkpoint, collapse
 from kimi_audit.checkpoint import Checkpoint
 from kimi_audit.checks.tensors import Located, locate_tensors
 from kimi_audit.errors import ShortReadError
-from kimi_audit.layout import PARAMETER, classify_name, expected_layout
 from kimi_audit.sources.base import Source
 
 CHUNK_BYTES = 16 << 20
@@ -28,8 +27,7 @@ COALESCE_GAP = 1 << 20
 """Neighbouring tensors closer than this are read in one range read."""
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     shard: str
@@ -139,20 +137,7 @@ def header_diff(a: Checkpoint, b: Checkpoint, acc_a: Accounting | None = None,
     config = tuple((k, a.config_raw.get(k), b.config_raw.get(k)) for k in keys
                    if a.config_raw.get(k) != b.config_raw.get(k))
     return HeaderDiff(a.label, b.label, a.revision, b.revision, added, removed, tuple(changed), tuple(moved),
-                      tuple(components), config, (_params(a, la), _params(b, lb)), (len(ea), len(eb)), common)
-
-
-def _params(ckpt: Checkpoint, actual: Located) -> int:
-    expected = expected_layout(ckpt.config)
-    total = 0
-    for name, (t, _shard) in actual.items():
-        e = expected.get(name)
-        if (e.kind if e is not None else classify_name(name)) == PARAMETER:
-            n = 1
-            for d in t.shape:
-                n *= d
-            total += n
-    return total
+                      tuple(components), config, (acc_a.found, acc_b.found), (len(ea), len(eb)), common)
 
 
 @dataclass(frozen=True)
