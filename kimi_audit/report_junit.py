@@ -26,6 +26,7 @@ MAX_LINES = 500
 """Findings listed per testcase; the rest are counted (the JSON report has them all)."""
 
 FORMAT_CODES = {"DTYPE_UNKNOWN", "SHAPE_INVALID", "SIZE_MISMATCH", "DATA_PAST_EOF", "TRAILING_BYTES"}
+VALUE_CODES = {"SCALE_NOT_POSITIVE", "GAIN_ALL_ZERO"}
 LAYOUT_CODES = {"TENSOR_MISSING", "TENSOR_UNEXPECTED", "TENSOR_DUPLICATE", "DTYPE_MISMATCH", "SHAPE_MISMATCH"}
 
 
@@ -40,6 +41,8 @@ CHECKS: tuple[Check, ...] = (
     Check("header-format", "every shard's safetensors header is well formed",
           lambda c: c in FORMAT_CODES or c.startswith(("HEADER_", "METADATA_", "TENSOR_ENTRY_", "TENSOR_EXTRA_",
                                                        "OFFSETS_"))),
+    Check("values", "small tensors' values are finite, scales positive, gains not all zero (--values)",
+          lambda c: c.startswith(("VALUE_", "VALUES_")) or c in VALUE_CODES),
     Check("fp8-scales", "every FP8 weight has its weight_scale_inv, of the right dtype and shape",
           lambda c: c.startswith("SCALE_")),
     Check("files-and-index", "shards are readable and agree with model.safetensors.index.json",
@@ -47,8 +50,6 @@ CHECKS: tuple[Check, ...] = (
     Check("quantization-config", "quantization_config is fp8 / e4m3 / [128, 128]", lambda c: c == "QUANT_CONFIG"),
     Check("layout", "every tensor the config implies is present with its dtype and shape, and no other",
           lambda c: c in LAYOUT_CODES or c.startswith("BUFFER_")),
-    Check("values", "small tensors' values are finite, scales positive, gains not all zero (--values)",
-          lambda c: c.startswith(("VALUE_", "VALUES_"))),
     Check("release-gates", "--expect-params / --expect-revision", lambda c: c.endswith("_GATE")),
 )
 OTHER = Check("other", "findings of other checks", lambda c: True)
