@@ -213,21 +213,24 @@ def test_file_missing_on_the_server(hub: FakeHub, tiny_dir: Path) -> None:
 
 
 def test_gated_repo(hub: FakeHub) -> None:
-    """As on the Hub, the listing of a gated repo is public and its files are refused."""
-    src = _src(hub, GATED_REPO, token=False)
+    """As on the Hub, a gated repo's listing is public and its files are refused: one HEAD at open
+    time turns the refusal into a clear error before any work starts."""
     hub.reset_stats()
     with pytest.raises(GatedRepoError) as e:
-        src.read_file("config.json", 1_000_000)
+        _src(hub, GATED_REPO, token=False)
     assert "gated" in str(e.value) and "HTTP 401" in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(GatedRepoError):  # no point asking again: fails fast, no request
-        src.read_range("config.json", 0, 8)
-    assert hub.stats().requests == 1
+    assert [(r.method, r.status) for r in hub.stats().records] == [("GET", 200), ("HEAD", 401)]
     wrong = "hf_WrongTokenShouldNeverBePrinted42"
     with pytest.raises(GatedRepoError) as e:
-        _src(hub, GATED_REPO, token=wrong).read_file("config.json", 1_000_000)
+        _src(hub, GATED_REPO, token=wrong)
     assert "HTTP 403" in str(e.value) and wrong not in str(e.value) and wrong not in repr(e.value)
     src = _src(hub, GATED_REPO, token=GATED_TOKEN)
     assert src.read_file("config.json", 1_000_000)
+    src._fatal = GatedRepoError("access revoked")  # a refusal mid-run: later reads fail fast, unasked
+    hub.reset_stats()
+    with pytest.raises(GatedRepoError):
+        src.read_range("config.json", 0, 8)
+    assert hub.stats().requests == 0
     assert GATED_TOKEN not in repr(src) and GATED_TOKEN not in repr(vars(src))
 
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from kimi_audit.constants import PINNED_REPO_ID, PINNED_REVISION
+from kimi_audit.constants import CONFIG_FILE, PINNED_REPO_ID, PINNED_REVISION
 from kimi_audit.errors import FileMissingError, FileTooLargeError, KimiAuditError, ShortReadError
 from kimi_audit.sources.base import RangeRead, safe_member_name
 
@@ -245,6 +245,18 @@ class HubSource:
             self._sizes[name] = sib.size if isinstance(sib.size, int) and sib.size >= 0 else None
             if sib.lfs is not None and isinstance(sib.lfs.sha256, str):
                 self._lfs_sha256[name] = sib.lfs.sha256
+        if info.gated and self._sizes:
+            self._check_file_access()
+
+    def _check_file_access(self) -> None:
+        """A gated repo lists its files to anyone but serves them only to granted tokens: ask now
+        (one HEAD, no body) so that a refusal is a clear error before any work starts."""
+        from huggingface_hub.utils import hf_raise_for_status, http_backoff
+
+        probe = CONFIG_FILE if CONFIG_FILE in self._sizes else min(self._sizes)
+        with self._translate_errors(probe):
+            response = http_backoff("HEAD", self.url(probe), headers=self._headers(), **self._backoff_kwargs())
+            hf_raise_for_status(response)
 
     # --- Source protocol ------------------------------------------------------------------------
     def list_files(self) -> tuple[str, ...]:
