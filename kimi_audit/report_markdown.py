@@ -53,7 +53,8 @@ def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> 
         out += [f"### Findings ({report.errors} errors, {report.warnings} warnings)", "",
                 "| severity | code | count | tensor / shard | detail (first) |", "|---|---|---:|---|---|"]
         for g in groups[:MAX_GROUPS]:
-            out.append(f"| {g.severity} | {code(g.code)} | {g.count:,} | {code(g.pattern)} | {cell(g.example.message)} |")
+            out.append(f"| {g.severity} | {code(g.code)} | {g.count:,} | {code(g.pattern)} "
+                       f"| {cell(g.example.message)} |")
         if len(groups) > MAX_GROUPS:
             out += ["", f"… and {len(groups) - MAX_GROUPS} more groups (use `--format json` for every finding)"]
         out += [""]

@@ -17,6 +17,8 @@ from kimi_audit.config import model_config_from_dict, parse_config_bytes, pinned
 from kimi_audit.layout import BUFFER, PARAMETER, SCALE, expected_layout
 from kimi_audit.replica import ReplicaTensor, replica_shards, write_shard
 from kimi_audit.sources import LocalSource
+from hub_fixtures import *  # noqa: F403
+from hub_fixtures import TINY_REPO
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
 
 # Published figures for the pinned checkpoint (shared/reference/kimi-k2-instruct.layout.md): compared against,
@@ -155,7 +157,8 @@ def test_missing_and_wrong_dtype_tensors_are_flagged(tmp_path):
 def test_extra_expert_and_unknown_tensor_are_flagged(tmp_path):
     def mutate(s):
         n = TINY_CONFIG["n_routed_experts"]
-        s[S2][f"model.layers.1.mlp.experts.{n}.gate_proj.weight"] = s[S2]["model.layers.1.mlp.experts.0.gate_proj.weight"]
+        first = s[S2]["model.layers.1.mlp.experts.0.gate_proj.weight"]
+        s[S2][f"model.layers.1.mlp.experts.{n}.gate_proj.weight"] = first
         s[S2]["model.layers.1.self_attn.extra.weight"] = np.ones(7, dtype=ml_dtypes.bfloat16)
     acc = acc_of(mutated(tmp_path, mutate))
     gate = acc.node("blocks.moe.experts.gate_proj")
@@ -219,3 +222,15 @@ def test_accounting_dict_is_json_and_complete(tiny_dir):
     walk(doc["tree"])
     assert sum(leaf["found"] for leaf in leaves) == acc.found
     assert all(leaf["formula"] and leaf["tensors"] for leaf in leaves)
+
+
+def test_params_over_the_hub_equal_local(hub, tiny_dir):
+    commit = hub.repos[TINY_REPO].commit
+    r = runner.invoke(app, ["params", f"{TINY_REPO}@{commit[:8]}", "--json", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    remote = json.loads(r.stdout)
+    local = accounting_dict(acc_of(tiny_dir))
+    assert remote["revision"] == commit
+    assert remote["tree"] == local["tree"] and remote["total"] == local["total"]
+    r = runner.invoke(app, ["explain", TINY_REPO, "q_a_layernorm", "--no-progress"])
+    assert r.exit_code == 0 and "Query latent RMSNorm" in r.stdout
