@@ -196,7 +196,8 @@ class Node:
     def formula(self) -> str:
         """E.g. "1,536 × 60 MoE blocks = 92,160" or "a + b + c = total"."""
         if self.key == UNACCOUNTED:
-            return f"not derivable from config: {self.found_tensors:,} tensors found"
+            noun = "tensor" if self.found_tensors == 1 else "tensors"
+            return f"not derivable from config: {self.found_tensors:,} {noun} found"
         if self.parts:
             terms = [p.calculation() for p in self.parts]
             per = terms[0] if len(terms) == 1 else "(" + " + ".join(terms) + ")"

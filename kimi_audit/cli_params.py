@@ -37,6 +37,10 @@ def _status(n: Node) -> Text:
     return Text("✓", style="green")
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
 def node_label(n: Node) -> Text:
     label = Text(n.title, style="bold" if not n.is_leaf else "")
     if n.is_leaf and n.name != n.title:
@@ -44,7 +48,8 @@ def node_label(n: Node) -> Text:
     label += Text("  ") + _status(n) + Text(f"  {n.derived:,}")
     label += Text("\n" + n.formula, style="dim")
     if n.own_mismatch:
-        label += Text(f"\nfound {n.found:,} in {n.found_tensors:,} tensors (derived: {n.derived_tensors:,} tensors)"
+        label += Text(f"\nfound {n.found:,} in {_plural(n.found_tensors, 'tensor')} "
+                      f"(derived: {_plural(n.derived_tensors, 'tensor')})"
                       + ("" if n.dtype_ok else "; dtype differs from the config's"), style="bold red")
     return label
 
