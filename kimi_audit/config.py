@@ -65,6 +65,10 @@ class ModelConfig:
         return self.num_hidden_layers + self.num_nextn_predict_layers
 
 
+MAX_LAYOUT_TENSORS = 2_000_000
+"""Kimi-K2-Instruct implies 139,644 tensors; a config implying 14x that is not a real checkpoint (and its layout would take GBs)."""
+
+
 def _int(cfg: dict[str, Any], key: str, default: Any = ..., *, optional: bool = False) -> Any:
     if key not in cfg:
         if default is ...:
@@ -102,6 +106,14 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     moe_layer_freq = _int(cfg, "moe_layer_freq", 1)
     if moe_layer_freq == 0:
         raise ConfigError("config.json moe_layer_freq must be at least 1")
+    # A hostile config.json must not make the expected layout itself exhaust memory: bound its tensor
+    # count (each layer holds ~40 tensors plus 6 per routed expert, weights and FP8 scales) before building it.
+    layers = _int(cfg, "num_hidden_layers") + _int(cfg, "num_nextn_predict_layers", 0)
+    experts = _int(cfg, "n_routed_experts", None, optional=True) or 0
+    implied = layers * (40 + 6 * experts)
+    if implied > MAX_LAYOUT_TENSORS:
+        raise ConfigError(f"config.json implies about {implied:,} tensors ({layers:,} layers, {experts:,} routed "
+                          f"experts), over the {MAX_LAYOUT_TENSORS:,} this tool builds a layout for")
     return ModelConfig(
         model_type=str(cfg.get("model_type", "deepseek_v3")),
         hidden_size=_int(cfg, "hidden_size"),
