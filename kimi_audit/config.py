@@ -97,7 +97,7 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     if not isinstance(cfg, dict):
         raise ConfigError("config.json is not a JSON object")
     torch_dtype = cfg.get("torch_dtype", "bfloat16")
-    dtype = TORCH_DTYPE_TO_SAFETENSORS.get(torch_dtype)
+    dtype = TORCH_DTYPE_TO_SAFETENSORS.get(torch_dtype) if isinstance(torch_dtype, str) else None
     if dtype is None:
         raise ConfigError(f"config.json torch_dtype {torch_dtype!r} is not one of {sorted(TORCH_DTYPE_TO_SAFETENSORS)}")
     eps = cfg.get("rms_norm_eps", 1e-6)
@@ -147,6 +147,11 @@ def parse_config_bytes(raw: bytes) -> tuple[dict[str, Any], ModelConfig]:
         cfg = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ConfigError(f"config.json is not valid JSON: {e}") from None
+    if b"\\u" in raw:  # a lone surrogate escape decodes to a str no report can be written with
+        try:
+            json.dumps(cfg, ensure_ascii=False).encode("utf-8")
+        except (UnicodeEncodeError, RecursionError, ValueError):
+            raise ConfigError("config.json is not valid JSON: it holds a lone UTF-16 surrogate escape") from None
     return cfg, model_config_from_dict(cfg)
 
 

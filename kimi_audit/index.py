@@ -56,6 +56,11 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
         return invalid(f"not valid JSON: {e}")
     if not isinstance(obj, dict):
         return invalid(f"top level is a {type(obj).__name__}, not an object")
+    if "\\u" in text:  # a lone surrogate escape decodes to a str no report can be written with
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except (UnicodeEncodeError, RecursionError, ValueError):
+            return invalid("not valid JSON: it holds a lone UTF-16 surrogate escape")
     wm = obj.get("weight_map")
     if not isinstance(wm, dict):
         return invalid("has no weight_map object")
@@ -78,6 +83,9 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
     safe: set[str] = set()
     canonical: dict[str, str] = {}  # JSON gives each value its own str; share one per shard
     for tensor, shard in wm.items():
+        if type(shard) is not str:  # not a file name at all (and maybe unhashable)
+            unsafe.setdefault(_short_repr(shard), f"file name {_short_repr(shard)} is not a string")
+            continue
         if shard in safe:
             weight_map[tensor] = canonical[shard]
             continue
@@ -94,6 +102,11 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
     for shard, why in unsafe.items():
         findings.append(error("INDEX_UNSAFE_PATH", f"{name}: refused to open {why}", shard=str(shard)[:200]))
     return IndexFile(total_size, weight_map, tuple(findings))
+
+
+def _short_repr(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 80 else r[:80] + "..."
 
 
 def _duplicates(text: str, name: str) -> list[Finding]:
