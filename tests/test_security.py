@@ -314,3 +314,104 @@ def test_truncated_full_download_leaves_no_file_under_the_final_name(hub: FakeHu
         dl.download(TINY_REPO, local_dir=local, include=[shard], endpoint=hub.endpoint)
     assert "\n" not in str(ei.value)
     assert not (local / shard).exists()
+
+
+# --- the CLI on hostile input: exit 1 or 2, never a traceback -------------------------------------
+
+def _invoke(*argv: str):
+    from typer.testing import CliRunner
+
+    from kimi_audit.cli import app
+
+    result = CliRunner().invoke(app, list(argv))
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)[:300]
+    assert "Traceback" not in result.output
+    return result
+
+
+def _hostile_dir(tiny_dir: Path, d: Path) -> Path:
+    from header_mutations import CLASSES, generate
+
+    d.mkdir()
+    shutil.copy(tiny_dir / "config.json", d)
+    weight_map = {}
+    for cls in CLASSES:
+        for seed in range(3):
+            name = f"model-{cls}-{seed}.safetensors"
+            (d / name).write_bytes(generate(cls, seed))
+            weight_map[f"{cls}.{seed}"] = name
+    weight_map.update({"u1": "/etc/passwd", "u2": "../x.safetensors", "u3": "a/../../b", "[/]\n\x1b[2J": "[/].safetensors"})
+    (d / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": "many"}, "weight_map": weight_map}))
+    (d / "[red]\x1b[2J.safetensors").write_bytes(generate("valid", 1))
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x04garbage")
+    (d / "escape.safetensors").symlink_to("/etc/hostname")
+    return d
+
+
+def test_cli_on_a_directory_full_of_hostile_files(tiny_dir: Path, tmp_path: Path) -> None:
+    d = _hostile_dir(tiny_dir, tmp_path / "hostile")
+    table = _invoke("audit", str(d), "--no-progress")
+    assert table.exit_code == 1 and "FAIL" in table.output
+    assert "\x1b[2J" not in table.output  # control characters from names are escaped
+    js = _invoke("audit", str(d), "--json", "--no-progress")
+    assert js.exit_code == 1
+    codes = {f["code"] for f in json.loads(js.stdout)["findings"]}
+    assert {"INDEX_UNSAFE_PATH", "SYMLINK_OUTSIDE", "PICKLE_NOT_INSPECTED", "HEADER_INVALID_JSON"} <= codes
+
+
+def test_cli_on_each_hostile_shard_alone(tiny_dir: Path, tmp_path: Path) -> None:
+    from header_mutations import CLASSES, generate
+
+    for cls in CLASSES:
+        for seed in range(2):
+            d = tmp_path / f"{cls}-{seed}"
+            d.mkdir()
+            shutil.copy(tiny_dir / "config.json", d)
+            (d / "model.safetensors").write_bytes(generate(cls, seed))
+            r = _invoke("audit", str(d), "--json", "--no-progress")
+            assert r.exit_code == 1, (cls, seed, r.output[-500:])  # the tiny layout is never all there
+            json.loads(r.stdout)
+
+
+def _cfg(**changes: object) -> bytes:
+    from tiny_checkpoint import TINY_CONFIG
+
+    return json.dumps({**TINY_CONFIG, **changes}).encode()
+
+
+@pytest.mark.parametrize("config", [
+    b"", b"not json", b"[]", b"\xff\xfe", b"[" * 100_000, b'{"hidden_size": "x"}', b"null",
+    _cfg(torch_dtype=[]), _cfg(torch_dtype={"a": 1}), _cfg(rms_norm_eps="x"), _cfg(rms_norm_eps=float("nan")),
+    _cfg(num_hidden_layers=10**6), _cfg(n_routed_experts=10**7), _cfg(num_hidden_layers=-1),
+    _cfg(quantization_config={"weight_block_size": [0, 0]}), _cfg(quantization_config=[]),
+    _cfg(hidden_size=10**30), _cfg(moe_layer_freq=0), _cfg(first_k_dense_replace=10**9), _cfg(vocab_size=True),
+    _cfg(quantization_config={"quant_method": [], "fmt": {}, "weight_block_size": [1, 1]}),
+    _cfg(model_type="\ud800"), _cfg(architectures=["\udc00"]), b"{\"a\": \"\\\\ud800\"}",
+])
+def test_cli_on_hostile_config_json(tiny_dir: Path, tmp_path: Path, config: bytes) -> None:
+    d = tmp_path / "c"
+    shutil.copytree(tiny_dir, d)
+    (d / "config.json").write_bytes(config)
+    r = _invoke("audit", str(d), "--no-progress")
+    assert r.exit_code in (1, 2)
+    if r.exit_code == 2:
+        lines = [line for line in r.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:"), r.output
+
+
+@pytest.mark.parametrize("index", [
+    b"", b"\xff", b"[]", b"{}", b'{"weight_map": []}', b'{"weight_map": {"a": 5, "b": null, "c": []}}',
+    b'{"weight_map": {}, "metadata": []}', b'{"weight_map": {}, "metadata": {"total_size": -1}}',
+    b"[" * 100_000, b'{"weight_map": {"a": "x.safetensors", "a": "y.safetensors"}}',
+    b'{"weight_map": {"\\ud800": "model-1-of-3.safetensors"}}', b'{"weight_map": {"x": "' + b"a" * 100_000 + b'"}}',
+])
+def test_cli_on_hostile_index_json(tiny_dir: Path, tmp_path: Path, index: bytes) -> None:
+    d = tmp_path / "i"
+    shutil.copytree(tiny_dir, d)
+    (d / INDEX_FILE).write_bytes(index)
+    r = _invoke("audit", str(d), "--no-progress")
+    assert r.exit_code in (1, 2)
+    js = _invoke("audit", str(d), "--json", "--no-progress")
+    assert js.exit_code == r.exit_code
+    if js.exit_code == 1:
+        json.loads(js.stdout)
