@@ -728,7 +728,7 @@ def accounting_of_checkpoint(ckpt) -> Accounting:  # type: ignore[no-untyped-def
     from kimi_audit.checks.tensors import locate_tensors
 
     actual, _ = locate_tensors(ckpt.headers)
-    return build_accounting(ckpt.config, actual, source=ckpt.label, revision=ckpt.revision)
+    return build_accounting(ckpt.config, actual, ckpt.expected, source=ckpt.label, revision=ckpt.revision)
 
 
 def accounting_dict(acc: Accounting, depth: int | None = None) -> dict[str, object]:

@@ -13,7 +13,7 @@ from kimi_audit.checks.quantization import quantization_findings
 from kimi_audit.checks.tensors import locate_tensors
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.gcpause import gc_paused
-from kimi_audit.layout import DENSE, MOE, MTP, expected_layout, layer_block
+from kimi_audit.layout import DENSE, MOE, MTP, layer_block
 from kimi_audit.sources.base import Source
 from kimi_audit.stats import Stats, compute_stats
 
@@ -74,7 +74,7 @@ def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
 
 
 def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
-    expected = expected_layout(ckpt.config)
+    expected = ckpt.expected
     actual, findings = locate_tensors(ckpt.headers)
     all_findings: list[Finding] = list(ckpt.findings)
     for header in ckpt.headers.values():

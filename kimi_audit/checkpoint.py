@@ -5,12 +5,10 @@ This is the only place the audit does I/O; everything downstream works on the re
 
 from __future__ import annotations
 
-import gc
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from kimi_audit.config import ModelConfig, parse_config_bytes
 from kimi_audit.constants import (
@@ -26,7 +24,8 @@ from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format import ShardHeader, parse_shard_prefix, read_shard_header
 from kimi_audit.header_estimate import fetch_shard_prefix, first_read_bytes, source_file_size
 from kimi_audit.index import IndexFile, natural_key, parse_index
-from kimi_audit.layout import expected_layout
+from kimi_audit.gcpause import gc_paused
+from kimi_audit.layout import ExpectedTensor, expected_layout
 from kimi_audit.sources.base import Source
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -45,6 +44,8 @@ class Checkpoint:
     config_raw: dict[str, Any]
     config: ModelConfig
     index: IndexFile | None
+    expected: dict[str, ExpectedTensor]
+    """The layout config.json implies (layout.expected_layout)."""
     headers: dict[str, ShardHeader]
     """Shard name -> parsed header, for every shard that could be read, in natural order."""
     findings: tuple[Finding, ...]
@@ -103,18 +104,6 @@ def shards_to_read(files: tuple[str, ...], index: IndexFile | None) -> tuple[lis
     return sorted(on_disk, key=natural_key), findings
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Parsing builds ~10^6 acyclic objects; the cycle collector would rescan them all, repeatedly."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def read_headers(
     source: Source, shards: list[str], index: IndexFile | None, progress: ProgressFn | None = None,
     expected: Any = None,
@@ -136,8 +125,7 @@ def read_headers(
         if budget["used"] > MAX_TOTAL_HEADER_BYTES:
             return _SKIPPED
         try:
-            first = first_read_bytes(names_by_shard[shard], expected, source_file_size(source, shard))
-            h = read_shard_header(source, shard, first)
+            h = read_shard_header(source, shard)  # local: a short read costs a second pread, nothing more
         except SourceError as e:
             return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
         spend(h.header_len if h.header_len is not None and h.header_len <= MAX_HEADER_BYTES else 0)
@@ -145,7 +133,7 @@ def read_headers(
 
     results: dict[str, ShardHeader | Finding | str] = {}
     total = len(shards)
-    with _gc_paused():
+    with gc_paused():
         if source.parallel_reads > 1 and total > 1:
             # Threads only fetch; this thread parses, so parsing never starves the receiving threads.
             def fetch(shard: str) -> tuple[bytes, int] | Finding | str:
@@ -182,16 +170,18 @@ def read_headers(
 
 
 def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Checkpoint:
-    files = source.list_files()
-    config_raw, config = load_config(source)
-    index, findings = load_index(source, files)
-    for link in getattr(source, "outside_links", tuple)():
-        findings.append(error("SYMLINK_OUTSIDE", f"{link} is a symlink that leaves the checkpoint directory: "
-                              "not opened", shard=link))
-    shards, shard_findings = shards_to_read(files, index)
-    findings += shard_findings
-    # Remote sources list file sizes: with the expected layout, each header's length is known exactly.
-    expected = expected_layout(config) if hasattr(source, "file_size") else None
-    headers, failures = read_headers(source, shards, index, progress, expected)
-    findings += failures
-    return Checkpoint(source.label, source.revision, files, config_raw, config, index, headers, tuple(findings))
+    with gc_paused():
+        files = source.list_files()
+        config_raw, config = load_config(source)
+        index, findings = load_index(source, files)
+        for link in getattr(source, "outside_links", tuple)():
+            findings.append(error("SYMLINK_OUTSIDE", f"{link} is a symlink that leaves the checkpoint directory: "
+                                  "not opened", shard=link))
+        shards, shard_findings = shards_to_read(files, index)
+        findings += shard_findings
+        expected = expected_layout(config)
+        # Remote sources list file sizes: with the expected layout, each header's length is known exactly.
+        headers, failures = read_headers(source, shards, index, progress, expected)
+        findings += failures
+        return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
+                          tuple(findings))

@@ -78,10 +78,21 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
     if text.count(":") != pairs:
         findings.extend(_duplicates(text, name))
 
-    weight_map: dict[str, str] = {}
+    if set(map(type, wm.values())) <= {str}:
+        canonical = {shard: shard for shard in set(wm.values())}  # one str per shard, not one per tensor
+        try:
+            for shard in canonical:
+                safe_member_name(shard)
+        except UnsafePathError:
+            pass  # sort it out entry by entry below
+        else:
+            weight_map = dict(zip(wm, map(canonical.__getitem__, wm.values())))
+            return IndexFile(total_size, weight_map, tuple(findings))
+
+    weight_map = {}
     unsafe: dict[str, str] = {}
     safe: set[str] = set()
-    canonical: dict[str, str] = {}  # JSON gives each value its own str; share one per shard
+    canonical = {}
     for tensor, shard in wm.items():
         if type(shard) is not str:  # not a file name at all (and maybe unhashable)
             unsafe.setdefault(_short_repr(shard), f"file name {_short_repr(shard)} is not a string")
