@@ -35,7 +35,7 @@ def resolve_fail_on(value: str) -> Severity:
 def render(report: AuditReport, fmt: str, fail_on: Severity, elapsed: float, width: int | None = None) -> str:
     if fmt == "json":
         from kimi_audit.report_json import render_json
-        return render_json(report)
+        return render_json(report, fail_on)
     if fmt == "junit":
         from kimi_audit.report_junit import render_junit
         return render_junit(report, fail_on=fail_on, elapsed=elapsed)

@@ -7,11 +7,12 @@ from typing import Any
 
 from kimi_audit import __version__
 from kimi_audit.audit import AuditReport
+from kimi_audit.findings import Severity
 
 SCHEMA = "kimi-audit/audit/1"
 
 
-def report_dict(report: AuditReport) -> dict[str, Any]:
+def report_dict(report: AuditReport, fail_on: Severity = Severity.ERROR) -> dict[str, Any]:
     s = report.stats
     qa = report.q_a_layernorm
     return {
@@ -56,9 +57,10 @@ def report_dict(report: AuditReport) -> dict[str, Any]:
             for sh in report.shards
         ],
         "findings": [f.to_json() for f in report.findings],
-        "result": {"errors": report.errors, "warnings": report.warnings, "exit_code": report.exit_code()},
+        "result": {"errors": report.errors, "warnings": report.warnings, "fail_on": fail_on.value,
+                   "exit_code": report.exit_code(fail_on)},
     }
 
 
-def render_json(report: AuditReport) -> str:
-    return json.dumps(report_dict(report), indent=2, ensure_ascii=False) + "\n"
+def render_json(report: AuditReport, fail_on: Severity = Severity.ERROR) -> str:
+    return json.dumps(report_dict(report, fail_on), indent=2, ensure_ascii=False) + "\n"

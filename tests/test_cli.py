@@ -29,7 +29,7 @@ def test_json_report_is_stable_and_computed(tiny_dir):
     assert r.exit_code == 0
     doc = json.loads(r.stdout)
     assert doc["schema"] == "kimi-audit/audit/1"
-    assert doc["result"] == {"errors": 0, "warnings": 0, "exit_code": 0}
+    assert doc["result"] == {"errors": 0, "warnings": 0, "fail_on": "error", "exit_code": 0}
     assert doc["summary"]["tensors"] == 237
     assert [t["line"] for t in doc["q_a_layernorm"]["totals"]] == ["3 MoE blocks × 192 = 576",
                                                                     "1 dense block × 192 = 192"]
@@ -45,6 +45,15 @@ def test_findings_exit_one_with_codes_in_json(tiny_copy):
     assert {"INDEX_SHARD_ABSENT", "TENSOR_MISSING"} <= codes
     f = next(f for f in doc["findings"] if f["code"] == "TENSOR_MISSING")
     assert set(f) == {"code", "severity", "message", "tensor", "shard", "expected", "actual"}
+
+
+def test_json_result_follows_fail_on(tiny_copy):
+    (tiny_copy / "pytorch_model.bin").write_bytes(b"not inspected")
+    lenient = run("audit", str(tiny_copy), "--json")
+    strict = run("audit", str(tiny_copy), "--json", "--fail-on", "warning")
+    assert (lenient.exit_code, json.loads(lenient.stdout)["result"]["exit_code"]) == (0, 0)
+    assert (strict.exit_code, json.loads(strict.stdout)["result"]["exit_code"]) == (1, 1)
+    assert json.loads(strict.stdout)["result"]["fail_on"] == "warning"
 
 
 def test_unusable_input_exits_two_with_one_line(tmp_path):
