@@ -39,6 +39,8 @@ derived from them.
 
 from __future__ import annotations
 
+import math
+
 import re
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
@@ -128,10 +130,7 @@ class FoundTensor(NamedTuple):
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)

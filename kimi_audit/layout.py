@@ -7,6 +7,8 @@ multi-token-prediction layers stored after the main stack (DeepSeek-V3's `model.
 
 from __future__ import annotations
 
+import math
+
 from typing import Iterator, NamedTuple
 
 from kimi_audit.config import ModelConfig
@@ -38,10 +40,7 @@ class ExpectedTensor(NamedTuple):
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 def ceil_div(a: int, b: int) -> int:
