@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import struct
 import tempfile
@@ -35,7 +36,9 @@ DOCUMENTED_CODES: set[str] = set()
 for a, b in re.findall(r"^\| ([A-Z][A-Z0-9_]+)(?: / ([A-Z][A-Z0-9_]+))? \|", README.read_text(), re.M):
     DOCUMENTED_CODES.update(x for x in (a, b) if x)
 
-FUZZ = settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# FUZZ_EXAMPLES=5000 for a longer run; 300 keeps the suite fast.
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
 
 
 def check_header(h: ShardHeader, data: bytes) -> None:
