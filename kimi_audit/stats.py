@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import math
+from collections import Counter
+from math import prod
 from dataclasses import dataclass
 
 from kimi_audit.checks.tensors import Located
@@ -42,16 +43,15 @@ class Stats:
 
 
 def compute_stats(actual: Located, expected: dict[str, ExpectedTensor], headers: dict[str, ShardHeader]) -> Stats:
-    acc: dict[tuple[str, str], list[int]] = {}
-    for name, (t, _shard) in actual.items():
-        e = expected.get(name)
-        kind = e.kind if e is not None else classify_name(name)
-        row = acc.get((kind, t.dtype))
-        if row is None:
-            row = acc[(kind, t.dtype)] = [0, 0, 0]
-        row[0] += 1
-        row[1] += math.prod(t.shape)
-        row[2] += t.end - t.begin
+    get = expected.get
+    infos = [v[0] for v in actual.values()]
+    kinds = [e[3] if (e := get(n)) is not None else classify_name(n) for n in actual]
+    keys = list(zip(kinds, [t[1] for t in infos]))
+    acc: dict[tuple[str, str], list[int]] = {k: [n, 0, 0] for k, n in Counter(keys).items()}
+    for key, t in zip(keys, infos):
+        row = acc[key]
+        row[1] += prod(t[2])
+        row[2] += t[4] - t[3]
     rows = tuple(
         ClassRow(kind, dtype, *acc[(kind, dtype)])
         for kind, dtype in sorted(acc, key=lambda k: (KIND_ORDER.index(k[0]), -acc[k][1]))

@@ -14,16 +14,19 @@ def index_findings(actual: Located, index: IndexFile | None, headers: dict[str, 
         return []
     out: list[Finding] = []
     wm = index.weight_map
-    for name, (_t, shard) in actual.items():
-        listed = wm.get(name)
+    get = wm.get
+    for name in [n for n, (_t, s) in actual.items() if get(n) != s]:
+        shard = actual[name][1]
+        listed = get(name)
         if listed is None:
             out.append(error("INDEX_ENTRY_MISSING", f"{name} is in {shard} but not in {INDEX_FILE}: loaders "
                              "will not find it", tensor=name, shard=shard))
         elif listed != shard:
             out.append(error("INDEX_SHARD_MISMATCH", f"{name}: {INDEX_FILE} says {listed}, found in {shard}",
                              tensor=name, shard=shard, expected=listed, actual=shard))
-    for name, shard in wm.items():
-        if name not in actual and shard in headers:
+    for name in [n for n in wm if n not in actual]:
+        shard = wm[name]
+        if shard in headers:
             out.append(error("INDEX_TENSOR_ABSENT", f"{name}: {INDEX_FILE} maps it to {shard}, whose header "
                              "lacks it", tensor=name, shard=shard))
     if index.total_size is not None and all(shard in headers for shard in index.shards):
