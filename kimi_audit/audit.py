@@ -74,6 +74,11 @@ def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
 
 
 def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
+    with gc_paused():
+        return _audit(ckpt)
+
+
+def _audit(ckpt: Checkpoint) -> AuditReport:
     expected = ckpt.expected
     actual, findings = locate_tensors(ckpt.headers)
     all_findings: list[Finding] = list(ckpt.findings)
@@ -102,5 +107,4 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
 
 
 def audit_source(source: Source, progress: ProgressFn | None = None) -> AuditReport:
-    with gc_paused():
-        return audit_checkpoint(load_checkpoint(source, progress))
+    return audit_checkpoint(load_checkpoint(source, progress))
