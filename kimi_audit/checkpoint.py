@@ -179,9 +179,13 @@ def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Check
                                   "not opened", shard=link))
         shards, shard_findings = shards_to_read(files, index)
         findings += shard_findings
-        expected = expected_layout(config)
         # Remote sources list file sizes: with the expected layout, each header's length is known exactly.
+        # Locally it is not needed yet, and building it after the headers keeps the peak memory lower.
+        remote = hasattr(source, "file_size")
+        expected = expected_layout(config) if remote else None
         headers, failures = read_headers(source, shards, index, progress, expected)
+        if expected is None:
+            expected = expected_layout(config)
         findings += failures
         return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
                           tuple(findings))
