@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterable, NamedTuple
 from kimi_audit.accounting import Accounting, accounting_of_checkpoint, collapse
 from kimi_audit.checkpoint import Checkpoint
 from kimi_audit.checks.tensors import Located, locate_tensors
-from kimi_audit.errors import ShortReadError
 from kimi_audit.sources.base import Source
+from kimi_audit.tensor_io import read_exact
 
 CHUNK_BYTES = 16 << 20
 """Largest single range read (and the memory a comparison holds at once)."""
@@ -158,15 +158,12 @@ def hash_tensors(source: Source, items: list[_Item], chunk: int = CHUNK_BYTES,
 
     def read(shard: str, start: int, length: int) -> bytes:
         nonlocal read_bytes, reads
-        got = source.read_range(shard, start, length)
+        data = read_exact(source, shard, start, length)
         reads += 1
-        read_bytes += len(got.data)
-        if len(got.data) != length:
-            raise ShortReadError(f"{shard}: asked {length:,} bytes at {start:,}, got {len(got.data):,} "
-                                 f"(file is {got.file_size:,} bytes)")
+        read_bytes += length
         if progress:
-            progress(len(got.data))
-        return got.data
+            progress(length)
+        return data
 
     run: list[_Item] = []
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from kimi_audit.checkpoint import load_index
 from kimi_audit.constants import HEADER_LENGTH_BYTES, SAFETENSORS_SUFFIX
-from kimi_audit.errors import KimiAuditError, SourceError
+from kimi_audit.errors import KimiAuditError, ShortReadError, SourceError
 from kimi_audit.format import ShardHeader, TensorInfo, read_shard_header
 from kimi_audit.header_estimate import first_read_bytes, source_file_size
 from kimi_audit.index import IndexFile, natural_key
@@ -24,7 +24,7 @@ def read_exact(source: Source, shard: str, start: int, length: int) -> bytes:
     """`length` bytes at `start`, or SourceError: a short read is never passed on as data."""
     got = source.read_range(shard, start, length)
     if len(got.data) != length:
-        raise SourceError(
+        raise ShortReadError(
             f"{shard}: {length:,} bytes at offset {start:,} asked, {len(got.data):,} read "
             f"(file is {got.file_size:,} bytes)"
         )
