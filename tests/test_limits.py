@@ -40,6 +40,16 @@ ENTRY_TAIL = ':{"dtype":"U8","shape":[0],"data_offsets":[0,0]}'  # the smallest 
 NAME_CHARS = 128 - 32 - 2  # printable ASCII without '"' and '\\': one byte each, no escaping
 
 
+
+def traced_peak(fn):  # type: ignore[no-untyped-def]
+    """(fn(), the peak bytes Python allocated while it ran)."""
+    tracemalloc.start()
+    try:
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
 class CountingSource:
     def __init__(self, inner: LocalSource, parallel_reads: int = 1) -> None:
         self.inner, self.label, self.revision, self.parallel_reads = inner, inner.label, None, parallel_reads
@@ -110,12 +120,7 @@ def test_oversized_header_in_an_audit_costs_one_small_read(tiny_copy: Path) -> N
     shard = sorted(tiny_copy.glob("*.safetensors"))[0]
     sparse(shard, struct.pack("<Q", 10**12), 10**12 + 1000)  # claims a terabyte of header
     src = CountingSource(LocalSource(tiny_copy))
-    tracemalloc.start()
-    try:
-        report = audit_source(src)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    report, peak = traced_peak(lambda: audit_source(src))
     assert any(f.code == "HEADER_TOO_LARGE" and f.shard == shard.name for f in report.findings)
     reads = [r for r in src.ranges if r[0] == shard.name]
     assert len(reads) == 1 and reads[0][2] <= 1 << 20
@@ -125,12 +130,7 @@ def test_oversized_header_in_an_audit_costs_one_small_read(tiny_copy: Path) -> N
 def test_index_over_the_limit_is_refused_unread(tiny_copy: Path) -> None:
     sparse(tiny_copy / INDEX_FILE, b'{"weight_map": {', MAX_INDEX_BYTES + 1)
     src = LocalSource(tiny_copy)
-    tracemalloc.start()
-    try:
-        index, findings = load_index(src, src.list_files())
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    (index, findings), peak = traced_peak(lambda: load_index(src, src.list_files()))
     assert index is None and [f.code for f in findings] == ["INDEX_TOO_LARGE"]
     assert peak < 1 << 20  # 64 MB were never read into memory
     report = audit_source(src)
@@ -158,12 +158,7 @@ def test_ten_million_names_cannot_fit_under_either_limit(tmp_path: Path) -> None
     sparse(d / "model.safetensors", struct.pack("<Q", header), 8 + header)
     sparse(d / INDEX_FILE, b'{"weight_map":{', index)
     src = CountingSource(LocalSource(d))
-    tracemalloc.start()
-    try:
-        report = audit_source(src)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    report, peak = traced_peak(lambda: audit_source(src))
     codes = {f.code for f in report.findings}
     assert {"HEADER_TOO_LARGE", "INDEX_TOO_LARGE"} <= codes
     assert src.bytes_read("model.safetensors") <= 1 << 16 and INDEX_FILE not in [r[0] for r in src.ranges]
@@ -179,12 +174,7 @@ def test_two_hundred_thousand_tensors_parse_within_16x_their_size() -> None:
     from kimi_audit.format import parse_header_json
 
     raw = _many_entries_header(200_000)
-    tracemalloc.start()
-    try:
-        h = parse_header_json(raw, shard="s", file_size=8 + len(raw) + 200_000)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    h, peak = traced_peak(lambda: parse_header_json(raw, shard="s", file_size=8 + len(raw) + 200_000))
     assert h.ok and h.tensor_count == 200_000
     assert peak <= 16 * len(raw), (peak, len(raw))
 
