@@ -40,7 +40,6 @@ ENTRY_TAIL = ':{"dtype":"U8","shape":[0],"data_offsets":[0,0]}'  # the smallest 
 NAME_CHARS = 128 - 32 - 2  # printable ASCII without '"' and '\\': one byte each, no escaping
 
 
-
 def traced_peak(fn):  # type: ignore[no-untyped-def]
     """(fn(), the peak bytes Python allocated while it ran)."""
     tracemalloc.start()
@@ -49,6 +48,7 @@ def traced_peak(fn):  # type: ignore[no-untyped-def]
         return result, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
 
 class CountingSource:
     def __init__(self, inner: LocalSource, parallel_reads: int = 1) -> None:
