@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from itertools import chain
 from dataclasses import dataclass
@@ -35,6 +36,19 @@ JSON_WHITESPACE = " \t\n\r"
 MAX_JSON_DEPTH = 127
 F64_MAX_INT = int(sys.float_info.max)
 FAST_MAX_DIMS = 8
+
+# The canonical form safetensors writes: no whitespace, no escapes, `__metadata__` first, every entry
+# `"name":{"dtype":"D","shape":[..],"data_offsets":[b,e]}` in that order. No backslash means every `"`
+# delimits a string, so these patterns can only match structure.
+_STR = r'"([^"\\\x00-\x1f]*)"'
+_INT = r"(?:0|[1-9][0-9]{0,19})"
+_CANONICAL_ENTRY = re.compile(
+    _STR + r':\{"dtype":"([0-9A-Z_]{1,16})","shape":\[((?:%s(?:,%s){0,%d})?)\],"data_offsets":\[(%s),(%s)\]\}([,}])'
+    % (_INT, _INT, FAST_MAX_DIMS - 1, _INT, _INT)
+)
+_PAIR = r'"[^"\\\x00-\x1f]*":"[^"\\\x00-\x1f]*"'
+_CANONICAL_METADATA = re.compile(r'\{"__metadata__":(\{(?:%s(?:,%s)*)?\})([,}])' % (_PAIR, _PAIR))
+_ENTRY_PUNCTUATION = len('"":{"dtype":"","shape":[],"data_offsets":[,]}') + 1
 
 
 class TensorInfo(NamedTuple):
@@ -163,6 +177,11 @@ def parse_header_json(raw: bytes, *, shard: str, file_size: int) -> ShardHeader:
     if body[-1:] in tuple(JSON_WHITESPACE):
         findings.append(warning("HEADER_TRAILING_WHITESPACE",
                                 "header padding holds whitespace other than spaces", shard=shard))
+    canonical = _canonical_header(body)
+    if canonical is not None:
+        metadata, columns = canonical
+        findings.extend(_extent_findings(columns, shard, n, file_size))
+        return ShardHeader(shard, file_size, n, metadata, columns, tuple(findings))
     # serde_json reads `-0` as the float -0.0 (not an integer): mirror that, so `shape: [-0]` is refused.
     # (One-character scans first: they run at memchr speed, a two-character one costs 15x more.)
     ints: dict[str, Any] = {"parse_int": _int_literal} if "-" in body and "-0" in body else {}
@@ -300,21 +319,68 @@ def _fast_entries(names: list[str], entries: list[Any]) -> TensorColumns | None:
     flat = list(chain.from_iterable(offs))
     if not set(map(type, flat)) <= {int} or not set(map(type, dims)) <= {int}:
         return None
-    if (dims and min(dims) < 0) or min(flat) < 0 or max(flat) > I64_MAX >> 3 or (dims and max(dims) > I64_MAX):
+    return _sound_columns(names, dts, shapes, dims, flat[0::2], flat[1::2])
+
+
+def _sound_columns(names: list[str], dts: list[str], shapes: list[list[int]], dims: list[int],
+                   begins: list[int], ends: list[int]) -> TensorColumns | None:
+    """The numeric rules, for all entries at once (known: known dtypes, lists of ints, shapes of at
+    most FAST_MAX_DIMS dims); None when any entry needs the slow path's closer look."""
+    if dims and (min(dims) < 0 or max(dims) > I64_MAX):
+        return None
+    if min(min(begins), min(ends)) < 0 or max(max(begins), max(ends)) > I64_MAX >> 3:
         return None
     numels = list(map(math.prod, shapes))
     # int64 arithmetic below: numel x bits (<= 64) and (end - begin) x 8 must not wrap around.
     # A zero-element tensor goes slow too: the overflow rule applies to the running product.
     if max(numels) > I64_MAX >> 6 or min(numels) == 0:
         return None
-    bounds = np.array(flat, dtype=np.int64).reshape(-1, 2)
-    begins, ends = bounds[:, 0], bounds[:, 1]
+    b = np.array(begins, dtype=np.int64)
+    e = np.array(ends, dtype=np.int64)
     bits = np.array([DTYPE_BITS[d] for d in dts], dtype=np.int64)
     nbits = np.array(numels, dtype=np.int64) * bits
-    if not ((ends >= begins).all() and ((ends - begins) * 8 == nbits).all()):
+    if not ((e >= b).all() and ((e - b) * 8 == nbits).all()):
         return None
     dts = list(map(CANONICAL_DTYPE.__getitem__, dts))  # one shared str per dtype, not one per tensor
-    return TensorColumns(names, dts, shapes, begins.tolist(), ends.tolist())
+    return TensorColumns(names, dts, shapes, begins, ends)
+
+
+def _canonical_header(body: str) -> tuple[dict[str, str] | None, TensorColumns] | None:
+    """Metadata and columns of a header in the canonical form, read by one regex pass instead of
+    building the JSON object tree; None when the header is in any other form or needs a closer look
+    (the JSON path then decides, and names every violation)."""
+    if "\\" in body or body[:1] != "{" or body[-1:] != "}":
+        return None
+    metadata = None
+    start = 1
+    m = _CANONICAL_METADATA.match(body)
+    if m is not None:
+        metadata = json.loads(m.group(1))
+        if len(metadata) != m.group(1).count('":"'):  # a duplicate metadata key
+            return None
+        if m.group(2) == "}":
+            return (metadata, EMPTY_COLUMNS) if m.end() == len(body) else None
+        start = m.end()
+    elif body == "{}":
+        return None, EMPTY_COLUMNS
+    rows = _CANONICAL_ENTRY.findall(body, start)
+    if not rows:
+        return None
+    names, dts, shape_texts, begin_texts, end_texts, seps = (list(col) for col in zip(*rows))
+    n = len(rows)
+    # findall skips what it cannot match: the matches tile the body only if their lengths add up to it.
+    matched = n * _ENTRY_PUNCTUATION + sum(sum(map(len, col)) for col in (names, dts, shape_texts, begin_texts, end_texts))
+    if matched != len(body) - start or seps[-1] != "}" or seps.count("}") != 1:
+        return None
+    unique = set(names)
+    if len(unique) != n or "__metadata__" in unique or not set(dts) <= DTYPE_BITS.keys():
+        return None
+    shapes = json.loads("[[" + "],[".join(shape_texts) + "]]")
+    dims = json.loads("[" + ",".join(filter(None, shape_texts)) + "]")
+    begins = json.loads("[" + ",".join(begin_texts) + "]")
+    ends = json.loads("[" + ",".join(end_texts) + "]")
+    columns = _sound_columns(names, dts, shapes, dims, begins, ends)
+    return None if columns is None else (metadata, columns)
 
 
 def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> TensorInfo | None:

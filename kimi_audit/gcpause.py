@@ -18,5 +18,10 @@ def gc_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        # What was built is acyclic and long-lived: promote it to the oldest generation at once
+        # (freeze + unfreeze), so that the first young collection after the pause does not traverse
+        # a million objects, then collect as usual.
+        gc.freeze()
+        gc.unfreeze()
         if was:
             gc.enable()
