@@ -7,7 +7,7 @@ from typing import Any
 
 from kimi_audit.checkpoint import Checkpoint, ProgressFn, load_checkpoint
 from kimi_audit.checks.index import index_findings
-from kimi_audit.checks.layout import layout_findings
+from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
 from kimi_audit.checks.tensors import locate_tensors
@@ -88,7 +88,8 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         all_findings.extend(ckpt.index.findings)
     all_findings.extend(quantization_findings(ckpt.config_raw))
     all_findings.extend(findings)
-    all_findings.extend(layout_findings(actual, expected))
+    aligned = align(actual, expected)
+    all_findings.extend(layout_findings(actual, expected, aligned))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers))
     shards = tuple(
         ShardSummary(name, h.file_size, h.data_start, h.tensor_count,
@@ -99,7 +100,7 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         source=ckpt.label,
         revision=ckpt.revision,
         model=model_summary(ckpt),
-        stats=compute_stats(actual, expected, ckpt.headers),
+        stats=compute_stats(actual, expected, ckpt.headers, aligned),
         q_a_layernorm=q_a_layernorm_report(ckpt.config, actual),
         shards=shards,
         findings=tuple(all_findings),

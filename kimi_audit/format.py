@@ -14,7 +14,7 @@ import json
 import math
 import re
 import sys
-from itertools import chain
+from itertools import chain, repeat
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -99,8 +99,8 @@ class ShardHeader:
     @cached_property
     def tensors(self) -> dict[str, TensorInfo]:
         c = self.columns
-        new = tuple.__new__
-        return {row[0]: new(TensorInfo, row) for row in zip(c.names, c.dtypes, map(tuple, c.shapes), c.begins, c.ends)}
+        rows = zip(c.names, c.dtypes, map(tuple, c.shapes), c.begins, c.ends)
+        return dict(zip(c.names, map(tuple.__new__, repeat(TensorInfo), rows)))
 
     @property
     def tensor_count(self) -> int:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from itertools import compress
 from math import prod
+from operator import sub
 from dataclasses import dataclass
+
+import numpy as np
 
 from kimi_audit.checks.tensors import Located
 from kimi_audit.format import ShardHeader
@@ -42,16 +45,31 @@ class Stats:
         return sum(r.elements for r in self.rows if r.kind == kind)
 
 
-def compute_stats(actual: Located, expected: dict[str, ExpectedTensor], headers: dict[str, ShardHeader]) -> Stats:
-    get = expected.get
+def compute_stats(
+    actual: Located, expected: dict[str, ExpectedTensor], headers: dict[str, ShardHeader],
+    aligned: list[ExpectedTensor | None] | None = None,
+) -> Stats:
+    """`aligned`: the expected entry of each actual tensor, in order (checks.layout.align), if known."""
+    if aligned is None:
+        aligned = list(map(expected.get, actual))
     infos = [v[0] for v in actual.values()]
-    kinds = [e[3] if (e := get(n)) is not None else classify_name(n) for n in actual]
-    keys = list(zip(kinds, [t[1] for t in infos]))
-    acc: dict[tuple[str, str], list[int]] = {k: [n, 0, 0] for k, n in Counter(keys).items()}
-    for key, t in zip(keys, infos):
-        row = acc[key]
-        row[1] += prod(t[2])
-        row[2] += t[4] - t[3]
+    kinds = [e[3] if e is not None else classify_name(n) for n, e in zip(actual, aligned)]
+    dtypes = [t[1] for t in infos]
+    numels = list(map(prod, [t[2] for t in infos]))
+    nbytes = list(map(sub, [t[4] for t in infos], [t[3] for t in infos]))
+    # Group by (kind, dtype) through small integer codes: a handful of vector passes, no loop per tensor.
+    kind_code = {k: i for i, k in enumerate(set(kinds))}
+    dtype_code = {d: i for i, d in enumerate(set(dtypes))}
+    codes = (np.array(list(map(kind_code.__getitem__, kinds)), dtype=np.int64) * len(dtype_code)
+             + np.array(list(map(dtype_code.__getitem__, dtypes)), dtype=np.int64))
+    counts = np.bincount(codes).tolist()
+    sums = [_sums_by_code(codes, values) for values in (numels, nbytes)]
+    acc: dict[tuple[str, str], list[int]] = {}
+    for kind, k in kind_code.items():
+        for dtype, d in dtype_code.items():
+            c = k * len(dtype_code) + d
+            if c < len(counts) and counts[c]:
+                acc[(kind, dtype)] = [counts[c], sums[0][c], sums[1][c]]
     rows = tuple(
         ClassRow(kind, dtype, *acc[(kind, dtype)])
         for kind, dtype in sorted(acc, key=lambda k: (KIND_ORDER.index(k[0]), -acc[k][1]))
@@ -66,3 +84,14 @@ def compute_stats(actual: Located, expected: dict[str, ExpectedTensor], headers:
         file_bytes=sum(h.file_size for h in headers.values()),
         rows=rows,
     )
+
+
+def _sums_by_code(codes: np.ndarray, values: list[int]) -> list[int]:
+    """Sum of `values` per code, exactly: float64 sums are exact while every total stays below 2**53."""
+    if sum(values) < 2**53:
+        return [int(v) for v in np.bincount(codes, weights=np.array(values, dtype=np.float64))]
+    picked = codes.tolist()
+    out = [0] * (max(picked) + 1)
+    for c, v in zip(picked, values):
+        out[c] += v
+    return out

@@ -24,7 +24,9 @@ def index_findings(actual: Located, index: IndexFile | None, headers: dict[str, 
         elif listed != shard:
             out.append(error("INDEX_SHARD_MISMATCH", f"{name}: {INDEX_FILE} says {listed}, found in {shard}",
                              tensor=name, shard=shard, expected=listed, actual=shard))
-    for name in [n for n in wm if n not in actual]:
+    # Every actual name listed where it is, and as many names listed: then none is listed in vain.
+    in_vain = [n for n in wm if n not in actual] if out or len(wm) != len(actual) else []
+    for name in in_vain:
         shard = wm[name]
         if shard in headers:
             out.append(error("INDEX_TENSOR_ABSENT", f"{name}: {INDEX_FILE} maps it to {shard}, whose header "

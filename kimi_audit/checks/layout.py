@@ -21,25 +21,26 @@ def scale_of_weight(weight_name: str) -> str:
     return weight_name[: -len(".weight")] + SCALE_SUFFIX
 
 
-def layout_findings(actual: Located, expected: dict[str, ExpectedTensor]) -> list[Finding]:
-    out: list[Finding] = []
-    for name, e in expected.items():
-        if name in actual or e.kind == BUFFER:
-            continue
-        want = [e.dtype, list(e.shape)]
-        if e.kind == SCALE:
-            out.append(error("SCALE_MISSING", f"{name}: FP8 weight {weight_of_scale(name)} has no "
-                             f"weight_scale_inv (expected {e.dtype} {list(e.shape)})", tensor=name, expected=want))
-        else:
-            out.append(error("TENSOR_MISSING", f"{name}: expected {e.dtype} {list(e.shape)}, not in any shard",
-                             tensor=name, expected=want))
+def align(actual: Located, expected: dict[str, ExpectedTensor]) -> list[ExpectedTensor | None]:
+    """The expected entry of each actual tensor, in `actual`'s order (None: the layout lacks it)."""
+    return list(map(expected.get, actual))
 
-    get = expected.get
+
+def layout_findings(
+    actual: Located, expected: dict[str, ExpectedTensor], aligned: list[ExpectedTensor | None] | None = None
+) -> list[Finding]:
+    out: list[Finding] = []
+    if aligned is None:
+        aligned = align(actual, expected)
+    # Every actual name expected, and as many of them as expected: then none is missing.
+    if len(actual) != len(expected) or None in aligned:
+        out.extend(_missing(actual, expected))
+
     # One pass at builtin speed picks out what needs a closer look; on a sound checkpoint, nothing.
-    odd = [n for n, (t, _s) in actual.items() if (e := get(n)) is None or t[1] != e[1] or t[2] != e[2]]
+    odd = [n for (n, (t, _s)), e in zip(actual.items(), aligned) if e is None or t[1] != e[1] or t[2] != e[2]]
     for name in odd:
         t, shard = actual[name]
-        e = get(name)
+        e = expected.get(name)
         if e is None:
             out.extend(_unexpected(name, t.dtype, shard, actual, expected))
             continue
@@ -53,16 +54,39 @@ def layout_findings(actual: Located, expected: dict[str, ExpectedTensor]) -> lis
             out.append(make(shape_code, f"{name}: {what}shape {list(t.shape)}, expected {list(e.shape)}",
                             tensor=name, shard=shard, expected=list(e.shape), actual=list(t.shape)))
 
-    for name in [n for n, e in expected.items() if e[3] == SCALE and n in actual]:
-        shard = actual[name][1]
-        weight = actual.get(weight_of_scale(name))
-        if weight is None:
-            out.append(error("SCALE_ORPHAN", f"{name}: scale without its weight {weight_of_scale(name)}",
-                             tensor=name, shard=shard))
-        elif weight[1] != shard:
-            out.append(warning("SCALE_SHARD_SPLIT", f"{name} is in {shard} but its weight is in "
-                               f"{weight[1]}; tools that convert one shard at a time miss it",
-                               tensor=name, shard=shard, expected=weight[1], actual=shard))
+    weights, scales = scale_pairs(expected)
+    found_weights = list(map(actual.get, weights))
+    found_scales = list(map(actual.get, scales))
+    for weight, name, w, s in zip(weights, scales, found_weights, found_scales):
+        if s is None or (w is not None and w[1] == s[1]):
+            continue
+        if w is None:
+            out.append(error("SCALE_ORPHAN", f"{name}: scale without its weight {weight}", tensor=name, shard=s[1]))
+        else:
+            out.append(warning("SCALE_SHARD_SPLIT", f"{name} is in {s[1]} but its weight is in "
+                               f"{w[1]}; tools that convert one shard at a time miss it",
+                               tensor=name, shard=s[1], expected=w[1], actual=s[1]))
+    return out
+
+
+def scale_pairs(expected: dict[str, ExpectedTensor]) -> tuple[list[str], list[str]]:
+    """(weights, scales): each expected scale and the weight it belongs to, in layout order."""
+    scales = [n for n, e in expected.items() if e[3] == SCALE]
+    return list(map(weight_of_scale, scales)), scales
+
+
+def _missing(actual: Located, expected: dict[str, ExpectedTensor]) -> list[Finding]:
+    out: list[Finding] = []
+    for name, e in expected.items():
+        if name in actual or e.kind == BUFFER:
+            continue
+        want = [e.dtype, list(e.shape)]
+        if e.kind == SCALE:
+            out.append(error("SCALE_MISSING", f"{name}: FP8 weight {weight_of_scale(name)} has no "
+                             f"weight_scale_inv (expected {e.dtype} {list(e.shape)})", tensor=name, expected=want))
+        else:
+            out.append(error("TENSOR_MISSING", f"{name}: expected {e.dtype} {list(e.shape)}, not in any shard",
+                             tensor=name, expected=want))
     return out
 
 
