@@ -74,7 +74,8 @@ class TensorColumns(NamedTuple):
 
     names: list[str]
     dtypes: list[str]
-    shapes: list[list[int]]
+    shapes: list[tuple[int, ...]]
+    """Equal shapes are one shared tuple where the reader could share them (the canonical path)."""
     begins: list[int]
     ends: list[int]
 
@@ -99,7 +100,7 @@ class ShardHeader:
     @cached_property
     def tensors(self) -> dict[str, TensorInfo]:
         c = self.columns
-        rows = zip(c.names, c.dtypes, map(tuple, c.shapes), c.begins, c.ends)
+        rows = zip(c.names, c.dtypes, c.shapes, c.begins, c.ends)
         return dict(zip(c.names, map(tuple.__new__, repeat(TensorInfo), rows)))
 
     @property
@@ -319,18 +320,19 @@ def _fast_entries(names: list[str], entries: list[Any]) -> TensorColumns | None:
     flat = list(chain.from_iterable(offs))
     if not set(map(type, flat)) <= {int} or not set(map(type, dims)) <= {int}:
         return None
-    return _sound_columns(names, dts, shapes, dims, flat[0::2], flat[1::2])
+    return _sound_columns(names, dts, list(map(tuple, shapes)), dims, flat[0::2], flat[1::2])
 
 
-def _sound_columns(names: list[str], dts: list[str], shapes: list[list[int]], dims: list[int],
-                   begins: list[int], ends: list[int]) -> TensorColumns | None:
+def _sound_columns(names: list[str], dts: list[str], shapes: list[tuple[int, ...]], dims: list[int],
+                   begins: list[int], ends: list[int], numels: list[int] | None = None) -> TensorColumns | None:
     """The numeric rules, for all entries at once (known: known dtypes, lists of ints, shapes of at
     most FAST_MAX_DIMS dims); None when any entry needs the slow path's closer look."""
     if dims and (min(dims) < 0 or max(dims) > I64_MAX):
         return None
     if min(min(begins), min(ends)) < 0 or max(max(begins), max(ends)) > I64_MAX >> 3:
         return None
-    numels = list(map(math.prod, shapes))
+    if numels is None:
+        numels = list(map(math.prod, shapes))
     # int64 arithmetic below: numel x bits (<= 64) and (end - begin) x 8 must not wrap around.
     # A zero-element tensor goes slow too: the overflow rule applies to the running product.
     if max(numels) > I64_MAX >> 6 or min(numels) == 0:
@@ -375,11 +377,16 @@ def _canonical_header(body: str) -> tuple[dict[str, str] | None, TensorColumns] 
     unique = set(names)
     if len(unique) != n or "__metadata__" in unique or not set(dts) <= DTYPE_BITS.keys():
         return None
-    shapes = json.loads("[[" + "],[".join(shape_texts) + "]]")
-    dims = json.loads("[" + ",".join(filter(None, shape_texts)) + "]")
+    # A checkpoint repeats a few hundred shapes: parse each once, share one tuple per shape.
+    distinct = list(set(shape_texts))
+    parsed = [tuple(dims) for dims in json.loads("[[" + "],[".join(distinct) + "]]")]
+    shape_of = dict(zip(distinct, parsed))
+    numel_of = dict(zip(distinct, map(math.prod, parsed)))
+    dims = list(chain.from_iterable(parsed))
     begins = json.loads("[" + ",".join(begin_texts) + "]")
     ends = json.loads("[" + ",".join(end_texts) + "]")
-    columns = _sound_columns(names, dts, shapes, dims, begins, ends)
+    shapes = list(map(shape_of.__getitem__, shape_texts))
+    columns = _sound_columns(names, dts, shapes, dims, begins, ends, list(map(numel_of.__getitem__, shape_texts)))
     return None if columns is None else (metadata, columns)
 
 
