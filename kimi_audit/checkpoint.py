@@ -6,6 +6,7 @@ This is the only place the audit does I/O; everything downstream works on the re
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -82,9 +83,7 @@ def shards_to_read(files: tuple[str, ...], index: IndexFile | None) -> tuple[lis
     findings: list[Finding] = []
     present = set(on_disk)
     if index is not None:
-        listed: dict[str, int] = {}
-        for shard in index.weight_map.values():
-            listed[shard] = listed.get(shard, 0) + 1
+        listed = Counter(index.weight_map.values())
         for shard, count in listed.items():
             if shard not in present:
                 findings.append(error("INDEX_SHARD_ABSENT", f"{INDEX_FILE} maps {count:,} tensors to {shard}, "
@@ -108,12 +107,6 @@ def read_headers(
     source: Source, shards: list[str], index: IndexFile | None, progress: ProgressFn | None = None,
     expected: Any = None,
 ) -> tuple[dict[str, ShardHeader], list[Finding]]:
-    names_by_shard: dict[str, list[str]] = {s: [] for s in shards}
-    if index is not None:
-        for tensor, shard in index.weight_map.items():
-            if shard in names_by_shard:
-                names_by_shard[shard].append(tensor)
-
     budget = {"used": 0}
     lock = threading.Lock()
 
@@ -135,6 +128,8 @@ def read_headers(
     total = len(shards)
     with gc_paused():
         if source.parallel_reads > 1 and total > 1:
+            names_by_shard = _names_by_shard(shards, index)
+
             # Threads only fetch; this thread parses, so parsing never starves the receiving threads.
             def fetch(shard: str) -> tuple[bytes, int] | Finding | str:
                 if budget["used"] > MAX_TOTAL_HEADER_BYTES:
@@ -167,6 +162,16 @@ def read_headers(
             f"{MAX_TOTAL_HEADER_BYTES:,} bytes together: {len(skipped):,} more shards not read "
             f"(from {skipped[0]})", shard=skipped[0], expected=MAX_TOTAL_HEADER_BYTES, actual=len(skipped)))
     return headers, failures
+
+
+def _names_by_shard(shards: list[str], index: IndexFile | None) -> dict[str, list[str]]:
+    """The tensor names the index lists in each shard (what sizes a remote shard's first read)."""
+    out: dict[str, list[str]] = {s: [] for s in shards}
+    if index is not None:
+        for tensor, shard in index.weight_map.items():
+            if shard in out:
+                out[shard].append(tensor)
+    return out
 
 
 def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Checkpoint:

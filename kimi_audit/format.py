@@ -368,7 +368,8 @@ def _canonical_header(body: str) -> tuple[dict[str, str] | None, TensorColumns] 
     rows = _CANONICAL_ENTRY.findall(body, start)
     if not rows:
         return None
-    names, dts, shape_texts, begin_texts, end_texts, seps = (list(col) for col in zip(*rows))
+    names_t, dts, shape_texts, begin_texts, end_texts, seps = zip(*rows)
+    names = list(names_t)
     n = len(rows)
     # findall skips what it cannot match: the matches tile the body only if their lengths add up to it.
     matched = n * _ENTRY_PUNCTUATION + sum(sum(map(len, col)) for col in (names, dts, shape_texts, begin_texts, end_texts))

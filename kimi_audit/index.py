@@ -86,8 +86,8 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
         except UnsafePathError:
             pass  # sort it out entry by entry below
         else:
-            weight_map = dict(zip(wm, map(canonical.__getitem__, wm.values())))
-            return IndexFile(total_size, weight_map, tuple(findings))
+            wm.update(zip(wm, map(canonical.__getitem__, wm.values())))  # in place: same keys, no new table
+            return IndexFile(total_size, wm, tuple(findings))
 
     weight_map = {}
     unsafe: dict[str, str] = {}
