@@ -75,6 +75,12 @@ ENTRY = '"{name}":{{"dtype":"F32","shape":[2],"data_offsets":[{b},{e}]}}'
         ('{"__metadata__":{"k":"v","k":"w"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', 8,
          "HEADER_DUPLICATE_KEY"),
         ('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"x":1}', 8, "TENSOR_ENTRY_INVALID"),
+        ('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"x":[1],"b":{"dtype":"F32","shape":[2],'
+         '"data_offsets":[8,16]}}', 16, "TENSOR_ENTRY_INVALID"),
+        ('{"a":{"dtype":"F32","shape":[1,,2],"data_offsets":[0,8]}}', 8, "HEADER_INVALID_JSON"),
+        ('{"a":{"dtype":"F32","shape":[2,],"data_offsets":[0,8]}}', 8, "HEADER_INVALID_JSON"),
+        ('{"a":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1,2],"data_offsets":[0,8]}}', 8, None),
+        ('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,' + "9" * 5000 + ']}}', 8, "HEADER_INVALID_JSON"),
         ('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}x', 8, "HEADER_INVALID_JSON"),
         ('{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}', 8, "SIZE_MISMATCH"),
         ('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
