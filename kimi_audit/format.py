@@ -338,7 +338,7 @@ def _sound_columns(names: list[str], dts: list[str], shapes: list[tuple[int, ...
         return None
     b = np.array(begins, dtype=np.int64)
     e = np.array(ends, dtype=np.int64)
-    bits = np.array([DTYPE_BITS[d] for d in dts], dtype=np.int64)
+    bits = np.array(list(map(DTYPE_BITS.__getitem__, dts)), dtype=np.int64)
     nbits = np.array(numels, dtype=np.int64) * bits
     if not ((e >= b).all() and ((e - b) * 8 == nbits).all()):
         return None
@@ -373,7 +373,8 @@ def _canonical_header(body: str) -> tuple[dict[str, str] | None, TensorColumns] 
     names = list(names_t)
     n = len(rows)
     # findall skips what it cannot match: the matches tile the entries only if their lengths add up.
-    if n * _ENTRY_PUNCTUATION + sum(sum(map(len, col)) for col in zip(*rows)) != len(entries):
+    lengths = sum(len("".join(col)) for col in (names_t, dts, shape_texts, offset_texts))
+    if n * _ENTRY_PUNCTUATION + lengths != len(entries):
         return None
     unique = set(names)
     if len(unique) != n or "__metadata__" in unique or not set(dts) <= DTYPE_BITS.keys():

@@ -78,8 +78,12 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
     if text.count(":") != pairs:
         findings.extend(_duplicates(text, name))
 
-    if set(map(type, wm.values())) <= {str}:
-        canonical = {shard: shard for shard in set(wm.values())}  # one str per shard, not one per tensor
+    try:
+        distinct = set(wm.values())
+    except TypeError:  # an unhashable value (a list): sorted out entry by entry below
+        distinct = set()
+    if distinct and all(type(shard) is str for shard in distinct):
+        canonical = {shard: shard for shard in distinct}  # one str per shard, not one per tensor
         try:
             for shard in canonical:
                 safe_member_name(shard)
