@@ -175,19 +175,28 @@ def _names_by_shard(shards: list[str], index: IndexFile | None) -> dict[str, lis
 
 
 def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Checkpoint:
+    # Remote sources list file sizes: with the expected layout, each header's length is known exactly.
+    # Locally it is not needed yet, and building it after the headers keeps the peak memory lower.
+    remote = hasattr(source, "file_size")
     with gc_paused():
         files = source.list_files()
-        config_raw, config = load_config(source)
-        index, findings = load_index(source, files)
+        expected = None
+        if remote and source.parallel_reads > 1:
+            # The index (megabytes) downloads while config.json is fetched and the layout derived from it.
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                pending = pool.submit(load_index, source, files)
+                config_raw, config = load_config(source)
+                expected = expected_layout(config)
+                index, findings = pending.result()
+        else:
+            config_raw, config = load_config(source)
+            index, findings = load_index(source, files)
+            expected = expected_layout(config) if remote else None
         for link in getattr(source, "outside_links", tuple)():
             findings.append(error("SYMLINK_OUTSIDE", f"{link} is a symlink that leaves the checkpoint directory: "
                                   "not opened", shard=link))
         shards, shard_findings = shards_to_read(files, index)
         findings += shard_findings
-        # Remote sources list file sizes: with the expected layout, each header's length is known exactly.
-        # Locally it is not needed yet, and building it after the headers keeps the peak memory lower.
-        remote = hasattr(source, "file_size")
-        expected = expected_layout(config) if remote else None
         headers, failures = read_headers(source, shards, index, progress, expected)
         if expected is None:
             expected = expected_layout(config)

@@ -55,11 +55,9 @@ def layout_findings(
                             tensor=name, shard=shard, expected=list(e.shape), actual=list(t.shape)))
 
     weights, scales = scale_pairs(expected)
-    found_weights = list(map(actual.get, weights))
-    found_scales = list(map(actual.get, scales))
-    for weight, name, w, s in zip(weights, scales, found_weights, found_scales):
-        if s is None or (w is not None and w[1] == s[1]):
-            continue
+    found = zip(map(actual.get, weights), map(actual.get, scales))
+    for i in [i for i, (w, s) in enumerate(found) if s is not None and (w is None or w[1] != s[1])]:
+        weight, name, w, s = weights[i], scales[i], actual.get(weights[i]), actual[scales[i]]
         if w is None:
             out.append(error("SCALE_ORPHAN", f"{name}: scale without its weight {weight}", tensor=name, shard=s[1]))
         else:
@@ -72,7 +70,8 @@ def layout_findings(
 def scale_pairs(expected: dict[str, ExpectedTensor]) -> tuple[list[str], list[str]]:
     """(weights, scales): each expected scale and the weight it belongs to, in layout order."""
     scales = [n for n, e in expected.items() if e[3] == SCALE]
-    return list(map(weight_of_scale, scales)), scales
+    cut = len(SCALE_SUFFIX)
+    return [n[:-cut] + ".weight" for n in scales], scales
 
 
 def _missing(actual: Located, expected: dict[str, ExpectedTensor]) -> list[Finding]:
