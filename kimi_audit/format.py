@@ -392,7 +392,8 @@ def _canonical_header(body: str) -> tuple[dict[str, str] | None, TensorColumns] 
     numel_of = dict(zip(distinct, map(math.prod, parsed)))
     shapes = list(map(shape_of.__getitem__, shape_texts))
     numels = list(map(numel_of.__getitem__, shape_texts))
-    columns = _sound_columns(names, dts, shapes, list(chain.from_iterable(parsed)), offsets[0::2], offsets[1::2], numels)
+    dims = list(chain.from_iterable(parsed))
+    columns = _sound_columns(names, dts, shapes, dims, offsets[0::2], offsets[1::2], numels)
     return None if columns is None else (metadata, columns)
 
 
