@@ -15,7 +15,8 @@ def index_findings(actual: Located, index: IndexFile | None, headers: dict[str, 
     out: list[Finding] = []
     wm = index.weight_map
     get = wm.get
-    for name in [n for n, (_t, s) in actual.items() if get(n) != s]:
+    listed_where_found = list(map(get, actual)) == [s for _t, s in actual.values()]
+    for name in [] if listed_where_found else [n for n, (_t, s) in actual.items() if get(n) != s]:
         shard = actual[name][1]
         listed = get(name)
         if listed is None:

@@ -13,12 +13,20 @@ Located = dict[str, tuple[TensorInfo, str]]
 
 def locate_tensors(headers: dict[str, ShardHeader]) -> tuple[Located, list[Finding]]:
     located: Located = {}
+    for shard, header in headers.items():
+        c = header.columns
+        infos = map(tuple.__new__, repeat(TensorInfo), zip(c.names, c.dtypes, c.shapes, c.begins, c.ends))
+        located.update(zip(c.names, zip(infos, repeat(shard))))
+    if len(located) == sum(h.tensor_count for h in headers.values()):
+        return located, []
+    return _locate_with_duplicates(headers)
+
+
+def _locate_with_duplicates(headers: dict[str, ShardHeader]) -> tuple[Located, list[Finding]]:
+    located: Located = {}
     findings: list[Finding] = []
     for shard, header in headers.items():
         tensors = header.tensors
-        if not tensors.keys() & located.keys():
-            located.update(zip(tensors, zip(tensors.values(), repeat(shard))))
-            continue
         for name, info in tensors.items():
             prev = located.get(name)
             if prev is not None:
