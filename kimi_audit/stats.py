@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import compress
 from math import prod
-from operator import sub
+from operator import itemgetter, sub
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,11 +52,14 @@ def compute_stats(
     """`aligned`: the expected entry of each actual tensor, in order (checks.layout.align), if known."""
     if aligned is None:
         aligned = list(map(expected.get, actual))
-    infos = [v[0] for v in actual.values()]
-    kinds = [e[3] if e is not None else classify_name(n) for n, e in zip(actual, aligned)]
-    dtypes = [t[1] for t in infos]
-    numels = list(map(prod, [t[2] for t in infos]))
-    nbytes = list(map(sub, [t[4] for t in infos], [t[3] for t in infos]))
+    infos = list(map(itemgetter(0), actual.values()))
+    if None in aligned:
+        kinds = [e[3] if e is not None else classify_name(n) for n, e in zip(actual, aligned)]
+    else:
+        kinds = list(map(itemgetter(3), aligned))
+    dtypes = list(map(itemgetter(1), infos))
+    numels = list(map(prod, map(itemgetter(2), infos)))
+    nbytes = list(map(sub, map(itemgetter(4), infos), map(itemgetter(3), infos)))
     # Group by (kind, dtype) through small integer codes: a handful of vector passes, no loop per tensor.
     kind_code = {k: i for i, k in enumerate(set(kinds))}
     dtype_code = {d: i for i, d in enumerate(set(dtypes))}
