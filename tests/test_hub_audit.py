@@ -16,7 +16,7 @@ from hub_server import FakeHub
 from kimi_audit.audit import audit_source
 from kimi_audit.cli import app
 from kimi_audit.report_json import report_dict
-from kimi_audit.sources.hub import HubSource, HubTimeoutError, RangeNotSupportedError
+from kimi_audit.sources.hub import HubError, HubSource, HubTimeoutError, RangeNotSupportedError
 from kimi_audit.sources.local import LocalSource
 
 runner = CliRunner()
@@ -153,3 +153,26 @@ def test_read_tensor_by_range_over_the_hub(hub: FakeHub, replica_dir: Path) -> N
         tensor_reqs = [r for r in data_reqs if r.bytes_sent == info.nbytes]
         assert len(tensor_reqs) == 1, [(r.range, r.bytes_sent) for r in data_reqs]
         assert hub.stats().bytes_sent < info.nbytes + (20 << 20)  # tensor + index + header, nothing more
+
+
+def test_remote_checkpoint_without_config_is_a_one_line_error_while_the_index_loads(
+    hub: FakeHub, tiny_dir: Path, tmp_path: Path
+) -> None:
+    """config.json and the index are fetched side by side: the missing config still decides, cleanly."""
+    import shutil
+
+    copy = tmp_path / "noconfig"
+    shutil.copytree(tiny_dir, copy)
+    (copy / "config.json").unlink()
+    hub.add_repo("someone/no-config", copy)
+    result = runner.invoke(app, ["audit", "someone/no-config", "--no-progress"])
+    assert result.exit_code == 2, result.output
+    assert "no config.json" in result.stderr and "\n" not in result.stderr.strip()
+
+
+def test_remote_index_that_keeps_failing_is_a_one_line_error(hub: FakeHub, tiny_dir: Path) -> None:
+    hub.add_fault("500", times=1000, match="index.json")
+    src = HubSource(TINY_REPO, endpoint=hub.endpoint, retry_wait=0.01, max_retries=1)
+    with pytest.raises(HubError) as e:
+        audit_source(src)
+    assert "model.safetensors.index.json" in str(e.value) and "HTTP 500" in str(e.value)
