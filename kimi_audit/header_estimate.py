@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
+from operator import attrgetter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -53,6 +55,9 @@ def _names_len(names: list[str]) -> int:
     """Sum of the names' lengths as JSON strings (one C-level dumps for the whole list)."""
     if not names:
         return 0
+    joined = "".join(names)
+    if joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined:
+        return len(joined) + 2 * len(names)  # nothing to escape: each name is its text in quotes
     return len(json.dumps(names, ensure_ascii=False, separators=(",", ":")).encode()) - 2 - (len(names) - 1)
 
 
@@ -93,11 +98,14 @@ def header_upper_bound(
     return total
 
 
-def names_lower_bound(names: Iterable[str]) -> int:
-    """8 + the least N a header holding these names can have (names, braces, shortest fields)."""
+def names_lower_bound(names: Iterable[str], names_len: int | None = None) -> int:
+    """8 + the least N a header holding these names can have (names, braces, shortest fields).
+    `names_len`: _names_len(names), if already known."""
     shortest = len(':{"dtype":"U8","shape":[],"data_offsets":[0,0]},')
     names = list(names)
-    return HEADER_LENGTH_BYTES + 2 + _names_len(names) + shortest * len(names)
+    if names_len is None:
+        names_len = _names_len(names)
+    return HEADER_LENGTH_BYTES + 2 + names_len + shortest * len(names)
 
 
 def estimate_first_read(
@@ -115,30 +123,26 @@ def estimate_first_read(
         cap = min(cap, file_size)
     if file_size is None or not expected:
         return max(min(header_upper_bound(names, expected, file_size=file_size), cap), HEADER_LENGTH_BYTES)
-    # One pass: the upper bound's entry text and the expected payload.
+    # Entry text and payload depend on (dtype, shape) only: count those pairs at C speed, then add up.
     digits = len(str(max(file_size, 1)))
     upper = HEADER_LENGTH_BYTES + 2 + METADATA_ALLOWANCE + PADDING
-    upper += _names_len(names) + len(names) * (ENTRY_PUNCTUATION + 2 * digits)
-    payload: int | None = 0
-    per_key: dict[tuple[str, tuple[int, ...]], tuple[int, int | None]] = {}
-    get = expected.get
-    for name in names:
-        t = get(name)
-        if t is None:
-            upper += UNKNOWN_DTYPE_TEXT + UNKNOWN_SHAPE_TEXT
-            payload = None
-            continue
-        key = (t.dtype, t.shape)
-        v = per_key.get(key)
-        if v is None:
-            v = per_key[key] = (len(t.dtype) + 2 + _shape_len(tuple(t.shape)), _nbytes(t))
-        upper += v[0]
+    names_len = _names_len(names)
+    upper += names_len + len(names) * (ENTRY_PUNCTUATION + 2 * digits)
+    found = list(map(expected.get, names))
+    payload: int | None = None if None in found else 0
+    if payload is None:
+        found = [t for t in found if t is not None]
+        upper += (len(names) - len(found)) * (UNKNOWN_DTYPE_TEXT + UNKNOWN_SHAPE_TEXT)
+    kinds = Counter(zip(map(attrgetter("dtype"), found), map(tuple, map(attrgetter("shape"), found))))
+    for (dtype, shape), count in kinds.items():
+        upper += count * (len(dtype) + 2 + _shape_len(shape))
+        bits = DTYPE_BITS.get(dtype)
         if payload is not None:
-            payload = None if v[1] is None else payload + v[1]
+            payload = None if bits is None else payload + count * ((math.prod(shape) * bits + 7) // 8)
     estimate = upper
     if payload is not None:
         exact = file_size - payload
-        if names_lower_bound(names) <= exact <= upper:
+        if names_lower_bound(names, names_len) <= exact <= upper:
             estimate = exact
     return max(min(estimate, cap), HEADER_LENGTH_BYTES)
 
