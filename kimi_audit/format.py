@@ -42,12 +42,13 @@ FAST_MAX_DIMS = 8
 # delimits a string, so these patterns can only match structure. Digit runs are matched loosely (it
 # is faster) and their JSON syntax checked afterwards by json.loads.
 _STR = r'"([^"\\\x00-\x1f]*)"'
-_CANONICAL_ENTRY = re.compile(
-    _STR + r':\{"dtype":"([0-9A-Z_]+)","shape":\[([0-9,]*)\],"data_offsets":\[([0-9]+,[0-9]+)\]\},'
+_CANONICAL_ENTRY = re.compile(  # groups: name, `DTYPE","shape":[DIMS` (a few hundred distinct), offsets
+    _STR + r':\{"dtype":"([0-9A-Z_]+","shape":\[[0-9,]*)\],"data_offsets":\[([0-9]+,[0-9]+)\]\},'
 )
+_DTYPE_SHAPE_SEP = '","shape":['
 _PAIR = r'"[^"\\\x00-\x1f]*":"[^"\\\x00-\x1f]*"'
 _CANONICAL_METADATA = re.compile(r'\{"__metadata__":(\{(?:%s(?:,%s)*)?\})([,}])' % (_PAIR, _PAIR))
-_ENTRY_PUNCTUATION = len('"":{"dtype":"","shape":[],"data_offsets":[]},')
+_ENTRY_PUNCTUATION = len('"":{"dtype":"],"data_offsets":[]},')
 
 
 class TensorInfo(NamedTuple):
@@ -369,29 +370,34 @@ def _canonical_header(body: str) -> tuple[dict[str, str] | None, TensorColumns] 
     rows = _CANONICAL_ENTRY.findall(entries)
     if not rows:
         return None
-    names_t, dts, shape_texts, offset_texts = zip(*rows)
+    names_t, kinds, offset_texts = zip(*rows)
     names = list(names_t)
     n = len(rows)
     # findall skips what it cannot match: the matches tile the entries only if their lengths add up.
-    lengths = sum(len("".join(col)) for col in (names_t, dts, shape_texts, offset_texts))
+    lengths = sum(len("".join(col)) for col in (names_t, kinds, offset_texts))
     if n * _ENTRY_PUNCTUATION + lengths != len(entries):
         return None
     unique = set(names)
-    if len(unique) != n or "__metadata__" in unique or not set(dts) <= DTYPE_BITS.keys():
+    if len(unique) != n or "__metadata__" in unique:
         return None
-    # A checkpoint repeats a few hundred shapes: parse each once, share one tuple per shape.
-    distinct = list(set(shape_texts))
+    # A checkpoint repeats a few hundred (dtype, shape) pairs: read each once, share one tuple per shape.
+    distinct = list(set(kinds))
+    dtypes, shape_texts = zip(*(k.split(_DTYPE_SHAPE_SEP) for k in distinct))
+    if not set(dtypes) <= DTYPE_BITS.keys():
+        return None
     try:
-        parsed = [tuple(dims) for dims in json.loads("[[" + "],[".join(distinct) + "]]")]
+        parsed = [tuple(dims) for dims in json.loads("[[" + "],[".join(shape_texts) + "]]")]
         offsets = json.loads("[" + ",".join(offset_texts) + "]")
     except ValueError:  # `1,,2`, a leading zero, thousands of digits: the JSON path names it
         return None
     if max(map(len, parsed)) > FAST_MAX_DIMS:
         return None
+    dtype_of = dict(zip(distinct, map(CANONICAL_DTYPE.__getitem__, dtypes)))
     shape_of = dict(zip(distinct, parsed))
     numel_of = dict(zip(distinct, map(math.prod, parsed)))
-    shapes = list(map(shape_of.__getitem__, shape_texts))
-    numels = list(map(numel_of.__getitem__, shape_texts))
+    dts = list(map(dtype_of.__getitem__, kinds))
+    shapes = list(map(shape_of.__getitem__, kinds))
+    numels = list(map(numel_of.__getitem__, kinds))
     dims = list(chain.from_iterable(parsed))
     columns = _sound_columns(names, dts, shapes, dims, offsets[0::2], offsets[1::2], numels)
     return None if columns is None else (metadata, columns)
