@@ -5,7 +5,9 @@ first two parts and validates them against the format's rules, reporting each vi
 It never reads tensor data: `read_shard_header` issues at most two range reads, both within the header.
 
 The parser is pure (`parse_shard_prefix`), so the same code serves local files, Hub range reads and
-the fuzz tests.
+the fuzz tests. Headers in the canonical form safetensors writes are read by one regex pass
+(`_canonical_header`); every other header goes through json.loads and the per-entry rules, which name
+each violation. Both give the same result on any input the fast path accepts (tests/test_format_canonical.py).
 """
 
 from __future__ import annotations
@@ -370,18 +372,18 @@ def _canonical_header(body: str) -> tuple[dict[str, str] | None, TensorColumns] 
     rows = _CANONICAL_ENTRY.findall(entries)
     if not rows:
         return None
-    names_t, kinds, offset_texts = zip(*rows)
+    names_t, dtype_shapes, offset_texts = zip(*rows)
     names = list(names_t)
     n = len(rows)
     # findall skips what it cannot match: the matches tile the entries only if their lengths add up.
-    lengths = sum(len("".join(col)) for col in (names_t, kinds, offset_texts))
+    lengths = sum(len("".join(col)) for col in (names_t, dtype_shapes, offset_texts))
     if n * _ENTRY_PUNCTUATION + lengths != len(entries):
         return None
     unique = set(names)
     if len(unique) != n or "__metadata__" in unique:
         return None
     # A checkpoint repeats a few hundred (dtype, shape) pairs: read each once, share one tuple per shape.
-    distinct = list(set(kinds))
+    distinct = list(set(dtype_shapes))
     dtypes, shape_texts = zip(*(k.split(_DTYPE_SHAPE_SEP) for k in distinct))
     if not set(dtypes) <= DTYPE_BITS.keys():
         return None
@@ -395,9 +397,9 @@ def _canonical_header(body: str) -> tuple[dict[str, str] | None, TensorColumns] 
     dtype_of = dict(zip(distinct, map(CANONICAL_DTYPE.__getitem__, dtypes)))
     shape_of = dict(zip(distinct, parsed))
     numel_of = dict(zip(distinct, map(math.prod, parsed)))
-    dts = list(map(dtype_of.__getitem__, kinds))
-    shapes = list(map(shape_of.__getitem__, kinds))
-    numels = list(map(numel_of.__getitem__, kinds))
+    dts = list(map(dtype_of.__getitem__, dtype_shapes))
+    shapes = list(map(shape_of.__getitem__, dtype_shapes))
+    numels = list(map(numel_of.__getitem__, dtype_shapes))
     dims = list(chain.from_iterable(parsed))
     columns = _sound_columns(names, dts, shapes, dims, offsets[0::2], offsets[1::2], numels)
     return None if columns is None else (metadata, columns)
