@@ -10,7 +10,7 @@ from kimi_audit.checks.index import index_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
-from kimi_audit.checks.tensors import locate_tensors
+from kimi_audit.checks.tensors import tensor_table
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.gcpause import gc_paused
 from kimi_audit.layout import DENSE, MOE, MTP, layer_block
@@ -80,7 +80,7 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
 
 def _audit(ckpt: Checkpoint) -> AuditReport:
     expected = ckpt.expected
-    actual, findings = locate_tensors(ckpt.headers)
+    actual, findings = tensor_table(ckpt.headers)
     all_findings: list[Finding] = list(ckpt.findings)
     for header in ckpt.headers.values():
         all_findings.extend(header.findings)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kimi_audit.checks.tensors import Located
+from kimi_audit.checks.tensors import TensorTable
 from kimi_audit.format import ShardHeader
 from kimi_audit.layout import BUFFER, PARAMETER, SCALE, ExpectedTensor, classify_name
 
@@ -46,20 +46,19 @@ class Stats:
 
 
 def compute_stats(
-    actual: Located, expected: dict[str, ExpectedTensor], headers: dict[str, ShardHeader],
+    actual: TensorTable, expected: dict[str, ExpectedTensor], headers: dict[str, ShardHeader],
     aligned: list[ExpectedTensor | None] | None = None,
 ) -> Stats:
-    """`aligned`: the expected entry of each actual tensor, in order (checks.layout.align), if known."""
+    """`aligned`: the expected entry of each actual tensor, row by row (checks.layout.align), if known."""
     if aligned is None:
-        aligned = list(map(expected.get, actual))
-    infos = list(map(itemgetter(0), actual.values()))
+        aligned = list(map(expected.get, actual.names))
     if None in aligned:
-        kinds = [e[3] if e is not None else classify_name(n) for n, e in zip(actual, aligned)]
+        kinds = [e[3] if e is not None else classify_name(n) for n, e in zip(actual.names, aligned)]
     else:
         kinds = list(map(itemgetter(3), aligned))
-    dtypes = list(map(itemgetter(1), infos))
-    numels = list(map(prod, map(itemgetter(2), infos)))
-    nbytes = list(map(sub, map(itemgetter(4), infos), map(itemgetter(3), infos)))
+    dtypes = actual.dtypes
+    numels = list(map(prod, actual.shapes))
+    nbytes = list(map(sub, actual.ends, actual.begins))
     # Group by (kind, dtype) through small integer codes: a handful of vector passes, no loop per tensor.
     kind_code = {k: i for i, k in enumerate(set(kinds))}
     dtype_code = {d: i for i, d in enumerate(set(dtypes))}

@@ -7,16 +7,17 @@ from math import prod
 from pathlib import Path
 
 from kimi_audit.checkpoint import load_checkpoint
-from kimi_audit.checks.tensors import locate_tensors
+from kimi_audit.checks.tensors import TensorTable, tensor_table
 from kimi_audit.format import TensorInfo
 from kimi_audit.layout import PARAMETER, classify_name
 from kimi_audit.sources import LocalSource
 from kimi_audit.stats import compute_stats
 
 
-def recount(actual, expected) -> dict[tuple[str, str], list[int]]:
+def recount(actual: TensorTable, expected) -> dict[tuple[str, str], list[int]]:
     rows: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
-    for name, (t, _shard) in actual.items():
+    for row, name in enumerate(actual.names):
+        t = actual.info(row)
         e = expected.get(name)
         row = rows[(e.kind if e is not None else classify_name(name), t.dtype)]
         row[0] += 1
@@ -27,7 +28,7 @@ def recount(actual, expected) -> dict[tuple[str, str], list[int]]:
 
 def test_stats_match_a_per_tensor_recount_of_the_tiny_checkpoint(tiny_dir: Path) -> None:
     ckpt = load_checkpoint(LocalSource(tiny_dir))
-    actual, _ = locate_tensors(ckpt.headers)
+    actual, _ = tensor_table(ckpt.headers)
     stats = compute_stats(actual, ckpt.expected, ckpt.headers)
     want = recount(actual, ckpt.expected)
     assert {(r.kind, r.dtype): [r.tensors, r.elements, r.bytes] for r in stats.rows} == want
@@ -36,10 +37,10 @@ def test_stats_match_a_per_tensor_recount_of_the_tiny_checkpoint(tiny_dir: Path)
 
 def test_totals_past_float_precision_are_exact() -> None:
     big = 2**60 + 1  # far past 2**53: a float64 sum would round it
-    actual = {
-        f"t.{i}.weight": (TensorInfo(f"t.{i}.weight", "U8", (big,), i * big, (i + 1) * big), "s") for i in range(3)
-    }
-    actual["x.inv_freq"] = (TensorInfo("x.inv_freq", "F32", (3,), 3 * big, 3 * big + 12), "s")
+    infos = [TensorInfo(f"t.{i}.weight", "U8", (big,), i * big, (i + 1) * big) for i in range(3)]
+    infos.append(TensorInfo("x.inv_freq", "F32", (3,), 3 * big, 3 * big + 12))
+    names, dtypes, shapes, begins, ends = (list(col) for col in zip(*infos))
+    actual = TensorTable(names, ["s"] * 4, dtypes, shapes, begins, ends, {n: i for i, n in enumerate(names)})
     stats = compute_stats(actual, {}, {})
     rows = {(r.kind, r.dtype): r for r in stats.rows}
     assert rows[(PARAMETER, "U8")].elements == 3 * big and rows[(PARAMETER, "U8")].bytes == 3 * big

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kimi_audit.checks.tensors import Located
+from kimi_audit.checks.tensors import TensorTable
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.layout import BUFFER, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedTensor
 
@@ -21,13 +21,13 @@ def scale_of_weight(weight_name: str) -> str:
     return weight_name[: -len(".weight")] + SCALE_SUFFIX
 
 
-def align(actual: Located, expected: dict[str, ExpectedTensor]) -> list[ExpectedTensor | None]:
-    """The expected entry of each actual tensor, in `actual`'s order (None: the layout lacks it)."""
-    return list(map(expected.get, actual))
+def align(actual: TensorTable, expected: dict[str, ExpectedTensor]) -> list[ExpectedTensor | None]:
+    """The expected entry of each actual tensor, row by row (None: the layout lacks it)."""
+    return list(map(expected.get, actual.names))
 
 
 def layout_findings(
-    actual: Located, expected: dict[str, ExpectedTensor], aligned: list[ExpectedTensor | None] | None = None
+    actual: TensorTable, expected: dict[str, ExpectedTensor], aligned: list[ExpectedTensor | None] | None = None
 ) -> list[Finding]:
     out: list[Finding] = []
     if aligned is None:
@@ -37,10 +37,9 @@ def layout_findings(
         out.extend(_missing(actual, expected))
 
     # One pass at builtin speed picks out what needs a closer look; on a sound checkpoint, nothing.
-    odd = [n for (n, (t, _s)), e in zip(actual.items(), aligned) if e is None or t[1] != e[1] or t[2] != e[2]]
-    for name in odd:
-        t, shard = actual[name]
-        e = expected.get(name)
+    rows = zip(aligned, actual.dtypes, actual.shapes)
+    for row in [i for i, (e, dtype, shape) in enumerate(rows) if e is None or dtype != e[1] or shape != e[2]]:
+        name, t, shard, e = actual.names[row], actual.info(row), actual.shards[row], aligned[row]
         if e is None:
             out.extend(_unexpected(name, t.dtype, shard, actual, expected))
             continue
@@ -55,15 +54,18 @@ def layout_findings(
                             tensor=name, shard=shard, expected=list(e.shape), actual=list(t.shape)))
 
     weights, scales = scale_pairs(expected)
-    found = zip(map(actual.get, weights), map(actual.get, scales))
-    for i in [i for i, (w, s) in enumerate(found) if s is not None and (w is None or w[1] != s[1])]:
-        weight, name, w, s = weights[i], scales[i], actual.get(weights[i]), actual[scales[i]]
+    row_of, shards = actual.row_of.get, actual.shards
+    found = zip(map(row_of, weights), map(row_of, scales))
+    for i in [i for i, (w, s) in enumerate(found) if s is not None and (w is None or shards[w] != shards[s])]:
+        weight, name = weights[i], scales[i]
+        w_row, s = row_of(weight), shards[row_of(name)]
+        w = None if w_row is None else shards[w_row]
         if w is None:
-            out.append(error("SCALE_ORPHAN", f"{name}: scale without its weight {weight}", tensor=name, shard=s[1]))
+            out.append(error("SCALE_ORPHAN", f"{name}: scale without its weight {weight}", tensor=name, shard=s))
         else:
-            out.append(warning("SCALE_SHARD_SPLIT", f"{name} is in {s[1]} but its weight is in "
-                               f"{w[1]}; tools that convert one shard at a time miss it",
-                               tensor=name, shard=s[1], expected=w[1], actual=s[1]))
+            out.append(warning("SCALE_SHARD_SPLIT", f"{name} is in {s} but its weight is in "
+                               f"{w}; tools that convert one shard at a time miss it",
+                               tensor=name, shard=s, expected=w, actual=s))
     return out
 
 
@@ -74,10 +76,11 @@ def scale_pairs(expected: dict[str, ExpectedTensor]) -> tuple[list[str], list[st
     return [n[:-cut] + ".weight" for n in scales], scales
 
 
-def _missing(actual: Located, expected: dict[str, ExpectedTensor]) -> list[Finding]:
+def _missing(actual: TensorTable, expected: dict[str, ExpectedTensor]) -> list[Finding]:
     out: list[Finding] = []
+    located = actual.row_of
     for name, e in expected.items():
-        if name in actual or e.kind == BUFFER:
+        if name in located or e.kind == BUFFER:
             continue
         want = [e.dtype, list(e.shape)]
         if e.kind == SCALE:
@@ -89,7 +92,9 @@ def _missing(actual: Located, expected: dict[str, ExpectedTensor]) -> list[Findi
     return out
 
 
-def _unexpected(name: str, dtype: str, shard: str, actual: Located, expected: dict[str, ExpectedTensor]) -> list[Finding]:
+def _unexpected(
+    name: str, dtype: str, shard: str, actual: TensorTable, expected: dict[str, ExpectedTensor]
+) -> list[Finding]:
     if name.endswith(SCALE_SUFFIX):
         weight = weight_of_scale(name)
         if weight not in actual:
