@@ -118,3 +118,18 @@ def test_missing_config_key_is_named():
     del raw["kv_lora_rank"]
     with pytest.raises(ConfigError, match="kv_lora_rank"):
         model_config_from_dict(raw)
+
+
+
+@pytest.mark.parametrize("mtp", [0, 1])
+def test_every_scale_follows_its_weight_in_the_expected_layout(mtp: int) -> None:
+    """checks.layout pairs each scale with the tensor listed just before it: the layout keeps that order."""
+    from kimi_audit.checks.layout import weight_of_scale
+
+    raw = json.loads(pinned_config_bytes())
+    raw["num_nextn_predict_layers"] = mtp
+    layout = expected_layout(model_config_from_dict(raw))
+    names, kinds = list(layout), [e.kind for e in layout.values()]
+    scales = [j for j, k in enumerate(kinds) if k == SCALE]
+    assert len(scales) == 69_608 if not mtp else len(scales) > 69_608
+    assert all(names[j - 1] == weight_of_scale(names[j]) for j in scales)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import itemgetter
+
+import numpy as np
+
 from kimi_audit.checks.tensors import TensorTable
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.layout import BUFFER, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedTensor
@@ -53,27 +58,36 @@ def layout_findings(
             out.append(make(shape_code, f"{name}: {what}shape {list(t.shape)}, expected {list(e.shape)}",
                             tensor=name, shard=shard, expected=list(e.shape), actual=list(t.shape)))
 
-    weights, scales = scale_pairs(expected)
-    row_of, shards = actual.row_of.get, actual.shards
-    found = zip(map(row_of, weights), map(row_of, scales))
-    for i in [i for i, (w, s) in enumerate(found) if s is not None and (w is None or shards[w] != shards[s])]:
-        weight, name = weights[i], scales[i]
-        w_row, s = row_of(weight), shards[row_of(name)]
-        w = None if w_row is None else shards[w_row]
-        if w is None:
+    out.extend(_scale_shard_findings(actual, expected))
+    return out
+
+
+def _scale_shard_findings(actual: TensorTable, expected: dict[str, ExpectedTensor]) -> list[Finding]:
+    """Each present scale against its weight: the weight present, and in the same shard.
+
+    The expected layout lists every scale right after its weight (layout.expected_layout), so the
+    pairs are positions j - 1, j: one lookup per expected tensor and a vector comparison.
+    """
+    out: list[Finding] = []
+    names = list(expected)
+    scale_at = np.flatnonzero(np.array(list(map(SCALE.__eq__, map(itemgetter(3), expected.values()))), dtype=bool))
+    if not len(scale_at):
+        return out
+    rows = np.array(list(map(actual.row_of.get, names, repeat(-1))), dtype=np.int64)
+    shard_code = {s: i for i, s in enumerate(dict.fromkeys(actual.shards))}
+    codes = np.array(list(map(shard_code.__getitem__, actual.shards)) or [0], dtype=np.int64)
+    s_rows, w_rows = rows[scale_at], rows[scale_at - 1]
+    bad = (s_rows >= 0) & ((w_rows < 0) | (codes[w_rows] != codes[s_rows]))
+    for j, w_row, s_row in zip(scale_at[bad].tolist(), w_rows[bad].tolist(), s_rows[bad].tolist()):
+        name, weight, s = names[j], names[j - 1], actual.shards[s_row]
+        if w_row < 0:
             out.append(error("SCALE_ORPHAN", f"{name}: scale without its weight {weight}", tensor=name, shard=s))
         else:
+            w = actual.shards[w_row]
             out.append(warning("SCALE_SHARD_SPLIT", f"{name} is in {s} but its weight is in "
                                f"{w}; tools that convert one shard at a time miss it",
                                tensor=name, shard=s, expected=w, actual=s))
     return out
-
-
-def scale_pairs(expected: dict[str, ExpectedTensor]) -> tuple[list[str], list[str]]:
-    """(weights, scales): each expected scale and the weight it belongs to, in layout order."""
-    scales = [n for n, e in expected.items() if e[3] == SCALE]
-    cut = len(SCALE_SUFFIX)
-    return [n[:-cut] + ".weight" for n in scales], scales
 
 
 def _missing(actual: TensorTable, expected: dict[str, ExpectedTensor]) -> list[Finding]:
