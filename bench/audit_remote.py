@@ -9,6 +9,8 @@ body bytes. "needed" = config.json + index + every shard's 8 + N header bytes.
 
 kimi-audit's figure is the whole audit (resolve, config, index, 61 headers, parse, every check);
 huggingface_hub's is metadata retrieval only. Target: fewer bytes and requests, <= half the wall time.
+"client CPU" is the user + system time of this process (every client thread; the hub runs apart): a wall
+time close to it means the client was bound by its CPU, not by the latency.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import gc
 import multiprocessing as mp
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -83,6 +86,11 @@ class RemoteHub:
             self._proc.terminate()
 
 
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--latency-ms", type=float, default=20.0)
@@ -110,29 +118,33 @@ def main() -> int:
         from kimi_audit.checkpoint import load_checkpoint
         from kimi_audit.sources.hub import HubSource
 
-        def kimi_trial() -> tuple[float, float, int, int, int, int]:
+        def kimi_trial() -> tuple[float, float, int, int, int, int, float]:
             gc.collect()
             hub.reset()
+            c0 = _cpu_s()
             t0 = time.perf_counter()
             ckpt = load_checkpoint(HubSource(REPO, endpoint=hub.endpoint))
             t1 = time.perf_counter()
             report = audit_checkpoint(ckpt)
             t2 = time.perf_counter()
+            cpu = _cpu_s() - c0
             req, nbytes = hub.stats()
-            tensors = sum(len(h.tensors) for h in ckpt.headers.values())
-            return t2 - t0, t1 - t0, req, nbytes, tensors, report.errors
+            tensors = sum(h.tensor_count for h in ckpt.headers.values())
+            return t2 - t0, t1 - t0, req, nbytes, tensors, report.errors, cpu
 
-        def hf_trial() -> tuple[float, int, int, int]:
+        def hf_trial() -> tuple[float, int, int, int, float]:
             # A fresh HF cache each time: the index must be downloaded, as kimi-audit downloads it.
             cache = Path(os.environ["HF_HOME"]) / "hub"
             shutil.rmtree(cache, ignore_errors=True)
             gc.collect()
             hub.reset()
+            c0 = _cpu_s()
             t0 = time.perf_counter()
             meta = HfApi(endpoint=hub.endpoint).get_safetensors_metadata(REPO, revision=PINNED_REVISION)
             wall = time.perf_counter() - t0
+            cpu = _cpu_s() - c0
             req, nbytes = hub.stats()
-            return wall, req, nbytes, sum(len(f.tensors) for f in meta.files_metadata.values())
+            return wall, req, nbytes, sum(len(f.tensors) for f in meta.files_metadata.values()), cpu
 
         # Untimed warm-up: the hub hashes small files on its first listing, the OS caches the shards'
         # first pages, both clients open their connection pools.
@@ -146,8 +158,8 @@ def main() -> int:
             else:
                 ka_runs.append(kimi_trial())
                 hf_runs.append(hf_trial())
-        ka_wall, ka_load, ka_req, ka_bytes, ka_tensors, ka_errors = min(ka_runs)
-        hf_wall, hf_req, hf_bytes, hf_tensors = min(hf_runs)
+        ka_wall, ka_load, ka_req, ka_bytes, ka_tensors, ka_errors, ka_cpu = min(ka_runs)
+        hf_wall, hf_req, hf_bytes, hf_tensors, hf_cpu = min(hf_runs)
     finally:
         hub.close()
         if tmp is not None:
@@ -156,14 +168,14 @@ def main() -> int:
     print(f"loopback FakeHub, {args.latency_ms:g} ms per request, full-scale replica; needed {need:,} bytes; "
           f"best of {args.repeats} runs each (all kimi-audit walls: {', '.join(f'{r[0]:.2f}' for r in ka_runs)}; "
           f"hf: {', '.join(f'{r[0]:.2f}' for r in hf_runs)})")
-    print(f"{'':34s}{'wall s':>8s}{'requests':>10s}{'bytes':>14s}{'bytes/needed':>14s}")
-    print(f"{'kimi-audit audit, whole':34s}{ka_wall:8.2f}{ka_req:10d}{ka_bytes:14,d}{ka_bytes / need:14.4f}")
+    print(f"{'':34s}{'wall s':>8s}{'requests':>10s}{'bytes':>14s}{'bytes/needed':>14s}{'client CPU s':>14s}")
+    print(f"{'kimi-audit audit, whole':34s}{ka_wall:8.2f}{ka_req:10d}{ka_bytes:14,d}{ka_bytes / need:14.4f}{ka_cpu:14.2f}")
     print(f"{'  of which fetch + strict parse':34s}{ka_load:8.2f}")
     print(f"{'  of which checks':34s}{ka_wall - ka_load:8.2f}")
-    print(f"{'hf get_safetensors_metadata':34s}{hf_wall:8.2f}{hf_req:10d}{hf_bytes:14,d}{hf_bytes / need:14.4f}")
+    print(f"{'hf get_safetensors_metadata':34s}{hf_wall:8.2f}{hf_req:10d}{hf_bytes:14,d}{hf_bytes / need:14.4f}{hf_cpu:14.2f}")
     print(
         f"ratios kimi-audit / hf: wall {ka_wall / hf_wall:.2f}x (fetch + parse {ka_load / hf_wall:.2f}x), "
-        f"requests {ka_req / hf_req:.2f}x, bytes {ka_bytes / hf_bytes:.2f}x; tensors {ka_tensors:,} vs {hf_tensors:,}; "
+        f"client CPU {ka_cpu / hf_cpu:.2f}x, requests {ka_req / hf_req:.2f}x, bytes {ka_bytes / hf_bytes:.2f}x; tensors {ka_tensors:,} vs {hf_tensors:,}; "
         f"audit errors {ka_errors}"
     )
     fewer = ka_req < hf_req and ka_bytes < hf_bytes and ka_bytes <= 1.02 * need

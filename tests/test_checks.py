@@ -187,6 +187,14 @@ def test_invalid_index_json(tiny_copy):
     assert "INDEX_INVALID" in only_codes(audit(tiny_copy))
 
 
+def test_index_with_a_lone_surrogate_escape_is_invalid(tiny_copy):
+    path = tiny_copy / "model.safetensors.index.json"
+    text = path.read_text()
+    path.write_text(text.replace('"weight_map": {', '"weight_map": {"bad\\ud800name": "model-1-of-2.safetensors", ', 1))
+    f = next(f for f in audit(tiny_copy).findings if f.code == "INDEX_INVALID")
+    assert "surrogate" in f.message
+
+
 @pytest.mark.parametrize("key, value", [("fmt", "e5m2"), ("quant_method", "int4"), ("weight_block_size", [64, 64])])
 def test_quantization_config_must_be_fp8_e4m3_128(tmp_path, key, value):
     cfg = json.loads(json.dumps(TINY_CONFIG))
