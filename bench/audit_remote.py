@@ -9,8 +9,8 @@ body bytes. "needed" = config.json + index + every shard's 8 + N header bytes.
 
 kimi-audit's figure is the whole audit (resolve, config, index, 61 headers, parse, every check);
 huggingface_hub's is metadata retrieval only. Target: fewer bytes and requests, <= half the wall time.
-"client CPU" is the user + system time of this process (every client thread; the hub runs apart): a wall
-time close to it means the client was bound by its CPU, not by the latency.
+"client CPU" is the user + system time of the client's processes (every thread, and kimi-audit's header
+worker process; the hub runs apart): a wall time close to it means the client was bound by its CPU.
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ class RemoteHub:
 
 
 def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    """This process's CPU time and that of its children once they have ended (kimi-audit's header
+    worker; not the hub, which runs until the end)."""
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
 
 def main() -> int:

@@ -5,11 +5,12 @@ This is the only place the audit does I/O; everything downstream works on the re
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from kimi_audit.config import ModelConfig, parse_config_bytes
 from kimi_audit.constants import (
@@ -23,9 +24,10 @@ from kimi_audit.constants import (
 from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError, UnsafePathError
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format import ShardHeader, parse_shard_prefix, read_shard_header
-from kimi_audit.header_estimate import fetch_shard_prefix, first_read_bytes, source_file_size
+from kimi_audit.header_estimate import declared_header_len, fetch_shard_prefix, first_read_bytes, source_file_size
 from kimi_audit.index import IndexFile, natural_key, parse_index
 from kimi_audit.gcpause import gc_paused
+from kimi_audit.header_worker import HeaderWorker, WorkerFailed, enabled as worker_enabled
 from kimi_audit.layout import ExpectedTensor, expected_layout
 from kimi_audit.sources.base import Source
 
@@ -35,6 +37,7 @@ MAX_TOTAL_HEADER_BYTES = 128_000_000
 shard is read. Parsing costs ~7x the JSON at peak, so a hostile checkpoint (10 million tensor names over
 many shards) stays near 1 GB instead of growing with the number of shards."""
 _SKIPPED = "skipped"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -105,63 +108,134 @@ def shards_to_read(files: tuple[str, ...], index: IndexFile | None) -> tuple[lis
 
 def read_headers(
     source: Source, shards: list[str], index: IndexFile | None, progress: ProgressFn | None = None,
-    expected: Any = None,
+    expected: Any = None, worker: HeaderWorker | None = None,
 ) -> tuple[dict[str, ShardHeader], list[Finding]]:
-    budget = {"used": 0}
-    lock = threading.Lock()
-
-    def spend(n: int | None) -> None:
-        with lock:
-            budget["used"] += n or 0
-
-    def one(shard: str) -> ShardHeader | Finding | str:
-        if budget["used"] > MAX_TOTAL_HEADER_BYTES:
-            return _SKIPPED
-        try:
-            h = read_shard_header(source, shard)  # local: a short read costs a second pread, nothing more
-        except SourceError as e:
-            return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
-        spend(h.header_len if h.header_len is not None and h.header_len <= MAX_HEADER_BYTES else 0)
-        return h
-
+    """Every shard's header. A remote source's headers are fetched in threads (and by `worker`, a
+    second process, for a share of them, if given); a local one's are read one after another."""
     results: dict[str, ShardHeader | Finding | str] = {}
-    total = len(shards)
     with gc_paused():
-        if source.parallel_reads > 1 and total > 1:
-            names_by_shard = _names_by_shard(shards, index)
-
-            # Threads only fetch; this thread parses, so parsing never starves the receiving threads.
-            def fetch(shard: str) -> tuple[bytes, int] | Finding | str:
-                if budget["used"] > MAX_TOTAL_HEADER_BYTES:
-                    return _SKIPPED
-                try:
-                    first = first_read_bytes(names_by_shard[shard], expected, source_file_size(source, shard))
-                    got = fetch_shard_prefix(source, shard, first)
-                except SourceError as e:
-                    return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
-                spend(len(got[0]))
-                return got
-
-            with ThreadPoolExecutor(max_workers=min(source.parallel_reads, total)) as pool:
-                for done, (shard, got) in enumerate(zip(shards, pool.map(fetch, shards)), 1):
-                    results[shard] = got if isinstance(got, (Finding, str)) else parse_shard_prefix(
-                        got[0], shard=shard, file_size=got[1])
-                    if progress:
-                        progress(shard, done, total)
+        if source.parallel_reads > 1 and len(shards) > 1:
+            _read_remote(source, shards, index, expected, worker, results, progress)
         else:
+            budget = _Budget(MAX_TOTAL_HEADER_BYTES)
             for done, shard in enumerate(shards, 1):
-                results[shard] = one(shard)
+                results[shard] = _read_one(source, shard, budget)
                 if progress:
-                    progress(shard, done, total)
+                    progress(shard, done, len(shards))
+    results = {s: results[s] for s in shards}
     headers = {s: r for s, r in results.items() if isinstance(r, ShardHeader)}
     failures = [r for r in results.values() if isinstance(r, Finding)]
-    skipped = [s for s, r in results.items() if r is _SKIPPED]
+    skipped = [s for s, r in results.items() if r == _SKIPPED]
     if skipped:
         failures.append(error(
             "CHECKPOINT_TOO_LARGE", f"the headers of {len(headers):,} shards already exceed "
             f"{MAX_TOTAL_HEADER_BYTES:,} bytes together: {len(skipped):,} more shards not read "
             f"(from {skipped[0]})", shard=skipped[0], expected=MAX_TOTAL_HEADER_BYTES, actual=len(skipped)))
     return headers, failures
+
+
+class _Budget:
+    """Header bytes read so far, against a limit; past it, no further shard is read."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def spent(self) -> bool:
+        return self.used > self.limit
+
+    def spend(self, n: int) -> None:
+        with self._lock:
+            self.used += n
+
+
+def _read_one(source: Source, shard: str, budget: _Budget) -> ShardHeader | Finding | str:
+    if budget.spent:
+        return _SKIPPED
+    try:
+        h = read_shard_header(source, shard)  # local: a short read costs a second pread, nothing more
+    except SourceError as e:
+        return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
+    budget.spend(h.header_len if h.header_len is not None and h.header_len <= MAX_HEADER_BYTES else 0)
+    return h
+
+
+def _read_remote(
+    source: Source, shards: list[str], index: IndexFile | None, expected: Any, worker: HeaderWorker | None,
+    results: dict[str, ShardHeader | Finding | str], progress: ProgressFn | None,
+) -> None:
+    names_by_shard = _names_by_shard(shards, index)
+    total = len(shards)
+
+    def first_read(shard: str) -> int:
+        return first_read_bytes(names_by_shard[shard], expected, source_file_size(source, shard))
+
+    reported: set[str] = set()
+
+    def report(shard: str) -> None:
+        if shard not in reported:
+            reported.add(shard)
+            if progress:
+                progress(shard, len(reported), total)
+
+    # With a worker: it takes every other shard (neighbouring shards differ most in size: the first
+    # holds the embedding), half the threads and half the header-byte budget.
+    theirs = shards[1::2] if worker is not None else []
+    taken = set(theirs)
+    mine = [s for s in shards if s not in taken]
+    threads = max(1, source.parallel_reads // 2) if theirs else source.parallel_reads
+    budget = _Budget(MAX_TOTAL_HEADER_BYTES // 2 if theirs else MAX_TOTAL_HEADER_BYTES)
+
+    # Threads only fetch; this thread parses, so parsing never starves the receiving threads.
+    def fetch(shard: str) -> tuple[bytes, int] | Finding | str:
+        if budget.spent:
+            return _SKIPPED
+        try:
+            got = fetch_shard_prefix(source, shard, first_read(shard))
+        except SourceError as e:
+            return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
+        budget.spend(declared_header_len(got[0]))
+        return got
+
+    def parse(todo: list[str], fetched: Iterator[tuple[bytes, int] | Finding | str]) -> None:
+        for shard, got in zip(todo, fetched):
+            results[shard] = got if isinstance(got, (Finding, str)) else parse_shard_prefix(
+                got[0], shard=shard, file_size=got[1])
+            report(shard)
+            if worker is not None:
+                for their_shard in worker.progressed():
+                    report(their_shard)
+
+    with ThreadPoolExecutor(max_workers=min(threads, total)) as pool:
+        fetched = pool.map(fetch, mine)  # the parent's share is on its way while the worker's is sized
+        if worker is not None:
+            try:
+                worker.submit(source.worker_state(), [(s, first_read(s)) for s in theirs],  # type: ignore[attr-defined]
+                              threads=source.parallel_reads - threads, budget=MAX_TOTAL_HEADER_BYTES // 2)
+            except WorkerFailed as e:
+                log.debug("reading every header here: %s", e)
+                worker = None
+        parse(mine, fetched)
+        if not theirs:
+            return
+        theirs_read: dict[str, Any] = {}
+        if worker is not None:
+            try:
+                theirs_read = worker.results()
+            except WorkerFailed as e:
+                log.debug("reading the worker's %d headers here: %s", len(theirs), e)
+        worker = None
+        for shard in theirs:
+            if shard in theirs_read:
+                results[shard] = theirs_read[shard]
+                report(shard)
+        left = [s for s in theirs if s not in results]
+        if left:  # the worker failed: what it did not read is read here, within what is left of the budget
+            budget.limit = MAX_TOTAL_HEADER_BYTES - sum(
+                r.header_len or 0 for r in theirs_read.values() if isinstance(r, ShardHeader))
+            parse(left, pool.map(fetch, left))
 
 
 def _names_by_shard(shards: list[str], index: IndexFile | None) -> dict[str, list[str]]:
@@ -178,28 +252,42 @@ def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Check
     # Remote sources list file sizes: with the expected layout, each header's length is known exactly.
     # Locally it is not needed yet, and building it after the headers keeps the peak memory lower.
     remote = hasattr(source, "file_size")
-    with gc_paused():
-        files = source.list_files()
-        expected = None
-        if remote and source.parallel_reads > 1:
-            # The index (megabytes) downloads while config.json is fetched and the layout derived from it.
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                pending = pool.submit(load_index, source, files)
-                config_raw, config = load_config(source)
-                expected = expected_layout(config)
-                index, findings = pending.result()
-        else:
+    files = source.list_files()
+    worker = None
+    if remote and source.parallel_reads > 1 and hasattr(source, "worker_state"):
+        if worker_enabled(sum(1 for f in files if f.endswith(SAFETENSORS_SUFFIX))):
+            worker = HeaderWorker()  # it starts up while config.json and the index are read
+    try:
+        with gc_paused():
+            return _load(source, files, remote, progress, worker)
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+def _load(
+    source: Source, files: tuple[str, ...], remote: bool, progress: ProgressFn | None, worker: HeaderWorker | None,
+) -> Checkpoint:
+    expected = None
+    if remote and source.parallel_reads > 1:
+        # The index (megabytes) downloads while config.json is fetched and the layout derived from it.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(load_index, source, files)
             config_raw, config = load_config(source)
-            index, findings = load_index(source, files)
-            expected = expected_layout(config) if remote else None
-        for link in getattr(source, "outside_links", tuple)():
-            findings.append(error("SYMLINK_OUTSIDE", f"{link} is a symlink that leaves the checkpoint directory: "
-                                  "not opened", shard=link))
-        shards, shard_findings = shards_to_read(files, index)
-        findings += shard_findings
-        headers, failures = read_headers(source, shards, index, progress, expected)
-        if expected is None:
             expected = expected_layout(config)
-        findings += failures
-        return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
-                          tuple(findings))
+            index, findings = pending.result()
+    else:
+        config_raw, config = load_config(source)
+        index, findings = load_index(source, files)
+        expected = expected_layout(config) if remote else None
+    for link in getattr(source, "outside_links", tuple)():
+        findings.append(error("SYMLINK_OUTSIDE", f"{link} is a symlink that leaves the checkpoint directory: "
+                              "not opened", shard=link))
+    shards, shard_findings = shards_to_read(files, index)
+    findings += shard_findings
+    headers, failures = read_headers(source, shards, index, progress, expected, worker)
+    if expected is None:
+        expected = expected_layout(config)
+    findings += failures
+    return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
+                      tuple(findings))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from itertools import compress
 from math import prod
 from operator import itemgetter, sub
 from dataclasses import dataclass

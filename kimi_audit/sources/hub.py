@@ -147,6 +147,36 @@ class HubSource:
     def __repr__(self) -> str:
         return f"HubSource({self.repo_id!r}, revision={self.revision!r}, endpoint={self.endpoint!r})"
 
+    def worker_state(self) -> dict[str, Any]:
+        """What another process needs to read the same files at the same commit, without resolving
+        again (header_worker). Builtins only; it holds the token, so it goes over a pipe, never argv."""
+        token = str(self._token) if isinstance(self._token, str) else self._token
+        return {
+            "repo_id": self.repo_id, "requested_revision": self.requested_revision, "revision": self.revision,
+            "endpoint": self.endpoint, "token": token, "timeout": self.timeout,
+            "parallel_reads": self.parallel_reads, "max_retries": self.max_retries, "retry_wait": self.retry_wait,
+            "sizes": dict(self._sizes),
+        }
+
+    @classmethod
+    def from_worker_state(cls, state: dict[str, Any]) -> "HubSource":
+        self = cls.__new__(cls)
+        self.repo_id = state["repo_id"]
+        self.requested_revision = state["requested_revision"]
+        self.revision = state["revision"]
+        self.endpoint = state["endpoint"]
+        token = state["token"]
+        self._token = _Secret(token) if isinstance(token, str) else token
+        self.timeout = float(state["timeout"])
+        self.parallel_reads = int(state["parallel_reads"])
+        self.max_retries = int(state["max_retries"])
+        self.retry_wait = float(state["retry_wait"])
+        self._sizes = dict(state["sizes"])
+        self._lfs_sha256 = {}
+        self._fatal = None
+        self.label = f"{self.repo_id}@{self.revision}"
+        return self
+
     # --- huggingface_hub plumbing --------------------------------------------------------------
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         from huggingface_hub.utils import build_hf_headers
