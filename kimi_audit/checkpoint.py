@@ -1,6 +1,7 @@
 """Load what an audit needs from a source: config.json, the index and every shard's header.
 
-This is the only place the audit does I/O; everything downstream works on the returned Checkpoint.
+This is the only place the audit does I/O (a remote load hands every other shard's header to a
+second process, header_worker); everything downstream works on the returned Checkpoint.
 """
 
 from __future__ import annotations
