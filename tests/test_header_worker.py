@@ -117,3 +117,14 @@ def test_the_total_header_budget_holds_across_both_processes(
     # one per thread (16 in all).
     read = sum(h.header_len for h in ckpt.headers.values())
     assert 10 * max(lengths) <= read <= (10 + 16) * max(lengths), (read, len(ckpt.headers))
+
+
+def test_a_hub_error_the_worker_meets_stops_the_audit(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kimi_audit.sources.hub import RangeNotSupportedError
+
+    monkeypatch.setattr(checkpoint, "HeaderWorker", _Recording)
+    _Recording.returned = []
+    hub.add_fault("ignore_range", times=1000, match="model-2-of-61.safetensors")  # the worker's first shard
+    with pytest.raises(RangeNotSupportedError, match="model-2-of-61.safetensors: .* ignored the Range request"):
+        load_checkpoint(HubSource(REPLICA_REPO, endpoint=hub.endpoint))
+    assert _Recording.returned == [], "raised from the worker's answer, not read again here"
