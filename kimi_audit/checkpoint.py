@@ -28,7 +28,7 @@ from kimi_audit.format import ShardHeader, parse_shard_prefix, read_shard_header
 from kimi_audit.header_estimate import declared_header_len, fetch_shard_prefix, first_read_bytes, source_file_size
 from kimi_audit.index import IndexFile, natural_key, parse_index
 from kimi_audit.gcpause import gc_paused
-from kimi_audit.header_worker import HeaderWorker, WorkerFailed, enabled as worker_enabled
+from kimi_audit.header_worker import SKIPPED, HeaderWorker, WorkerFailed, enabled as worker_enabled
 from kimi_audit.layout import ExpectedTensor, expected_layout
 from kimi_audit.sources.base import Source
 
@@ -37,7 +37,7 @@ MAX_TOTAL_HEADER_BYTES = 128_000_000
 """All shards' headers together (Kimi-K2: 17.7 MB, 139,644 tensors: 7x headroom). Past it, no further
 shard is read. Parsing costs ~7x the JSON at peak, so a hostile checkpoint (10 million tensor names over
 many shards) stays near 1 GB instead of growing with the number of shards."""
-_SKIPPED = "skipped"
+_SKIPPED = SKIPPED
 log = logging.getLogger(__name__)
 
 

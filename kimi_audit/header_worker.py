@@ -4,7 +4,9 @@ Parsing 139,644 header entries is CPU work that holds the GIL, so threads cannot
 cores. The worker is started (`python -m kimi_audit.header_worker`) as soon as a remote load begins:
 its interpreter starts and imports while the parent reads config.json and the index. The parent then
 sends it the resolved source and a share of the shards with their first-read sizes; the worker reads
-and parses them and streams each result back while the parent does its own share.
+and parses them while the parent does its own share, reports each shard as it is done (for the
+progress bar) and hands all its results back at the end, in one message (a stream of large ones
+would stall on the parent's reading thread while the parent parses, holding the GIL).
 
 The worker makes only the requests the parent would have made (no resolve, no extra reads). Its
 results are what the parent's own reader would have produced for those shards; a worker that fails
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 
 MIN_SHARDS = 16
 """Fewer shards than this: their headers parse in milliseconds, not worth a process."""
+SKIPPED = "skipped"
+"""A shard's result when the header-byte budget was spent before it was read."""
 DISABLE_ENV = "KIMI_AUDIT_HEADER_WORKER"
 """Set to 0 to read every header in the parent process."""
 _LENGTH = struct.Struct("<Q")
@@ -103,7 +107,8 @@ def _read(stream: Any, unpickler: type[pickle.Unpickler]) -> Any:
 
 
 class HeaderWorker:
-    """The parent's handle on one worker process: start early, `submit` a share, iterate `results`."""
+    """The parent's handle on one worker process: start it early, `submit` a share, follow
+    `progressed`, collect `results`; `close` always."""
 
     command: tuple[str, ...] | None = None
     """The worker's command line (default: this interpreter, `-m kimi_audit.header_worker`)."""
@@ -161,7 +166,7 @@ class HeaderWorker:
             out.append(message[1])
 
     def results(self) -> dict[str, Any]:
-        """Shard -> ShardHeader | Finding | "skipped", once the worker is done, waiting for it. The
+        """Shard -> ShardHeader | Finding | SKIPPED, once the worker is done, waiting for it. The
         worker's reads time out like the parent's, so its stream always ends. Raises the Hub error
         that stopped the worker, or WorkerFailed."""
         if self._reader is None:
@@ -240,14 +245,12 @@ def _serve(stdin: Any, stdout: Any) -> None:
             budget["left"] -= declared_header_len(got[0])
         return got
 
-    # Results go back in one message at the end: while the parent parses its own share it holds the
-    # GIL, and a stream of large messages would stall on its reading thread. Progress goes as it happens.
     results: dict[str, Any] = {}
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(int(job["threads"]), len(items)))) as pool:
             for (shard, _), got in zip(items, pool.map(fetch, items)):
                 if got is None:
-                    results[shard] = "skipped"
+                    results[shard] = SKIPPED
                 elif isinstance(got, Finding):
                     results[shard] = got
                 else:
