@@ -33,6 +33,10 @@ class _Recording(HeaderWorker):
         return got
 
 
+def _shards(directory: Path) -> list[str]:
+    return sorted((p.name for p in directory.glob("*.safetensors")), key=lambda n: int(n.split("-")[1]))
+
+
 def _load(hub: FakeHub, progress=None):
     hub.reset_stats()
     ckpt = load_checkpoint(HubSource(REPLICA_REPO, endpoint=hub.endpoint), progress)
@@ -56,7 +60,7 @@ def test_worker_reads_half_the_shards_exactly_as_the_parent_would(
     calls: list[tuple[str, int, int]] = []
     ckpt, requests, sent = _load(hub, lambda shard, done, total: calls.append((shard, done, total)))
     base, base_requests, base_sent = in_process
-    assert _Recording.returned == [len(base.headers) // 2], "the worker read every other shard"
+    assert _Recording.returned == [len(checkpoint.worker_share(list(base.headers)))] and 0 < _Recording.returned[0] < 61
     assert ckpt.headers == base.headers and list(ckpt.headers) == list(base.headers)
     assert ckpt.findings == base.findings
     assert (requests, sent) == (base_requests, base_sent), "no request more or less than in one process"
@@ -69,7 +73,7 @@ def test_worker_reads_half_the_shards_exactly_as_the_parent_would(
     (sys.executable, "-c", "import sys; sys.stdin.buffer.read(); sys.exit(3)"),  # dies without a word
     (sys.executable, "-c", "import sys; sys.stdin.buffer.read(); sys.stdout.buffer.write(b'\\xff' * 8)"),  # garbage
     (sys.executable, "-c", "import sys, pickle, struct; sys.stdin.buffer.read(); "
-                           "b = pickle.dumps(('results', {'model-2-of-61.safetensors': 'skipped'})); "
+                           "b = pickle.dumps(('results', {'model-3-of-61.safetensors': 'skipped'})); "
                            "sys.stdout.buffer.write(struct.pack('<Q', len(b)) + b)"),  # answers for one shard only
 ])
 def test_a_failing_worker_leaves_its_shards_to_the_parent(
@@ -79,7 +83,7 @@ def test_a_failing_worker_leaves_its_shards_to_the_parent(
     ckpt, requests, sent = _load(hub)
     base, base_requests, base_sent = in_process
     if "'skipped'" in command[-1]:  # what the worker said about a shard stands; the rest is read here
-        assert set(base.headers) - set(ckpt.headers) == {"model-2-of-61.safetensors"}
+        assert set(base.headers) - set(ckpt.headers) == {"model-3-of-61.safetensors"}
         assert any(f.code == "CHECKPOINT_TOO_LARGE" for f in ckpt.findings)
         return
     assert ckpt.headers == base.headers and ckpt.findings == base.findings
@@ -111,7 +115,8 @@ def test_the_total_header_budget_holds_across_both_processes(
     _Recording.returned = []
     ckpt, _, _ = _load(hub)
     too_large = [f for f in ckpt.findings if f.code == "CHECKPOINT_TOO_LARGE"]
-    assert _Recording.returned == [30], "the worker answered for its whole share, read or skipped"
+    assert _Recording.returned == [len(checkpoint.worker_share(_shards(replica_dir)))], \
+        "the worker answered for its whole share, read or skipped"
     assert len(too_large) == 1 and too_large[0].actual == 61 - len(ckpt.headers)
     # Each process stops past its half of the budget; beyond it are at most the reads then in flight,
     # one per thread (16 in all).
@@ -124,7 +129,7 @@ def test_a_hub_error_the_worker_meets_stops_the_audit(hub: FakeHub, monkeypatch:
 
     monkeypatch.setattr(checkpoint, "HeaderWorker", _Recording)
     _Recording.returned = []
-    hub.add_fault("ignore_range", times=1000, match="model-2-of-61.safetensors")  # the worker's first shard
-    with pytest.raises(RangeNotSupportedError, match="model-2-of-61.safetensors: .* ignored the Range request"):
+    hub.add_fault("ignore_range", times=1000, match="model-3-of-61.safetensors")  # the worker's first shard
+    with pytest.raises(RangeNotSupportedError, match="model-3-of-61.safetensors: .* ignored the Range request"):
         load_checkpoint(HubSource(REPLICA_REPO, endpoint=hub.endpoint))
     assert _Recording.returned == [], "raised from the worker's answer, not read again here"
