@@ -7,7 +7,8 @@ the full-scale Kimi-K2-Instruct replica, with an injected per-request latency. T
 own process (so its work does not compete with the client's for the GIL) and counts requests and
 body bytes. "needed" = config.json + index + every shard's 8 + N header bytes.
 
-kimi-audit's figure is the whole audit (resolve, config, index, 61 headers, parse, every check);
+kimi-audit's figure is the whole audit (resolve, config, index, 61 headers, parse, every check), with its
+header worker process (the default) and in one process (KIMI_AUDIT_HEADER_WORKER=0);
 huggingface_hub's is metadata retrieval only. Target: fewer bytes and requests, <= half the wall time.
 "client CPU" is the user + system time of the client's processes (every thread, and kimi-audit's header
 worker process; the hub runs apart): a wall time close to it means the client was bound by its CPU.
@@ -117,9 +118,14 @@ def main() -> int:
 
         from kimi_audit.audit import audit_checkpoint
         from kimi_audit.checkpoint import load_checkpoint
+        from kimi_audit.header_worker import DISABLE_ENV
         from kimi_audit.sources.hub import HubSource
 
-        def kimi_trial() -> tuple[float, float, int, int, int, int, float]:
+        def kimi_trial(worker: bool = True) -> tuple[float, float, int, int, int, int, float]:
+            if worker:
+                os.environ.pop(DISABLE_ENV, None)
+            else:
+                os.environ[DISABLE_ENV] = "0"
             gc.collect()
             hub.reset()
             c0 = _cpu_s()
@@ -150,16 +156,17 @@ def main() -> int:
         # Untimed warm-up: the hub hashes small files on its first listing, the OS caches the shards'
         # first pages, both clients open their connection pools.
         kimi_trial()
+        kimi_trial(worker=False)
         hf_trial()
-        ka_runs, hf_runs = [], []
-        for i in range(args.repeats):  # alternate the order so that neither always runs second
-            if i % 2:
-                hf_runs.append(hf_trial())
-                ka_runs.append(kimi_trial())
-            else:
-                ka_runs.append(kimi_trial())
-                hf_runs.append(hf_trial())
+        ka_runs, one_runs, hf_runs = [], [], []
+        trials = [lambda: ka_runs.append(kimi_trial()), lambda: one_runs.append(kimi_trial(worker=False)),
+                  lambda: hf_runs.append(hf_trial())]
+        for i in range(args.repeats):  # rotate the order so that none always runs first or last
+            for k in range(3):
+                trials[(i + k) % 3]()
+        os.environ.pop(DISABLE_ENV, None)
         ka_wall, ka_load, ka_req, ka_bytes, ka_tensors, ka_errors, ka_cpu = min(ka_runs)
+        one_wall, one_load, one_req, one_bytes, _, _, one_cpu = min(one_runs)
         hf_wall, hf_req, hf_bytes, hf_tensors, hf_cpu = min(hf_runs)
     finally:
         hub.close()
@@ -167,17 +174,19 @@ def main() -> int:
             tmp.cleanup()
 
     print(f"loopback FakeHub, {args.latency_ms:g} ms per request, full-scale replica; needed {need:,} bytes; "
-          f"best of {args.repeats} runs each (all kimi-audit walls: {', '.join(f'{r[0]:.2f}' for r in ka_runs)}; "
-          f"hf: {', '.join(f'{r[0]:.2f}' for r in hf_runs)})")
+          f"best of {args.repeats} runs each (all walls, kimi-audit: {', '.join(f'{r[0]:.2f}' for r in ka_runs)}; "
+          f"in one process: {', '.join(f'{r[0]:.2f}' for r in one_runs)}; hf: {', '.join(f'{r[0]:.2f}' for r in hf_runs)})")
     print(f"{'':34s}{'wall s':>8s}{'requests':>10s}{'bytes':>14s}{'bytes/needed':>14s}{'client CPU s':>14s}")
     print(f"{'kimi-audit audit, whole':34s}{ka_wall:8.2f}{ka_req:10d}{ka_bytes:14,d}{ka_bytes / need:14.4f}{ka_cpu:14.2f}")
     print(f"{'  of which fetch + strict parse':34s}{ka_load:8.2f}")
     print(f"{'  of which checks':34s}{ka_wall - ka_load:8.2f}")
+    print(f"{'kimi-audit, in one process':34s}{one_wall:8.2f}{one_req:10d}{one_bytes:14,d}{one_bytes / need:14.4f}{one_cpu:14.2f}")
+    print(f"{'  of which fetch + strict parse':34s}{one_load:8.2f}")
     print(f"{'hf get_safetensors_metadata':34s}{hf_wall:8.2f}{hf_req:10d}{hf_bytes:14,d}{hf_bytes / need:14.4f}{hf_cpu:14.2f}")
     print(
         f"ratios kimi-audit / hf: wall {ka_wall / hf_wall:.2f}x (fetch + parse {ka_load / hf_wall:.2f}x), "
         f"client CPU {ka_cpu / hf_cpu:.2f}x, requests {ka_req / hf_req:.2f}x, bytes {ka_bytes / hf_bytes:.2f}x; tensors {ka_tensors:,} vs {hf_tensors:,}; "
-        f"audit errors {ka_errors}"
+        f"audit errors {ka_errors}; header worker: whole audit {ka_wall / one_wall:.2f}x the one-process wall"
     )
     fewer = ka_req < hf_req and ka_bytes < hf_bytes and ka_bytes <= 1.02 * need
     print(f"fewer requests and bytes, <= 1.02x needed: {'met' if fewer else 'NOT met'}; "
