@@ -20,6 +20,7 @@ from kimi_audit.constants import PINNED_REPO_ID, PINNED_REVISION
 TINY_REPO = "test-org/tiny-kimi"
 GATED_REPO = "test-org/gated-kimi"
 GATED_TOKEN = "hf_TestGatedToken0123456789abcdef"
+GATED_REPLICA_REPO = "test-org/gated-kimi-replica"
 REPLICA_REPO = PINNED_REPO_ID
 REPLICA_COMMIT = PINNED_REVISION
 
@@ -55,6 +56,7 @@ def fake_hub(hub_env: Path, tiny_dir: Path, replica_dir: Path) -> Iterator[FakeH
     tiny = hub.add_repo(TINY_REPO, tiny_dir)
     tiny.branches["release"] = tiny.commit
     hub.add_repo(GATED_REPO, tiny_dir, token=GATED_TOKEN)
+    hub.add_repo(GATED_REPLICA_REPO, replica_dir, token=GATED_TOKEN)
     hub.add_repo(REPLICA_REPO, replica_dir, commit=REPLICA_COMMIT)
     hub.start()
     try:

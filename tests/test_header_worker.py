@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hub_fixtures import *  # noqa: F403
-from hub_fixtures import REPLICA_REPO
+from hub_fixtures import GATED_REPLICA_REPO, GATED_TOKEN, REPLICA_REPO
 from hub_server import FakeHub
 
 from kimi_audit import checkpoint
@@ -133,3 +133,13 @@ def test_a_hub_error_the_worker_meets_stops_the_audit(hub: FakeHub, monkeypatch:
     with pytest.raises(RangeNotSupportedError, match="model-3-of-61.safetensors: .* ignored the Range request"):
         load_checkpoint(HubSource(REPLICA_REPO, endpoint=hub.endpoint))
     assert _Recording.returned == [], "raised from the worker's answer, not read again here"
+
+
+def test_the_worker_reads_a_gated_repo_with_the_token_the_parent_was_given(
+    hub: FakeHub, replica_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoint, "HeaderWorker", _Recording)
+    _Recording.returned = []
+    ckpt = load_checkpoint(HubSource(GATED_REPLICA_REPO, endpoint=hub.endpoint, token=GATED_TOKEN))
+    assert _Recording.returned == [len(checkpoint.worker_share(_shards(replica_dir)))]
+    assert len(ckpt.headers) == 61 and not [f for f in ckpt.findings if f.severity.value == "error"]
