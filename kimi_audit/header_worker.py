@@ -111,7 +111,7 @@ class HeaderWorker:
     `progressed`, collect `results`; `close` always."""
 
     command: tuple[str, ...] | None = None
-    """The worker's command line (default: this interpreter, `-m kimi_audit.header_worker`)."""
+    """The worker's command line (default: this interpreter, `-P -m kimi_audit.header_worker`)."""
 
     def __init__(self) -> None:
         package_parent = str(Path(__file__).resolve().parent.parent)
@@ -119,7 +119,9 @@ class HeaderWorker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
         try:
             self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                list(self.command or (sys.executable, "-m", "kimi_audit.header_worker")),
+                # -P: the working directory is not put on sys.path, so a `kimi_audit` folder there (in a
+                # downloaded repo, say) cannot stand in for this package; PYTHONPATH leads to this one.
+                list(self.command or (sys.executable, "-P", "-m", "kimi_audit.header_worker")),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
             )
         except OSError as e:

@@ -143,3 +143,19 @@ def test_the_worker_reads_a_gated_repo_with_the_token_the_parent_was_given(
     ckpt = load_checkpoint(HubSource(GATED_REPLICA_REPO, endpoint=hub.endpoint, token=GATED_TOKEN))
     assert _Recording.returned == [len(checkpoint.worker_share(_shards(replica_dir)))]
     assert len(ckpt.headers) == 61 and not [f for f in ckpt.findings if f.severity.value == "error"]
+
+
+def test_a_kimi_audit_folder_in_the_working_directory_does_not_stand_in_for_the_worker(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "kimi_audit"
+    fake.mkdir()
+    marker = tmp_path / "ran"
+    (fake / "__init__.py").write_text("")
+    (fake / "header_worker.py").write_text(f"open({str(marker)!r}, 'w').write('impostor')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(checkpoint, "HeaderWorker", _Recording)
+    _Recording.returned = []
+    ckpt, _, _ = _load(hub)
+    assert not marker.exists(), "the worker ran code from the working directory"
+    assert _Recording.returned and len(ckpt.headers) == 61
