@@ -156,7 +156,7 @@ class HeaderWorker:
 
     def progressed(self) -> list[str]:
         """Shards the worker has finished since the last call (their results come with `results`)."""
-        out = []
+        out: list[str] = []
         while True:
             try:
                 message = self._messages.get_nowait()
