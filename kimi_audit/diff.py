@@ -3,8 +3,8 @@ parameter delta per accounting-tree component and config changes, from the heade
 which tensors' bytes differ (`content_diff`).
 
 Content comparison reads each tensor that both sides hold with the same dtype and shape, by ranged
-reads in bounded chunks (small neighbouring tensors coalesced into one read), and compares SHA-256
-digests. A tensor is not read at all when its shards are known to be the same file on both sides:
+reads in bounded chunks (small neighbouring tensors coalesced into one read; as many in flight as the
+source reads in parallel), and compares SHA-256 digests. A tensor is not read at all when its shards are known to be the same file on both sides:
 the same Hub LFS sha256 (or an HF-cache blob of that sha256), or the same local file (hard link).
 """
 
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from kimi_audit.accounting import Accounting, accounting_of_checkpoint, collapse
 from kimi_audit.checkpoint import Checkpoint
@@ -22,7 +24,7 @@ from kimi_audit.sources.base import Source
 from kimi_audit.tensor_io import read_exact
 
 CHUNK_BYTES = 16 << 20
-"""Largest single range read (and the memory a comparison holds at once)."""
+"""Largest single range read. A comparison holds one per read in flight (16 over the Hub: 256 MiB)."""
 COALESCE_GAP = 1 << 20
 """Neighbouring tensors closer than this are read in one range read."""
 
@@ -148,55 +150,89 @@ class _Item:
     length: int
 
 
-def hash_tensors(source: Source, items: list[_Item], chunk: int = CHUNK_BYTES,
-                 progress: Callable[[int], None] | None = None) -> tuple[dict[str, str], int, int]:
-    """SHA-256 of each item's bytes by ranged reads of at most `chunk` bytes; neighbours coalesced.
-    Returns (name -> hex digest, bytes read, reads)."""
-    out: dict[str, str] = {}
-    read_bytes = reads = 0
-    items = sorted(items, key=lambda i: (i.shard, i.start))
+class _Read(NamedTuple):
+    """One range read of the plan: whole small tensors (`run`, coalesced neighbours) or one chunk
+    of a big tensor (`part`: its name, and whether the chunk is its last)."""
 
-    def read(shard: str, start: int, length: int) -> bytes:
-        nonlocal read_bytes, reads
-        data = read_exact(source, shard, start, length)
-        reads += 1
-        read_bytes += length
-        if progress:
-            progress(length)
-        return data
+    shard: str
+    start: int
+    length: int
+    run: tuple[_Item, ...] = ()
+    part: tuple[str, bool] | None = None
 
+
+def plan_hash_reads(items: list[_Item], chunk: int = CHUNK_BYTES) -> list[_Read]:
+    """The range reads that cover every item once, in file order: neighbours closer than COALESCE_GAP
+    share a read of at most `chunk` bytes; a tensor over `chunk` is read in chunks."""
+    plan: list[_Read] = []
     run: list[_Item] = []
 
     def flush() -> None:
-        if not run:
-            return
-        first, last = run[0], run[-1]
-        data = read(first.shard, first.start, last.start + last.length - first.start)
-        for it in run:
-            off = it.start - first.start
-            out[it.name] = hashlib.sha256(data[off: off + it.length]).hexdigest()
-        run.clear()
+        if run:
+            first, last = run[0], run[-1]
+            plan.append(_Read(first.shard, first.start, last.start + last.length - first.start, tuple(run)))
+            run.clear()
 
-    for it in items:
+    for it in sorted(items, key=lambda i: (i.shard, i.start)):
         if it.length > chunk:
             flush()
-            h = hashlib.sha256()
-            pos = 0
-            while pos < it.length:
+            for pos in range(0, it.length, chunk):
                 n = min(chunk, it.length - pos)
-                h.update(read(it.shard, it.start + pos, n))
-                pos += n
-            out[it.name] = h.hexdigest()
+                plan.append(_Read(it.shard, it.start + pos, n, part=(it.name, pos + n == it.length)))
             continue
         if run and (it.shard != run[0].shard or it.start - (run[-1].start + run[-1].length) > COALESCE_GAP
                     or it.start + it.length - run[0].start > chunk):
             flush()
-        if it.length == 0 and not run:
-            out[it.name] = hashlib.sha256(b"").hexdigest()
-            continue
         run.append(it)
     flush()
-    return out, read_bytes, reads
+    return plan
+
+
+def hash_tensors(source: Source, items: list[_Item], chunk: int = CHUNK_BYTES,
+                 progress: Callable[[int], None] | None = None) -> tuple[dict[str, str], int, int]:
+    """SHA-256 of each item's bytes by the reads of `plan_hash_reads`, `source.parallel_reads` of them
+    in flight at once (so at most that many chunks in memory). Returns (name -> hex digest, bytes read,
+    reads)."""
+    out = {it.name: hashlib.sha256(b"").hexdigest() for it in items if not it.length}  # nothing to read
+    plan = plan_hash_reads([it for it in items if it.length], chunk)
+    read_bytes = 0
+    hashers: dict[str, Any] = {}
+    for r, data in zip(plan, _in_order(source, plan)):
+        read_bytes += r.length
+        if progress:
+            progress(r.length)
+        if r.part is not None:
+            name, last = r.part
+            h = hashers.setdefault(name, hashlib.sha256())
+            h.update(data)
+            if last:
+                out[name] = hashers.pop(name).hexdigest()
+            continue
+        for it in r.run:
+            off = it.start - r.start
+            out[it.name] = hashlib.sha256(data[off: off + it.length]).hexdigest()
+    return out, read_bytes, len(plan)
+
+
+def _in_order(source: Source, plan: list[_Read]) -> Iterator[bytes]:
+    """Each planned read's bytes, in plan order; up to `source.parallel_reads` reads in flight."""
+    window = max(1, getattr(source, "parallel_reads", 1))
+    if window == 1:
+        for r in plan:
+            yield read_exact(source, r.shard, r.start, r.length)
+        return
+    with ThreadPoolExecutor(max_workers=window) as pool:
+        pending: deque[Future[bytes]] = deque()
+        try:
+            for r in plan:
+                pending.append(pool.submit(read_exact, source, r.shard, r.start, r.length))
+                if len(pending) >= window:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
 
 
 def content_diff(src_a: Source, a: Checkpoint, src_b: Source, b: Checkpoint, *,
@@ -252,7 +288,8 @@ def content_diff(src_a: Source, a: Checkpoint, src_b: Source, b: Checkpoint, *,
     differing = tuple((n, ha[n], hb[n]) for n in sorted(chosen) if ha[n] != hb[n])
     notes = []
     if unchecked:
-        left = sum(size for size, n in todo if n in set(unchecked))
+        left_out = set(unchecked)
+        left = sum(size for size, n in todo if n in left_out)
         notes.append(f"{len(unchecked):,} tensors ({left:,} bytes) not compared: over --max-read")
     return ContentDiff(len(chosen), same_file, differing, tuple(sorted(unchecked)), (ba, bb), (ra, rb),
                        excluded, tuple(notes))

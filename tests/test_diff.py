@@ -8,6 +8,7 @@ import os
 import shutil
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from hub_fixtures import *  # noqa: F403
@@ -151,6 +152,55 @@ def test_hash_tensors_chunks_and_coalesces(tiny_dir):
         assert got == want
         assert nbytes == sum(i.length for i in items)  # no byte read twice, none outside the tensors
     assert reads == 1  # one coalesced read when everything fits in a chunk
+
+
+class _SlowSource(LocalSource):
+    """A local checkpoint read like a remote one: reads in parallel, each taking a while."""
+
+    parallel_reads = 4
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        import threading
+
+        self.active = self.most = 0
+        self._lock = threading.Lock()
+
+    def read_range(self, name, start, length):
+        import time
+
+        with self._lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        try:
+            time.sleep(0.01)
+            return super().read_range(name, start, length)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+def test_hash_tensors_reads_in_parallel_and_hashes_in_order(tiny_dir):
+    shard = "model-2-of-3.safetensors"
+    h = read_shard_header(LocalSource(tiny_dir), shard)
+    items = [_Item(n, shard, h.data_start + t.begin, t.end - t.begin) for n, t in h.tensors.items()]
+    raw = (tiny_dir / shard).read_bytes()
+    want = {i.name: hashlib.sha256(raw[i.start:i.start + i.length]).hexdigest() for i in items}
+    slow = _SlowSource(tiny_dir)
+    got, nbytes, reads = hash_tensors(slow, items, chunk=1000)  # big tensors in many chunks, fed in order
+    assert got == want
+    assert (nbytes, reads) == hash_tensors(LocalSource(tiny_dir), items, chunk=1000)[1:]
+    assert 1 < slow.most <= slow.parallel_reads
+
+
+@pytest.mark.timeout(60)  # it was quadratic in the tensors left out: more than 60 s on the replica
+def test_max_read_zero_leaves_every_tensor_unchecked(replica_dir):
+    src = LocalSource(replica_dir)
+    ckpt = load_checkpoint(src)
+    c = content_diff(src, ckpt, src, ckpt, max_read=0)
+    total = sum(t.nbytes for h in ckpt.headers.values() for t in h.tensors.values())
+    assert c.compared == 0 and len(c.unchecked) == sum(h.tensor_count for h in ckpt.headers.values())
+    assert c.notes == (f"{len(c.unchecked):,} tensors ({total:,} bytes) not compared: over --max-read",)
 
 
 def test_hub_revisions_compared_by_lfs_sha256(hub, tiny_dir, tmp_path):
