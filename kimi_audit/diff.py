@@ -4,8 +4,9 @@ which tensors' bytes differ (`content_diff`).
 
 Content comparison reads each tensor that both sides hold with the same dtype and shape, by ranged
 reads in bounded chunks (small neighbouring tensors coalesced into one read; as many in flight as the
-source reads in parallel), and compares SHA-256 digests. A tensor is not read at all when its shards are known to be the same file on both sides:
-the same Hub LFS sha256 (or an HF-cache blob of that sha256), or the same local file (hard link).
+source reads in parallel), and compares SHA-256 digests. A tensor is not read at all when its shards
+are known to be the same file on both sides: the same Hub LFS sha256 (or an HF-cache blob of that
+sha256), or the same local file (hard link).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ import hashlib
 import json
 import os
 import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -161,14 +163,10 @@ class _SlowSource(LocalSource):
 
     def __init__(self, root) -> None:
         super().__init__(root)
-        import threading
-
         self.active = self.most = 0
         self._lock = threading.Lock()
 
     def read_range(self, name, start, length):
-        import time
-
         with self._lock:
             self.active += 1
             self.most = max(self.most, self.active)
