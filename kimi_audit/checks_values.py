@@ -10,8 +10,7 @@ NaN or Inf, when a scale is not > 0, or when a gain is all zeros.  No big weight
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -22,7 +21,7 @@ from kimi_audit.format import ShardHeader, TensorInfo
 from kimi_audit.layout import SCALE_SUFFIX
 from kimi_audit.numerics import NumericsError, decode, to_float32
 from kimi_audit.sources.base import Source
-from kimi_audit.tensor_io import read_exact
+from kimi_audit.tensor_io import read_exact, windowed_map
 
 GAIN = "gain"
 ROUTER_BIAS = "router_bias"
@@ -122,22 +121,6 @@ def check_values(name: str, kind: str, values: np.ndarray) -> list[tuple[str, st
     return out
 
 
-def _windowed(pool: ThreadPoolExecutor, fn, items: list, window: int) -> Iterator:
-    """pool.map with at most `window` results pending (bounded memory)."""
-    pending: deque[Future] = deque()
-    it = iter(items)
-    for item in it:
-        pending.append(pool.submit(fn, item))
-        if len(pending) >= window:
-            break
-    while pending:
-        fut = pending.popleft()
-        nxt = next(it, None)
-        if nxt is not None:
-            pending.append(pool.submit(fn, nxt))
-        yield fut.result()
-
-
 def value_findings(
     source: Source,
     headers: dict[str, ShardHeader],
@@ -180,7 +163,7 @@ def value_findings(
     workers = max(1, min(int(getattr(source, "parallel_reads", 1)), 32))
     total = sum(len(j[4]) for j in jobs)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for (shard, _start, g0, g1, members), data, err in _windowed(pool, fetch, jobs, 4 * workers):
+        for (shard, _start, g0, g1, members), data, err in windowed_map(pool, fetch, jobs, 4 * workers):
             if err is not None:
                 findings.append(error("VALUE_UNREADABLE", f"{shard}: {err}", shard=shard,
                                       tensor=members[0].name if len(members) == 1 else None))

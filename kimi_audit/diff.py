@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
@@ -22,7 +21,7 @@ from kimi_audit.accounting import Accounting, accounting_of_checkpoint, collapse
 from kimi_audit.checkpoint import Checkpoint
 from kimi_audit.checks.tensors import Located, locate_tensors
 from kimi_audit.sources.base import Source
-from kimi_audit.tensor_io import read_exact
+from kimi_audit.tensor_io import read_exact, windowed_map
 
 CHUNK_BYTES = 16 << 20
 """Largest single range read. A comparison holds one per read in flight (16 over the Hub: 256 MiB)."""
@@ -223,17 +222,7 @@ def _in_order(source: Source, plan: list[_Read]) -> Iterator[bytes]:
             yield read_exact(source, r.shard, r.start, r.length)
         return
     with ThreadPoolExecutor(max_workers=window) as pool:
-        pending: deque[Future[bytes]] = deque()
-        try:
-            for r in plan:
-                pending.append(pool.submit(read_exact, source, r.shard, r.start, r.length))
-                if len(pending) >= window:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for f in pending:
-                f.cancel()
+        yield from windowed_map(pool, lambda r: read_exact(source, r.shard, r.start, r.length), plan, window)
 
 
 def content_diff(src_a: Source, a: Checkpoint, src_b: Source, b: Checkpoint, *,

@@ -6,6 +6,11 @@ q_a_proj weight one 17 MB range read. Nothing else of the shard is touched.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
 import numpy as np
 
 from kimi_audit.checkpoint import load_index
@@ -16,6 +21,9 @@ from kimi_audit.header_estimate import first_read_bytes, source_file_size
 from kimi_audit.index import IndexFile, natural_key
 from kimi_audit.numerics import decode
 from kimi_audit.sources.base import Source
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 DEFAULT_MAX_TENSOR_BYTES = 1 << 30
 
@@ -29,6 +37,23 @@ def read_exact(source: Source, shard: str, start: int, length: int) -> bytes:
             f"(file is {got.file_size:,} bytes)"
         )
     return got.data
+
+
+def windowed_map(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Iterable[T], window: int) -> Iterator[R]:
+    """pool.map in order, with at most `window` calls submitted and not yet consumed (bounded memory
+    when each result is a chunk of bytes)."""
+    pending: deque[Future[R]] = deque()
+    it = iter(items)
+    for item in it:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= window:
+            break
+    while pending:
+        fut = pending.popleft()
+        nxt = next(it, None)
+        if nxt is not None:
+            pending.append(pool.submit(fn, nxt))
+        yield fut.result()
 
 
 class TensorNotFoundError(KimiAuditError):
