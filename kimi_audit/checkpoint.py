@@ -1,13 +1,12 @@
 """Load what an audit needs from a source: config.json, the index and every shard's header.
 
-This is the only place the audit does I/O (a remote load hands every other shard's header to a
+This is the only place the audit does I/O (a remote load hands a share of the shards' headers to a
 second process, header_worker); everything downstream works on the returned Checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,11 +23,12 @@ from kimi_audit.constants import (
 )
 from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError, UnsafePathError
 from kimi_audit.findings import Finding, error, warning
-from kimi_audit.format import ShardHeader, parse_shard_prefix, read_shard_header
-from kimi_audit.header_estimate import declared_header_len, fetch_shard_prefix, first_read_bytes, source_file_size
+from kimi_audit.format import ShardHeader, read_shard_header
+from kimi_audit.header_estimate import first_read_bytes, source_file_size
+from kimi_audit.header_fetch import SKIPPED, Fetched, HeaderBudget, fetch_header, parse_fetched
 from kimi_audit.index import IndexFile, natural_key, parse_index
 from kimi_audit.gcpause import gc_paused
-from kimi_audit.header_worker import SKIPPED, HeaderWorker, WorkerFailed, enabled as worker_enabled
+from kimi_audit.header_worker import HeaderWorker, WorkerFailed, enabled as worker_enabled
 from kimi_audit.layout import ExpectedTensor, expected_layout
 from kimi_audit.sources.base import Source
 
@@ -37,7 +37,6 @@ MAX_TOTAL_HEADER_BYTES = 128_000_000
 """All shards' headers together (Kimi-K2: 17.7 MB, 139,644 tensors: 7x headroom). Past it, no further
 shard is read. Parsing costs ~7x the JSON at peak, so a hostile checkpoint (10 million tensor names over
 many shards) stays near 1 GB instead of growing with the number of shards."""
-_SKIPPED = SKIPPED
 WORKER_SHARE = 0.4
 """The share of a remote checkpoint's shards the header worker reads. Under half: the parent's own share
 costs it less (no results to pickle and hand back), so at 0.4 both finish together (on the replica,
@@ -122,7 +121,7 @@ def read_headers(
         if source.parallel_reads > 1 and len(shards) > 1:
             _read_remote(source, shards, index, expected, worker, results, progress)
         else:
-            budget = _Budget(MAX_TOTAL_HEADER_BYTES)
+            budget = HeaderBudget(MAX_TOTAL_HEADER_BYTES)
             for done, shard in enumerate(shards, 1):
                 results[shard] = _read_one(source, shard, budget)
                 if progress:
@@ -130,7 +129,7 @@ def read_headers(
     results = {s: results[s] for s in shards}
     headers = {s: r for s, r in results.items() if isinstance(r, ShardHeader)}
     failures = [r for r in results.values() if isinstance(r, Finding)]
-    skipped = [s for s, r in results.items() if r == _SKIPPED]
+    skipped = [s for s, r in results.items() if r == SKIPPED]
     if skipped:
         failures.append(error(
             "CHECKPOINT_TOO_LARGE", f"the headers of {len(headers):,} shards already exceed "
@@ -139,26 +138,9 @@ def read_headers(
     return headers, failures
 
 
-class _Budget:
-    """Header bytes read so far, against a limit; past it, no further shard is read."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._lock = threading.Lock()
-
-    @property
-    def spent(self) -> bool:
-        return self.used > self.limit
-
-    def spend(self, n: int) -> None:
-        with self._lock:
-            self.used += n
-
-
-def _read_one(source: Source, shard: str, budget: _Budget) -> ShardHeader | Finding | str:
+def _read_one(source: Source, shard: str, budget: HeaderBudget) -> ShardHeader | Finding | str:
     if budget.spent:
-        return _SKIPPED
+        return SKIPPED
     try:
         h = read_shard_header(source, shard)  # local: a short read costs a second pread, nothing more
     except SourceError as e:
@@ -191,23 +173,15 @@ def _read_remote(
     taken = set(theirs)
     mine = [s for s in shards if s not in taken]
     threads = max(1, source.parallel_reads // 2) if theirs else source.parallel_reads
-    budget = _Budget(MAX_TOTAL_HEADER_BYTES // 2 if theirs else MAX_TOTAL_HEADER_BYTES)
+    budget = HeaderBudget(MAX_TOTAL_HEADER_BYTES // 2 if theirs else MAX_TOTAL_HEADER_BYTES)
 
     # Threads only fetch; this thread parses, so parsing never starves the receiving threads.
-    def fetch(shard: str) -> tuple[bytes, int] | Finding | str:
-        if budget.spent:
-            return _SKIPPED
-        try:
-            got = fetch_shard_prefix(source, shard, first_read(shard))
-        except SourceError as e:
-            return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
-        budget.spend(declared_header_len(got[0]))
-        return got
+    def fetch(shard: str) -> Fetched:
+        return fetch_header(source, shard, first_read(shard), budget)
 
-    def parse(todo: list[str], fetched: Iterator[tuple[bytes, int] | Finding | str]) -> None:
+    def parse(todo: list[str], fetched: Iterator[Fetched]) -> None:
         for shard, got in zip(todo, fetched):
-            results[shard] = got if isinstance(got, (Finding, str)) else parse_shard_prefix(
-                got[0], shard=shard, file_size=got[1])
+            results[shard] = parse_fetched(shard, got)
             report(shard)
             if worker is not None:
                 for their_shard in worker.progressed():

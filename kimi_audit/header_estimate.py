@@ -200,12 +200,3 @@ def fetch_shard_prefix(source: Any, shard: str, first_read: int) -> tuple[bytes,
         if n <= MAX_HEADER_BYTES and len(data) < need <= first.file_size:
             data += source.read_range(shard, len(data), need - len(data)).data
     return data, first.file_size
-
-
-def declared_header_len(prefix: bytes) -> int:
-    """N as a fetched prefix declares it (0 when absent or over the format's limit): what a shard's
-    header costs against the total header budget, however many bytes its reads took."""
-    if len(prefix) < HEADER_LENGTH_BYTES:
-        return 0
-    n = int.from_bytes(prefix[:HEADER_LENGTH_BYTES], "little")
-    return n if n <= MAX_HEADER_BYTES else 0

@@ -38,8 +38,6 @@ log = logging.getLogger(__name__)
 
 MIN_SHARDS = 16
 """Fewer shards than this: their headers parse in milliseconds, not worth a process."""
-SKIPPED = "skipped"
-"""A shard's result when the header-byte budget was spent before it was read."""
 DISABLE_ENV = "KIMI_AUDIT_HEADER_WORKER"
 """Set to 0 to read every header in the parent process."""
 _LENGTH = struct.Struct("<Q")
@@ -168,7 +166,7 @@ class HeaderWorker:
             out.append(message[1])
 
     def results(self) -> dict[str, Any]:
-        """Shard -> ShardHeader | Finding | SKIPPED, once the worker is done, waiting for it. The
+        """Shard -> ShardHeader | Finding | header_fetch.SKIPPED, once the worker is done, waiting for it. The
         worker's reads time out like the parent's, so its stream always ends. Raises the Hub error
         that stopped the worker, or WorkerFailed."""
         if self._reader is None:
@@ -219,10 +217,7 @@ def _warm_up() -> None:
 def _serve(stdin: Any, stdout: Any) -> None:
     import gc
 
-    from kimi_audit.errors import SourceError
-    from kimi_audit.findings import Finding, error
-    from kimi_audit.format import parse_shard_prefix
-    from kimi_audit.header_estimate import declared_header_len, fetch_shard_prefix
+    from kimi_audit.header_fetch import HeaderBudget, fetch_header, parse_fetched
     from kimi_audit.sources.hub import HubError, HubSource
 
     gc.disable()  # what it builds is acyclic, and the process ends when the job is done
@@ -232,31 +227,13 @@ def _serve(stdin: Any, stdout: Any) -> None:
         return
     source = HubSource.from_worker_state(job["source"])
     items: list[tuple[str, int]] = job["items"]
-    budget = {"left": int(job["budget"])}
-    lock = threading.Lock()
-
-    def fetch(item: tuple[str, int]) -> tuple[bytes, int] | Finding | None:
-        shard, first = item
-        if budget["left"] < 0:
-            return None
-        try:
-            got = fetch_shard_prefix(source, shard, first)
-        except SourceError as e:
-            return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
-        with lock:
-            budget["left"] -= declared_header_len(got[0])
-        return got
-
+    budget = HeaderBudget(int(job["budget"]))
     results: dict[str, Any] = {}
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(int(job["threads"]), len(items)))) as pool:
-            for (shard, _), got in zip(items, pool.map(fetch, items)):
-                if got is None:
-                    results[shard] = SKIPPED
-                elif isinstance(got, Finding):
-                    results[shard] = got
-                else:
-                    results[shard] = parse_shard_prefix(got[0], shard=shard, file_size=got[1])
+            fetched = pool.map(lambda item: fetch_header(source, item[0], item[1], budget), items)
+            for (shard, _), got in zip(items, fetched):
+                results[shard] = parse_fetched(shard, got)
                 _write(stdout, ("progress", shard))
     except HubError as e:
         _write(stdout, ("fatal", e))
