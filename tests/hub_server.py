@@ -335,14 +335,15 @@ class _Handler(BaseHTTPRequestHandler):
         *,
         content_type: str = "application/json",
     ) -> None:
+        send = body if self.command != "HEAD" else b""
+        # Counted before anything goes out: end_headers() flushes, and a HEAD's answer is complete then.
+        self.hub._record(self.command, self._path, status, self.headers.get("Range"), len(send))
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()
-        send = body if self.command != "HEAD" else b""
-        self.hub._record(self.command, self._path, status, self.headers.get("Range"), len(send))
         if send:
             self.wfile.write(send)
 
