@@ -11,16 +11,17 @@ Estimates, all pure:
   the file size (or 12 digits when the size is unknown), plus room for `__metadata__` and padding.
   It errs long by about 1% (file size known) to 3% (unknown) on Kimi-K2.
 - the exact figure, when the file size is known (the Hub lists it): a shard is `8 + N + payload`, and
-  the payload is the sum of the expected tensors' sizes, so `8 + N = file_size - payload`. Used when it
-  is plausible (between the names' own length and the upper bound); a checkpoint that does not match
-  its config falls back to the upper bound, and at worst to the format reader's second read.
+  the payload is the sum of the expected tensors' sizes (`ExpectedTensor.nbytes`), so
+  `8 + N = file_size - payload`. Used when it is plausible: no shorter than the names' own length, and
+  no longer than a quick bound (every entry with the widest dtype name and a two-dimensional shape of
+  the widest dims) or, past that, the upper bound. A checkpoint that does not match its config falls
+  back to the upper bound, and at worst to the format reader's second read.
 - `first_read_bytes(names)`: names only (no config, no size), for callers that have nothing else.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from operator import attrgetter
 from collections.abc import Iterable, Mapping
@@ -34,6 +35,7 @@ PADDING = 7  # safetensors pads the JSON with spaces to a multiple of 8
 UNKNOWN_DTYPE_TEXT = len('"F8_E4M3"')
 UNKNOWN_SHAPE_TEXT = len("[129280,7168]")
 UNKNOWN_OFFSET_DIGITS = 12
+MAX_DTYPE_TEXT = 2 + max(map(len, DTYPE_BITS))
 # Per entry, around the name: `:{"dtype":` `,"shape":` `,"data_offsets":[` `,` `]}` `,`
 ENTRY_PUNCTUATION = len(':{"dtype":') + len(',"shape":') + len(',"data_offsets":[') + len(",") + len("]}") + len(",")
 DEFAULT_FIRST_READ = 1 << 16
@@ -46,9 +48,16 @@ class _Expected(Protocol):
     @property
     def shape(self) -> tuple[int, ...]: ...
 
+    @property
+    def nbytes(self) -> int | None: ...
+
 
 def _json_len(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+_PLAIN_NAME_BYTES = bytes(b for b in range(0x20, 0x80) if b not in b'"\\')
+"""ASCII bytes a JSON string holds as they are (no escape): printable, neither quote nor backslash."""
 
 
 def _names_len(names: list[str]) -> int:
@@ -56,20 +65,13 @@ def _names_len(names: list[str]) -> int:
     if not names:
         return 0
     joined = "".join(names)
-    if joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined:
+    if joined.isascii() and not joined.encode().translate(None, _PLAIN_NAME_BYTES):
         return len(joined) + 2 * len(names)  # nothing to escape: each name is its text in quotes
     return len(json.dumps(names, ensure_ascii=False, separators=(",", ":")).encode()) - 2 - (len(names) - 1)
 
 
 def _shape_len(shape: tuple[int, ...]) -> int:
     return 2 + max(0, len(shape) - 1) + sum(len(str(d)) for d in shape)
-
-
-def _nbytes(t: _Expected) -> int | None:
-    bits = DTYPE_BITS.get(t.dtype)
-    if bits is None:
-        return None
-    return (math.prod(t.shape) * bits + 7) // 8
 
 
 def header_upper_bound(
@@ -123,27 +125,31 @@ def estimate_first_read(
         cap = min(cap, file_size)
     if file_size is None or not expected:
         return max(min(header_upper_bound(names, expected, file_size=file_size), cap), HEADER_LENGTH_BYTES)
-    # Entry text and payload depend on (dtype, shape) only: count those pairs at C speed, then add up.
     digits = len(str(max(file_size, 1)))
-    upper = HEADER_LENGTH_BYTES + 2 + METADATA_ALLOWANCE + PADDING
     names_len = _names_len(names)
-    upper += names_len + len(names) * (ENTRY_PUNCTUATION + 2 * digits)
+    lower = names_lower_bound(names, names_len)
     found = list(map(expected.get, names))
-    payload: int | None = None if None in found else 0
-    if payload is None:
-        found = [t for t in found if t is not None]
-        upper += (len(names) - len(found)) * (UNKNOWN_DTYPE_TEXT + UNKNOWN_SHAPE_TEXT)
-    kinds = Counter(zip(map(attrgetter("dtype"), found), map(tuple, map(attrgetter("shape"), found))))
-    for (dtype, shape), count in kinds.items():
-        upper += count * (len(dtype) + 2 + _shape_len(shape))
-        bits = DTYPE_BITS.get(dtype)
-        if payload is not None:
-            payload = None if bits is None else payload + count * ((math.prod(shape) * bits + 7) // 8)
-    estimate = upper
+    payload: int | None = None
+    if None not in found:
+        sizes = list(map(attrgetter("nbytes"), found))
+        payload = None if None in sizes else sum(sizes)
     if payload is not None:
         exact = file_size - payload
-        if names_lower_bound(names, names_len) <= exact <= upper:
-            estimate = exact
+        # Plausible at a glance: no longer than entries of the widest dtype name and two-dimensional
+        # shapes of the widest dims would make it. Past that, the bound from the entries' own text.
+        per_entry = ENTRY_PUNCTUATION + 2 * digits + MAX_DTYPE_TEXT + len("[,]") + 2 * (digits + 1)
+        if lower <= exact <= HEADER_LENGTH_BYTES + 2 + METADATA_ALLOWANCE + PADDING + names_len + len(names) * per_entry:
+            return max(min(exact, cap), HEADER_LENGTH_BYTES)
+    upper = HEADER_LENGTH_BYTES + 2 + METADATA_ALLOWANCE + PADDING
+    upper += names_len + len(names) * (ENTRY_PUNCTUATION + 2 * digits)
+    known = [t for t in found if t is not None]
+    upper += (len(names) - len(known)) * (UNKNOWN_DTYPE_TEXT + UNKNOWN_SHAPE_TEXT)
+    # Entry text depends on (dtype, shape) only: count those pairs at C speed, then add up.
+    kinds = Counter(zip(map(attrgetter("dtype"), known), map(tuple, map(attrgetter("shape"), known))))
+    upper += sum(count * (len(dtype) + 2 + _shape_len(shape)) for (dtype, shape), count in kinds.items())
+    estimate = upper
+    if payload is not None and lower <= file_size - payload <= upper:
+        estimate = file_size - payload
     return max(min(estimate, cap), HEADER_LENGTH_BYTES)
 
 

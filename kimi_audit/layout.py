@@ -13,6 +13,7 @@ from itertools import repeat
 from typing import Any, Iterator, NamedTuple
 
 from kimi_audit.config import ModelConfig
+from kimi_audit.constants import DTYPE_BITS
 
 PARAMETER = "parameter"
 SCALE = "scale"
@@ -38,10 +39,24 @@ class ExpectedTensor(NamedTuple):
     layer: int | None
     block: str | None
     """DENSE, MOE or MTP for tensors inside a decoder layer."""
+    nbytes: int | None
+    """The payload bytes it occupies (numel x dtype bits / 8); None for a dtype of unknown width."""
+    position: int
+    """Its place in checkpoint order (a scale's weight is at position - 1)."""
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+
+def payload_bytes(dtype: str, shape: tuple[int, ...]) -> int | None:
+    bits = DTYPE_BITS.get(dtype)
+    return None if bits is None else (math.prod(shape) * bits + 7) // 8
+
+
+def _tensor(name: str, dtype: str, shape: tuple[int, ...], kind: str, component: str,
+            layer: int | None, block: str | None, position: int = -1) -> ExpectedTensor:
+    return ExpectedTensor(name, dtype, shape, kind, component, layer, block, payload_bytes(dtype, shape), position)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -61,8 +76,11 @@ def expected_layout(cfg: ModelConfig) -> dict[str, ExpectedTensor]:
     """Name -> expected tensor, in checkpoint order (embedding, layers 0..N-1, MTP layers, norm, lm_head)."""
     h, dt = cfg.hidden_size, cfg.dtype
     out: dict[str, ExpectedTensor] = {}
-    out["model.embed_tokens.weight"] = ExpectedTensor(
-        "model.embed_tokens.weight", dt, (cfg.vocab_size, h), PARAMETER, "model.embed_tokens.weight", None, None)
+
+    def top(name: str, shape: tuple[int, ...]) -> None:
+        out[name] = _tensor(name, dt, shape, PARAMETER, name, None, None, len(out))
+
+    top("model.embed_tokens.weight", (cfg.vocab_size, h))
     # Layers of one block kind differ only in their index: build each kind once, then stamp it out.
     # (map/zip keep the 139,644 names and tuples of Kimi-K2 at C speed: no bytecode per tensor.)
     templates: dict[str, tuple[list[str], tuple[list[Any], ...]]] = {}
@@ -71,15 +89,16 @@ def expected_layout(cfg: ModelConfig) -> dict[str, ExpectedTensor]:
         template = templates.get(block)
         if template is None:
             rows = list(_decoder_layer(cfg, layer))
-            template = templates[block] = ([t[0] for t in rows], tuple(list(col) for col in zip(*rows))[1:5])
-        components, (dtypes, shapes, kinds, comps) = template
+            columns = tuple(list(col) for col in zip(*rows))
+            template = templates[block] = (columns[0], columns[1:5] + columns[7:8])
+        components, (dtypes, shapes, kinds, comps, nbytes) = template
         names = list(map(f"model.layers.{layer}.".__add__, components))
-        rows = zip(names, dtypes, shapes, kinds, comps, repeat(layer), repeat(block))
+        rows = zip(names, dtypes, shapes, kinds, comps, repeat(layer), repeat(block), nbytes,
+                   range(len(out), len(out) + len(names)))
         out.update(zip(names, map(tuple.__new__, repeat(ExpectedTensor), rows)))
-    out["model.norm.weight"] = ExpectedTensor("model.norm.weight", dt, (h,), PARAMETER, "model.norm.weight", None, None)
+    top("model.norm.weight", (h,))
     if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = ExpectedTensor(
-            "lm_head.weight", dt, (cfg.vocab_size, h), PARAMETER, "lm_head.weight", None, None)
+        top("lm_head.weight", (cfg.vocab_size, h))
     return out
 
 
@@ -98,14 +117,14 @@ def _decoder_layer(cfg: ModelConfig, layer: int) -> Iterator[ExpectedTensor]:
     block_size = cfg.quantization.block if cfg.quantization else (128, 128)
 
     def param(component: str, shape: tuple[int, ...], dtype: str = dt) -> ExpectedTensor:
-        return ExpectedTensor(component, dtype, shape, PARAMETER, component, layer, block)
+        return _tensor(component, dtype, shape, PARAMETER, component, layer, block)
 
     def linear(module: str, out: int, inp: int, bias: bool = False) -> Iterator[ExpectedTensor]:
         shape = (out, inp)
         if fp8:
             yield param(module + ".weight", shape, FP8_DTYPE)
             comp = module + SCALE_SUFFIX
-            yield ExpectedTensor(comp, SCALE_DTYPE, scale_shape(shape, block_size), SCALE, comp, layer, block)
+            yield _tensor(comp, SCALE_DTYPE, scale_shape(shape, block_size), SCALE, comp, layer, block)
         else:
             yield param(module + ".weight", shape, dt)
         if bias:
@@ -134,7 +153,7 @@ def _decoder_layer(cfg: ModelConfig, layer: int) -> Iterator[ExpectedTensor]:
     yield from linear("self_attn.kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)
     yield from linear("self_attn.o_proj", h, heads * cfg.v_head_dim, bias)
     comp = "self_attn.rotary_emb.inv_freq"
-    yield ExpectedTensor(comp, dt, (cfg.qk_rope_head_dim // 2,), BUFFER, comp, layer, block)
+    yield _tensor(comp, dt, (cfg.qk_rope_head_dim // 2,), BUFFER, comp, layer, block)
 
     if block == DENSE:
         yield from _mlp(linear, "mlp", cfg.intermediate_size, h)

@@ -18,7 +18,7 @@ from kimi_audit.header_estimate import (
     names_lower_bound,
     shard_first_reads,
 )
-from kimi_audit.layout import ExpectedTensor, expected_layout
+from kimi_audit.layout import ExpectedTensor, expected_layout, payload_bytes
 from kimi_audit.sources.local import LocalSource
 
 
@@ -58,17 +58,21 @@ def test_tiny_first_reads_never_short(tiny_dir: Path) -> None:
         assert all(reads[s] >= actual[s] for s in actual)
 
 
+def _reshaped(t: ExpectedTensor, shape: tuple[int, ...]) -> ExpectedTensor:
+    return t._replace(shape=shape, nbytes=payload_bytes(t.dtype, shape))
+
+
 def test_config_that_does_not_match_falls_back_to_the_bound(replica_dir: Path) -> None:
     wm, expected, sizes, actual = _facts(replica_dir)
     shard = "model-5-of-61.safetensors"
     names = [n for n, s in wm.items() if s == shard]
     upper = header_upper_bound(names, expected, file_size=sizes[shard])
     # a layout that expects smaller tensors than stored would put the "exact" header gigabytes long
-    shrunk = {n: expected[n]._replace(shape=(1,) * len(expected[n].shape)) for n in names}
+    shrunk = {n: _reshaped(expected[n], (1,) * len(expected[n].shape)) for n in names}
     got = estimate_first_read(names, shrunk, file_size=sizes[shard])
     assert got <= header_upper_bound(names, shrunk, file_size=sizes[shard]) < 2 * upper
     # one that expects bigger tensors would make it negative: the bound again, never below 8
-    grown = {n: expected[n]._replace(shape=tuple(d * 4 for d in expected[n].shape)) for n in names}
+    grown = {n: _reshaped(expected[n], tuple(d * 4 for d in expected[n].shape)) for n in names}
     assert estimate_first_read(names, grown, file_size=sizes[shard]) >= names_lower_bound(names)
     assert estimate_first_read([], expected, file_size=sizes[shard]) > 8
     assert estimate_first_read(names, expected, file_size=100) <= 100  # never past the end of the file

@@ -133,3 +133,15 @@ def test_every_scale_follows_its_weight_in_the_expected_layout(mtp: int) -> None
     scales = [j for j, k in enumerate(kinds) if k == SCALE]
     assert len(scales) == 69_608 if not mtp else len(scales) > 69_608
     assert all(names[j - 1] == weight_of_scale(names[j]) for j in scales)
+
+
+def test_each_entry_knows_its_payload_and_place(kimi):
+    """nbytes and position are stamped from per-block templates: each must still be the tensor's own."""
+    from math import prod
+
+    from kimi_audit.constants import DTYPE_BITS
+
+    layout = kimi[2]
+    for position, (name, e) in enumerate(layout.items()):
+        assert e.name == name and e.position == position
+        assert e.nbytes == prod(e.shape) * DTYPE_BITS[e.dtype] // 8
