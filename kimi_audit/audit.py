@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kimi_audit.checkpoint import Checkpoint, ProgressFn, load_checkpoint
+from kimi_audit.checks.aligned import aligned_checks
 from kimi_audit.checks.index import index_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
@@ -88,8 +89,13 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         all_findings.extend(ckpt.index.findings)
     all_findings.extend(quantization_findings(ckpt.config_raw))
     all_findings.extend(findings)
-    aligned = align(actual, expected)
-    all_findings.extend(layout_findings(actual, expected, aligned))
+    added_up = aligned_checks(ckpt.headers, ckpt.alignments, expected)
+    if added_up is None:
+        aligned = align(actual, expected)
+        layout, stats = layout_findings(actual, expected, aligned), compute_stats(actual, expected, ckpt.headers, aligned)
+    else:
+        layout, stats = added_up
+    all_findings.extend(layout)
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers))
     shards = tuple(
         ShardSummary(name, h.file_size, h.data_start, h.tensor_count,
@@ -100,7 +106,7 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         source=ckpt.label,
         revision=ckpt.revision,
         model=model_summary(ckpt),
-        stats=compute_stats(actual, expected, ckpt.headers, aligned),
+        stats=stats,
         q_a_layernorm=q_a_layernorm_report(ckpt.config, actual),
         shards=shards,
         findings=tuple(all_findings),

@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from kimi_audit.alignment import ShardAlignment, align_shard
 from kimi_audit.config import ModelConfig, parse_config_bytes
 from kimi_audit.constants import (
     CONFIG_FILE,
@@ -58,6 +59,8 @@ class Checkpoint:
     """Shard name -> parsed header, for every shard that could be read, in natural order."""
     findings: tuple[Finding, ...]
     """What loading itself found: absent or unlisted shards, pickle files, unreadable files."""
+    alignments: dict[str, ShardAlignment] = field(default_factory=dict)
+    """Shard -> its tensors against `expected`, where the load worked that out as it parsed (remote)."""
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -112,14 +115,18 @@ def shards_to_read(files: tuple[str, ...], index: IndexFile | None) -> tuple[lis
 
 def read_headers(
     source: Source, shards: list[str], index: IndexFile | None, progress: ProgressFn | None = None,
-    expected: Any = None, worker: HeaderWorker | None = None,
+    expected: dict[str, ExpectedTensor] | None = None, worker: HeaderWorker | None = None,
+    config_raw: dict[str, Any] | None = None, alignments: dict[str, ShardAlignment] | None = None,
 ) -> tuple[dict[str, ShardHeader], list[Finding]]:
     """Every shard's header. A remote source's headers are fetched in threads (and by `worker`, a
-    second process, for a share of them, if given); a local one's are read one after another."""
+    second process, for a share of them, if given: it derives the layout from `config_raw`); a local
+    one's are read one after another. A remote read given `expected` and `alignments` aligns each
+    shard as it is parsed, into `alignments`."""
     results: dict[str, ShardHeader | Finding | str] = {}
     with gc_paused():
         if source.parallel_reads > 1 and len(shards) > 1:
-            _read_remote(source, shards, index, expected, worker, results, progress)
+            _read_remote(source, shards, index, expected, worker, results, progress, config_raw,
+                         alignments if alignments is not None and expected is not None else None)
         else:
             budget = HeaderBudget(MAX_TOTAL_HEADER_BYTES)
             for done, shard in enumerate(shards, 1):
@@ -150,8 +157,9 @@ def _read_one(source: Source, shard: str, budget: HeaderBudget) -> ShardHeader |
 
 
 def _read_remote(
-    source: Source, shards: list[str], index: IndexFile | None, expected: Any, worker: HeaderWorker | None,
-    results: dict[str, ShardHeader | Finding | str], progress: ProgressFn | None,
+    source: Source, shards: list[str], index: IndexFile | None, expected: dict[str, ExpectedTensor] | None,
+    worker: HeaderWorker | None, results: dict[str, ShardHeader | Finding | str], progress: ProgressFn | None,
+    config_raw: dict[str, Any] | None, alignments: dict[str, ShardAlignment] | None,
 ) -> None:
     names_by_shard = _names_by_shard(shards, index)
     total = len(shards)
@@ -181,28 +189,32 @@ def _read_remote(
 
     def parse(todo: list[str], fetched: Iterator[Fetched]) -> None:
         for shard, got in zip(todo, fetched):
-            results[shard] = parse_fetched(shard, got)
+            result = results[shard] = parse_fetched(shard, got)
+            if alignments is not None and isinstance(result, ShardHeader):
+                alignments[shard] = align_shard(result, expected)  # type: ignore[arg-type]
             report(shard)
             if worker is not None:
                 for their_shard in worker.progressed():
                     report(their_shard)
 
+    if worker is not None:  # the worker's share first: it is idle until then, and the parent has work
+        try:
+            worker.submit(source.worker_state(), [(s, first_read(s)) for s in theirs],  # type: ignore[attr-defined]
+                          threads=source.parallel_reads - threads, budget=MAX_TOTAL_HEADER_BYTES // 2,
+                          config=config_raw if alignments is not None else None)
+        except WorkerFailed as e:
+            log.debug("reading every header here: %s", e)
+            worker = None
     with ThreadPoolExecutor(max_workers=min(threads, total)) as pool:
-        fetched = pool.map(fetch, mine)  # the parent's share is on its way while the worker's is sized
-        if worker is not None:
-            try:
-                worker.submit(source.worker_state(), [(s, first_read(s)) for s in theirs],  # type: ignore[attr-defined]
-                              threads=source.parallel_reads - threads, budget=MAX_TOTAL_HEADER_BYTES // 2)
-            except WorkerFailed as e:
-                log.debug("reading every header here: %s", e)
-                worker = None
-        parse(mine, fetched)
+        parse(mine, pool.map(fetch, mine))
         if not theirs:
             return
         theirs_read: dict[str, Any] = {}
         if worker is not None:
             try:
-                theirs_read = worker.results()
+                theirs_read, their_alignments = worker.results()
+                if alignments is not None:
+                    alignments.update((s, a) for s, a in their_alignments.items() if s in theirs_read)
             except WorkerFailed as e:
                 log.debug("reading the worker's %d headers here: %s", len(theirs), e)
         worker = None
@@ -269,9 +281,10 @@ def _load(
                               "not opened", shard=link))
     shards, shard_findings = shards_to_read(files, index)
     findings += shard_findings
-    headers, failures = read_headers(source, shards, index, progress, expected, worker)
+    alignments: dict[str, ShardAlignment] = {}
+    headers, failures = read_headers(source, shards, index, progress, expected, worker, config_raw, alignments)
     if expected is None:
         expected = expected_layout(config)
     findings += failures
     return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
-                      tuple(findings))
+                      tuple(findings), alignments)

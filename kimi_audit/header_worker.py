@@ -47,6 +47,7 @@ _ALLOWED_RESULTS = {
     ("kimi_audit.format", "TensorColumns"),
     ("kimi_audit.findings", "Finding"),
     ("kimi_audit.findings", "Severity"),
+    ("kimi_audit.alignment", "ShardAlignment"),
 }
 
 
@@ -128,13 +129,18 @@ class HeaderWorker:
         self._messages: queue.Queue[Any] = queue.Queue()
         self._reader: threading.Thread | None = None
 
-    def submit(self, state: dict[str, Any], items: list[tuple[str, int]], threads: int, budget: int) -> None:
-        """Send the job: the source's state, [(shard, first read)], threads and header-byte budget."""
+    def submit(
+        self, state: dict[str, Any], items: list[tuple[str, int]], threads: int, budget: int,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        """Send the job: the source's state, [(shard, first read)], threads, header-byte budget and the
+        parsed config.json, if the worker is to align each shard with the layout it implies."""
         if self._proc is None:
             raise WorkerFailed("header worker did not start")
         try:
             assert self._proc.stdin is not None
-            _write(self._proc.stdin, {"source": state, "items": items, "threads": threads, "budget": budget})
+            _write(self._proc.stdin, {"source": state, "items": items, "threads": threads, "budget": budget,
+                                      "config": config})
             self._proc.stdin.close()
         except (OSError, ValueError) as e:
             raise WorkerFailed(f"header worker took no job: {e}") from None
@@ -165,10 +171,10 @@ class HeaderWorker:
                 return out
             out.append(message[1])
 
-    def results(self) -> dict[str, Any]:
-        """Shard -> ShardHeader | Finding | header_fetch.SKIPPED, once the worker is done, waiting for it. The
-        worker's reads time out like the parent's, so its stream always ends. Raises the Hub error
-        that stopped the worker, or WorkerFailed."""
+    def results(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(shard -> ShardHeader | Finding | header_fetch.SKIPPED, shard -> ShardAlignment), once the
+        worker is done, waiting for it. The worker's reads time out like the parent's, so its stream
+        always ends. Raises the Hub error that stopped the worker, or WorkerFailed."""
         if self._reader is None:
             raise WorkerFailed("header worker has no job")
         while True:
@@ -181,7 +187,8 @@ class HeaderWorker:
             kind, payload = message
             if kind == "progress":
                 continue
-            if kind == "results" and isinstance(payload, dict):
+            if (kind == "results" and isinstance(payload, tuple) and len(payload) == 2
+                    and all(isinstance(part, dict) for part in payload)):
                 return payload
             if kind == "fatal" and isinstance(payload, KimiAuditError):
                 raise payload
@@ -217,7 +224,11 @@ def _warm_up() -> None:
 def _serve(stdin: Any, stdout: Any) -> None:
     import gc
 
+    from kimi_audit.alignment import align_shard
+    from kimi_audit.config import model_config_from_dict
+    from kimi_audit.format import ShardHeader
     from kimi_audit.header_fetch import HeaderBudget, fetch_header, parse_fetched
+    from kimi_audit.layout import expected_layout
     from kimi_audit.sources.hub import HubError, HubSource
 
     gc.disable()  # what it builds is acyclic, and the process ends when the job is done
@@ -229,18 +240,23 @@ def _serve(stdin: Any, stdout: Any) -> None:
     items: list[tuple[str, int]] = job["items"]
     budget = HeaderBudget(int(job["budget"]))
     results: dict[str, Any] = {}
+    alignments: dict[str, Any] = {}
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(int(job["threads"]), len(items)))) as pool:
             fetched = pool.map(lambda item: fetch_header(source, item[0], item[1], budget), items)
+            # while the first headers are on their way
+            expected = None if job.get("config") is None else expected_layout(model_config_from_dict(job["config"]))
             for (shard, _), got in zip(items, fetched):
-                results[shard] = parse_fetched(shard, got)
+                result = results[shard] = parse_fetched(shard, got)
+                if expected is not None and isinstance(result, ShardHeader):
+                    alignments[shard] = align_shard(result, expected)
                 _write(stdout, ("progress", shard))
     except HubError as e:
         _write(stdout, ("fatal", e))
     except Exception as e:  # noqa: BLE001 - reported to the parent, which reads the share itself
         _write(stdout, ("crashed", f"{type(e).__name__}: {e}"))
     else:
-        _write(stdout, ("results", results))
+        _write(stdout, ("results", (results, alignments)))
 
 
 def main() -> None:

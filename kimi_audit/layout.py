@@ -8,9 +8,12 @@ multi-token-prediction layers stored after the main stack (DeepSeek-V3's `model.
 from __future__ import annotations
 
 import math
-
+from dataclasses import dataclass
+from functools import cached_property
 from itertools import repeat
 from typing import Any, Iterator, NamedTuple
+
+import numpy as np
 
 from kimi_audit.config import ModelConfig
 from kimi_audit.constants import DTYPE_BITS
@@ -72,26 +75,80 @@ def is_fp8(cfg: ModelConfig) -> bool:
     return cfg.quantization is not None and cfg.quantization.method == "fp8"
 
 
-def expected_layout(cfg: ModelConfig) -> dict[str, ExpectedTensor]:
+@dataclass(frozen=True)
+class LayoutColumns:
+    """The layout's dtype, shape and kind by position as small integer codes, and its element counts:
+    what aligning a shard needs of each expected tensor, without visiting 139,644 objects."""
+
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    kinds: tuple[str, ...]
+    dtype_code: np.ndarray
+    shape_code: np.ndarray
+    kind_code: np.ndarray
+    numel: np.ndarray
+    """int64, or Python ints (dtype object) where int64 could overflow (a config of absurd sizes)."""
+
+    @cached_property
+    def dtype_index(self) -> dict[str, int]:
+        return {d: i for i, d in enumerate(self.dtypes)}
+
+    @cached_property
+    def shape_index(self) -> dict[tuple[int, ...], int]:
+        return {s: i for i, s in enumerate(self.shapes)}
+
+
+class ExpectedLayout(dict[str, ExpectedTensor]):
+    """expected_layout's result: a dict, and its `columns`."""
+
+    __slots__ = ("columns",)
+    columns: LayoutColumns
+
+
+class _ColumnsBuilder:
+    def __init__(self) -> None:
+        self.codes: tuple[dict[Any, int], dict[Any, int], dict[Any, int]] = ({}, {}, {})
+        self.chunks: list[tuple[Any, ...]] = []
+        """(dtype, shape, kind codes, element counts, their sum) of each run of positions."""
+
+    def add(self, dtypes: list[str], shapes: list[tuple[int, ...]], kinds: list[str]) -> tuple[Any, ...]:
+        chunk = tuple(np.array([table.setdefault(v, len(table)) for v in column], dtype=np.int32)
+                      for table, column in zip(self.codes, (dtypes, shapes, kinds)))
+        numel = [math.prod(s) for s in shapes]
+        return chunk + (np.array(numel, dtype=object), sum(numel))
+
+    def build(self) -> LayoutColumns:
+        codes = [np.concatenate([c[i] for c in self.chunks]) if self.chunks else np.zeros(0, np.int32)
+                 for i in range(3)]
+        numel = np.concatenate([c[3] for c in self.chunks]) if self.chunks else np.zeros(0, object)
+        if sum(c[4] for c in self.chunks) < 2**63:  # then no sum of them overflows: int64 adds them up
+            numel = numel.astype(np.int64)
+        return LayoutColumns(*(tuple(table) for table in self.codes), *codes, numel)  # type: ignore[arg-type]
+
+
+def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
     """Name -> expected tensor, in checkpoint order (embedding, layers 0..N-1, MTP layers, norm, lm_head)."""
     h, dt = cfg.hidden_size, cfg.dtype
-    out: dict[str, ExpectedTensor] = {}
+    out = ExpectedLayout()
+    columns = _ColumnsBuilder()
 
     def top(name: str, shape: tuple[int, ...]) -> None:
         out[name] = _tensor(name, dt, shape, PARAMETER, name, None, None, len(out))
+        columns.chunks.append(columns.add([dt], [shape], [PARAMETER]))
 
     top("model.embed_tokens.weight", (cfg.vocab_size, h))
     # Layers of one block kind differ only in their index: build each kind once, then stamp it out.
     # (map/zip keep the 139,644 names and tuples of Kimi-K2 at C speed: no bytecode per tensor.)
-    templates: dict[str, tuple[list[str], tuple[list[Any], ...]]] = {}
+    templates: dict[str, tuple[list[str], tuple[list[Any], ...], tuple[Any, ...]]] = {}
     for layer in range(cfg.total_layers):
         block = layer_block(cfg, layer)
         template = templates.get(block)
         if template is None:
             rows = list(_decoder_layer(cfg, layer))
-            columns = tuple(list(col) for col in zip(*rows))
-            template = templates[block] = (columns[0], columns[1:5] + columns[7:8])
-        components, (dtypes, shapes, kinds, comps, nbytes) = template
+            cols = tuple(list(col) for col in zip(*rows))
+            template = templates[block] = (cols[0], cols[1:5] + cols[7:8], columns.add(*cols[1:4]))
+        components, (dtypes, shapes, kinds, comps, nbytes), chunk = template
+        columns.chunks.append(chunk)
         names = list(map(f"model.layers.{layer}.".__add__, components))
         rows = zip(names, dtypes, shapes, kinds, comps, repeat(layer), repeat(block), nbytes,
                    range(len(out), len(out) + len(names)))
@@ -99,6 +156,7 @@ def expected_layout(cfg: ModelConfig) -> dict[str, ExpectedTensor]:
     top("model.norm.weight", (h,))
     if not cfg.tie_word_embeddings:
         top("lm_head.weight", (cfg.vocab_size, h))
+    out.columns = columns.build()
     return out
 
 

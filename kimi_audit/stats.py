@@ -5,6 +5,7 @@ from __future__ import annotations
 from math import prod
 from operator import itemgetter, sub
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -55,25 +56,45 @@ def compute_stats(
         kinds = [e[3] if e is not None else classify_name(n) for n, e in zip(actual.names, aligned)]
     else:
         kinds = list(map(itemgetter(3), aligned))
-    dtypes = actual.dtypes
-    numels = list(map(prod, actual.shapes))
-    nbytes = list(map(sub, actual.ends, actual.begins))
-    # Group by (kind, dtype) through small integer codes: a handful of vector passes, no loop per tensor.
-    kind_code = {k: i for i, k in enumerate(set(kinds))}
-    dtype_code = {d: i for i, d in enumerate(set(dtypes))}
+    return _stats(class_sums(kinds, actual.dtypes, actual.shapes, list(map(sub, actual.ends, actual.begins))), headers)
+
+
+def class_sums(
+    kinds: list[str], dtypes: list[str], shapes: list[tuple[int, ...]], nbytes: list[int]
+) -> dict[tuple[str, str], list[int]]:
+    """(kind, dtype) -> [tensors, elements, payload bytes] over parallel columns."""
+    # Group through small integer codes: a handful of vector passes, no loop per tensor.
+    kind_code = {k: i for i, k in enumerate(dict.fromkeys(kinds))}
+    dtype_code = {d: i for i, d in enumerate(dict.fromkeys(dtypes))}
     codes = (np.array(list(map(kind_code.__getitem__, kinds)), dtype=np.int64) * len(dtype_code)
              + np.array(list(map(dtype_code.__getitem__, dtypes)), dtype=np.int64))
     counts = np.bincount(codes).tolist()
-    sums = [_sums_by_code(codes, values) for values in (numels, nbytes)]
+    sums = [sums_by_code(codes, values) for values in (list(map(prod, shapes)), nbytes)]
     acc: dict[tuple[str, str], list[int]] = {}
     for kind, k in kind_code.items():
         for dtype, d in dtype_code.items():
             c = k * len(dtype_code) + d
             if c < len(counts) and counts[c]:
                 acc[(kind, dtype)] = [counts[c], sums[0][c], sums[1][c]]
+    return acc
+
+
+def stats_from_classes(
+    classes: Iterable[tuple[str, str, int, int, int]], headers: dict[str, ShardHeader]
+) -> Stats:
+    """The same Stats, from (kind, dtype, tensors, elements, bytes) partial sums (alignment.ShardAlignment)."""
+    acc: dict[tuple[str, str], list[int]] = {}
+    for kind, dtype, *sums in classes:
+        row = acc.setdefault((kind, dtype), [0, 0, 0])
+        for i, v in enumerate(sums):
+            row[i] += v
+    return _stats(acc, headers)
+
+
+def _stats(acc: dict[tuple[str, str], list[int]], headers: dict[str, ShardHeader]) -> Stats:
     rows = tuple(
         ClassRow(kind, dtype, *acc[(kind, dtype)])
-        for kind, dtype in sorted(acc, key=lambda k: (KIND_ORDER.index(k[0]), -acc[k][1]))
+        for kind, dtype in sorted(acc, key=lambda k: (KIND_ORDER.index(k[0]), -acc[k][1], k[1]))
     )
     return Stats(
         shards=len(headers),
@@ -87,7 +108,7 @@ def compute_stats(
     )
 
 
-def _sums_by_code(codes: np.ndarray, values: list[int]) -> list[int]:
+def sums_by_code(codes: np.ndarray, values: list[int]) -> list[int]:
     """Sum of `values` per code, exactly: float64 sums are exact while every total stays below 2**53."""
     if sum(values) < 2**53:
         return [int(v) for v in np.bincount(codes, weights=np.array(values, dtype=np.float64))]

@@ -9,7 +9,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kimi_audit.audit import audit_source
+from dataclasses import replace
+
+from kimi_audit.alignment import align_shard
+from kimi_audit.audit import audit_checkpoint, audit_source
+from kimi_audit.checkpoint import load_checkpoint
+from kimi_audit.checks.aligned import aligned_checks
 from kimi_audit.findings import Severity
 from kimi_audit.sources import LocalSource
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
@@ -19,7 +24,21 @@ L1 = "model.layers.1."
 
 
 def audit(path: Path):
-    return audit_source(LocalSource(path))
+    """The audit row by row, checked against the one added up from per-shard alignments (what a
+    remote load takes) wherever that applies: the same report, finding for finding."""
+    ckpt = load_checkpoint(LocalSource(path))
+    report = audit_checkpoint(ckpt)
+    assert report == audit_source(LocalSource(path))
+    aligned = replace(ckpt, alignments={s: align_shard(h, ckpt.expected) for s, h in ckpt.headers.items()})
+    assert audit_checkpoint(aligned) == report
+    return report
+
+
+def added_up(path: Path) -> bool:
+    """Whether the audit of `path` can be added up from its shards' alignments (checks.aligned)."""
+    ckpt = load_checkpoint(LocalSource(path))
+    alignments = {s: align_shard(h, ckpt.expected) for s, h in ckpt.headers.items()}
+    return aligned_checks(ckpt.headers, alignments, ckpt.expected) is not None
 
 
 def found(report, code: str) -> list[tuple[str | None, str]]:
@@ -226,3 +245,22 @@ def test_corrupt_shard_header_is_a_finding_not_a_crash(tiny_copy):
     r = audit(tiny_copy)
     assert ("HEADER_INVALID_JSON", S2) in {(f.code, f.shard) for f in r.findings}
     assert r.exit_code() == 1
+
+
+def test_regular_checkpoints_are_added_up_and_the_rest_row_by_row(tmp_path, tiny_dir):
+    """checks.aligned serves every checkpoint whose names are all in the layout, once each (then
+    `audit` above holds it to the row-by-row report); anything else goes row by row."""
+    scale, norm = L1 + "self_attn.q_a_proj.weight_scale_inv", L1 + "input_layernorm.weight"
+    cases = {
+        "dtype": (lambda s: s[S2].__setitem__(norm, s[S2][norm].astype(np.float32)), True),
+        "shape": (lambda s: s[S2].__setitem__(norm, s[S2][norm][:7].copy()), True),
+        "split scale": (lambda s: s[S3].__setitem__(scale, s[S2].pop(scale)), True),
+        "missing": (lambda s: s[S2].pop(norm), False),
+        "unexpected": (lambda s: s[S2].__setitem__(L1 + "extra", np.zeros(4, np.float32)), False),
+        "in two shards": (lambda s: s[S3].__setitem__(norm, s[S2][norm]), False),
+    }
+    assert added_up(tiny_dir)
+    for i, (mutate, expected) in enumerate(cases.values()):
+        path = mutated(tmp_path / str(i), mutate)
+        assert added_up(path) is expected, list(cases)[i]
+        audit(path)

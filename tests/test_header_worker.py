@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from hub_fixtures import GATED_REPLICA_REPO, GATED_TOKEN, REPLICA_REPO
 from hub_server import FakeHub
 
 from kimi_audit import checkpoint
+from kimi_audit.audit import audit_checkpoint
 from kimi_audit.checkpoint import load_checkpoint
 from kimi_audit.header_worker import DISABLE_ENV, HeaderWorker, WorkerFailed, _ResultUnpickler, _read
 from kimi_audit.sources.hub import HubSource
@@ -27,9 +29,9 @@ class _Recording(HeaderWorker):
 
     returned: list[int] = []
 
-    def results(self) -> dict:
+    def results(self) -> tuple[dict, dict]:
         got = super().results()
-        _Recording.returned.append(len(got))
+        _Recording.returned.append(len(got[0]))
         return got
 
 
@@ -63,6 +65,9 @@ def test_worker_reads_half_the_shards_exactly_as_the_parent_would(
     assert _Recording.returned == [len(checkpoint.worker_share(list(base.headers)))] and 0 < _Recording.returned[0] < 61
     assert ckpt.headers == base.headers and list(ckpt.headers) == list(base.headers)
     assert ckpt.findings == base.findings
+    # each shard aligned with the layout where it was parsed, the worker's as the parent's
+    assert set(base.alignments) == set(base.headers) and ckpt.alignments == base.alignments
+    assert audit_checkpoint(ckpt) == audit_checkpoint(replace(ckpt, alignments={}))
     assert (requests, sent) == (base_requests, base_sent), "no request more or less than in one process"
     assert sorted(s for s, _, _ in calls) == sorted(base.headers)
     assert [d for _, d, _ in calls] == list(range(1, len(base.headers) + 1))
@@ -73,7 +78,7 @@ def test_worker_reads_half_the_shards_exactly_as_the_parent_would(
     (sys.executable, "-c", "import sys; sys.stdin.buffer.read(); sys.exit(3)"),  # dies without a word
     (sys.executable, "-c", "import sys; sys.stdin.buffer.read(); sys.stdout.buffer.write(b'\\xff' * 8)"),  # garbage
     (sys.executable, "-c", "import sys, pickle, struct; sys.stdin.buffer.read(); "
-                           "b = pickle.dumps(('results', {'model-3-of-61.safetensors': 'skipped'})); "
+                           "b = pickle.dumps(('results', ({'model-3-of-61.safetensors': 'skipped'}, {}))); "
                            "sys.stdout.buffer.write(struct.pack('<Q', len(b)) + b)"),  # answers for one shard only
 ])
 def test_a_failing_worker_leaves_its_shards_to_the_parent(

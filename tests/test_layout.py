@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from kimi_audit.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
@@ -145,3 +146,21 @@ def test_each_entry_knows_its_payload_and_place(kimi):
     for position, (name, e) in enumerate(layout.items()):
         assert e.name == name and e.position == position
         assert e.nbytes == prod(e.shape) * DTYPE_BITS[e.dtype] // 8
+
+
+def test_layout_columns_code_every_entry(kimi):
+    """expected_layout's columns (built per block template) agree with its entries, position by position."""
+    layout = kimi[2]
+    c = layout.columns
+    for i, e in enumerate(layout.values()):
+        assert (c.dtypes[c.dtype_code[i]], c.shapes[c.shape_code[i]], c.kinds[c.kind_code[i]]) == (e.dtype, e.shape, e.kind)
+        assert c.numel[i] == e.numel
+    assert c.numel.dtype == np.int64
+
+
+def test_layout_columns_of_absurd_sizes_stay_exact():
+    raw = json.loads(pinned_config_bytes())
+    raw["hidden_size"] = 2**40  # the embedding alone has 163,840 x 2^40 elements: past int64 added up
+    layout = expected_layout(model_config_from_dict(raw))
+    assert layout.columns.numel.dtype == object
+    assert sum(layout.columns.numel) == sum(e.numel for e in layout.values())

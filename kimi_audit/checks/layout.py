@@ -42,22 +42,38 @@ def layout_findings(
         out.extend(_missing(actual, expected))
 
     for row in _mismatched_rows(actual, aligned):
-        name, t, shard, e = actual.names[row], actual.info(row), actual.shards[row], aligned[row]
+        name, shard, e = actual.names[row], actual.shards[row], aligned[row]
         if e is None:
-            out.extend(_unexpected(name, t.dtype, shard, actual, expected))
-            continue
-        dtype_code, shape_code = MISMATCH_CODES[e.kind]
-        make = warning if e.kind == BUFFER else error
-        what = {PARAMETER: "", SCALE: "scale ", BUFFER: "stored buffer (not a parameter) "}[e.kind]
-        if t.dtype != e.dtype:
-            out.append(make(dtype_code, f"{name}: {what}dtype {t.dtype}, expected {e.dtype}",
-                            tensor=name, shard=shard, expected=e.dtype, actual=t.dtype))
-        if t.shape != e.shape:
-            out.append(make(shape_code, f"{name}: {what}shape {list(t.shape)}, expected {list(e.shape)}",
-                            tensor=name, shard=shard, expected=list(e.shape), actual=list(t.shape)))
+            out.extend(_unexpected(name, actual.dtypes[row], shard, actual, expected))
+        else:
+            out.extend(mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, e))
 
     out.extend(_scale_shard_findings(actual, expected))
     return out
+
+
+def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str, e: ExpectedTensor) -> list[Finding]:
+    """A stored tensor's dtype and shape against its expected entry."""
+    out: list[Finding] = []
+    dtype_code, shape_code = MISMATCH_CODES[e.kind]
+    make = warning if e.kind == BUFFER else error
+    what = {PARAMETER: "", SCALE: "scale ", BUFFER: "stored buffer (not a parameter) "}[e.kind]
+    if dtype != e.dtype:
+        out.append(make(dtype_code, f"{name}: {what}dtype {dtype}, expected {e.dtype}",
+                        tensor=name, shard=shard, expected=e.dtype, actual=dtype))
+    if shape != e.shape:
+        out.append(make(shape_code, f"{name}: {what}shape {list(shape)}, expected {list(e.shape)}",
+                        tensor=name, shard=shard, expected=list(e.shape), actual=list(shape)))
+    return out
+
+
+def scale_pair_finding(scale: str, weight: str, scale_shard: str, weight_shard: str | None) -> Finding:
+    """A present scale whose weight is absent (None) or in another shard."""
+    if weight_shard is None:
+        return error("SCALE_ORPHAN", f"{scale}: scale without its weight {weight}", tensor=scale, shard=scale_shard)
+    return warning("SCALE_SHARD_SPLIT", f"{scale} is in {scale_shard} but its weight is in "
+                   f"{weight_shard}; tools that convert one shard at a time miss it",
+                   tensor=scale, shard=scale_shard, expected=weight_shard, actual=scale_shard)
 
 
 def _mismatched_rows(actual: TensorTable, aligned: list[ExpectedTensor | None]) -> list[int]:
@@ -87,14 +103,8 @@ def _scale_shard_findings(actual: TensorTable, expected: dict[str, ExpectedTenso
     s_rows, w_rows = rows[scale_at], rows[scale_at - 1]
     bad = (s_rows >= 0) & ((w_rows < 0) | (codes[w_rows] != codes[s_rows]))
     for j, w_row, s_row in zip(scale_at[bad].tolist(), w_rows[bad].tolist(), s_rows[bad].tolist()):
-        name, weight, s = names[j], names[j - 1], actual.shards[s_row]
-        if w_row < 0:
-            out.append(error("SCALE_ORPHAN", f"{name}: scale without its weight {weight}", tensor=name, shard=s))
-        else:
-            w = actual.shards[w_row]
-            out.append(warning("SCALE_SHARD_SPLIT", f"{name} is in {s} but its weight is in "
-                               f"{w}; tools that convert one shard at a time miss it",
-                               tensor=name, shard=s, expected=w, actual=s))
+        out.append(scale_pair_finding(names[j], names[j - 1], actual.shards[s_row],
+                                      None if w_row < 0 else actual.shards[w_row]))
     return out
 
 
