@@ -10,6 +10,8 @@ body bytes. "needed" = config.json + index + every shard's 8 + N header bytes.
 kimi-audit's figure is the whole audit (resolve, config, index, 61 headers, parse, every check), with its
 header worker process (the default) and in one process (KIMI_AUDIT_HEADER_WORKER=0);
 huggingface_hub's is metadata retrieval only. Target: fewer bytes and requests, <= half the wall time.
+"the load" is load_checkpoint: fetch, strict parse, and each shard aligned with the layout as it is
+parsed; "the checks after it" add the shards' alignments up (audit_checkpoint).
 "client CPU" is the user + system time of the client's processes (every thread, and kimi-audit's header
 worker process; the hub runs apart): a wall time close to it means the client was bound by its CPU.
 """
@@ -178,20 +180,19 @@ def main() -> int:
           f"in one process: {', '.join(f'{r[0]:.2f}' for r in one_runs)}; hf: {', '.join(f'{r[0]:.2f}' for r in hf_runs)})")
     print(f"{'':34s}{'wall s':>8s}{'requests':>10s}{'bytes':>14s}{'bytes/needed':>14s}{'client CPU s':>14s}")
     print(f"{'kimi-audit audit, whole':34s}{ka_wall:8.2f}{ka_req:10d}{ka_bytes:14,d}{ka_bytes / need:14.4f}{ka_cpu:14.2f}")
-    print(f"{'  of which fetch + strict parse':34s}{ka_load:8.2f}")
-    print(f"{'  of which checks':34s}{ka_wall - ka_load:8.2f}")
+    print(f"{'  of which the load':34s}{ka_load:8.2f}")
+    print(f"{'  of which the checks after it':34s}{ka_wall - ka_load:8.2f}")
     print(f"{'kimi-audit, in one process':34s}{one_wall:8.2f}{one_req:10d}{one_bytes:14,d}{one_bytes / need:14.4f}{one_cpu:14.2f}")
-    print(f"{'  of which fetch + strict parse':34s}{one_load:8.2f}")
+    print(f"{'  of which the load':34s}{one_load:8.2f}")
     print(f"{'hf get_safetensors_metadata':34s}{hf_wall:8.2f}{hf_req:10d}{hf_bytes:14,d}{hf_bytes / need:14.4f}{hf_cpu:14.2f}")
     print(
-        f"ratios kimi-audit / hf: wall {ka_wall / hf_wall:.2f}x (fetch + parse {ka_load / hf_wall:.2f}x), "
+        f"ratios kimi-audit / hf: wall {ka_wall / hf_wall:.2f}x (the load {ka_load / hf_wall:.2f}x), "
         f"client CPU {ka_cpu / hf_cpu:.2f}x, requests {ka_req / hf_req:.2f}x, bytes {ka_bytes / hf_bytes:.2f}x; tensors {ka_tensors:,} vs {hf_tensors:,}; "
         f"audit errors {ka_errors}; header worker: whole audit {ka_wall / one_wall:.2f}x the one-process wall"
     )
     fewer = ka_req < hf_req and ka_bytes < hf_bytes and ka_bytes <= 1.02 * need
     print(f"fewer requests and bytes, <= 1.02x needed: {'met' if fewer else 'NOT met'}; "
-          f"whole audit <= half hf's wall time: {'met' if ka_wall <= hf_wall / 2 else 'NOT met'}; "
-          f"fetch + parse <= half: {'met' if ka_load <= hf_wall / 2 else 'NOT met'}")
+          f"whole audit <= half hf's wall time: {'met' if ka_wall <= hf_wall / 2 else 'NOT met'}")
     return 0
 
 

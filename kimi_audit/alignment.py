@@ -36,6 +36,8 @@ class ShardAlignment:
     """Rows whose dtype or shape is not the expected one."""
     classes: tuple[tuple[str, str, int, int, int], ...]
     """(expected kind, dtype, tensors, elements, payload bytes) over the shard's rows."""
+    as_listed: bool | None = None
+    """Whether the index lists exactly this shard's names for it (None: not compared)."""
 
     def position_array(self) -> np.ndarray:
         assert self.positions is not None
@@ -45,13 +47,26 @@ class ShardAlignment:
         return np.frombuffer(self.scale_rows, dtype=_POSITION)
 
 
-def align_shard(header: ShardHeader, expected: ExpectedLayout) -> ShardAlignment:
+def listed_positions(found: list[ExpectedTensor | None]) -> bytes | None:
+    """The positions of the names an index lists for a shard (their entries `found` in the layout),
+    for align_shard to compare; None when one is not in the layout."""
+    if None in found:
+        return None
+    return np.array(list(map(attrgetter("position"), found)), dtype=_POSITION).tobytes()
+
+
+def align_shard(header: ShardHeader, expected: ExpectedLayout, listed: bytes | None = None) -> ShardAlignment:
+    """`listed`: listed_positions of the names the index gives this shard, if known."""
     cols = header.columns
     found = list(map(expected.get, cols.names))
     if None in found or len(expected) >= 2**31:
         return ShardAlignment(len(expected), None, b"", (), ())
     layout = expected.columns
     pos = np.array(list(map(attrgetter("position"), found)), dtype=np.int64)
+    as_listed = None
+    if listed is not None:
+        index_pos = np.frombuffer(listed, dtype=_POSITION)
+        as_listed = len(index_pos) == len(pos) and bool(np.array_equal(np.sort(index_pos), np.sort(pos)))
     # Codes of the stored dtype and shape (-1: none in the layout) against the expected ones.
     dtype_code = np.array(list(map(layout.dtype_index.get, cols.dtypes, repeat(-1))), dtype=np.int32)
     shape_code = np.array(list(map(layout.shape_index.get, cols.shapes, repeat(-1))), dtype=np.int32)
@@ -65,6 +80,7 @@ def align_shard(header: ShardHeader, expected: ExpectedLayout) -> ShardAlignment
         scale_rows=np.flatnonzero(kind_code == scale_code).astype(_POSITION).tobytes(),
         mismatched=tuple(mismatched),
         classes=_classes(header, found, layout, pos, kind_code, differs, mismatched),
+        as_listed=as_listed,
     )
 
 

@@ -7,11 +7,11 @@ from typing import Any
 
 from kimi_audit.checkpoint import Checkpoint, ProgressFn, load_checkpoint
 from kimi_audit.checks.aligned import aligned_checks
-from kimi_audit.checks.index import index_findings
+from kimi_audit.checks.index import index_findings, index_total_size_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
-from kimi_audit.checks.tensors import tensor_table
+from kimi_audit.checks.tensors import TensorLookup, tensor_table
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.gcpause import gc_paused
 from kimi_audit.layout import DENSE, MOE, MTP, layer_block
@@ -81,22 +81,28 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
 
 def _audit(ckpt: Checkpoint) -> AuditReport:
     expected = ckpt.expected
-    actual, findings = tensor_table(ckpt.headers)
     all_findings: list[Finding] = list(ckpt.findings)
     for header in ckpt.headers.values():
         all_findings.extend(header.findings)
     if ckpt.index is not None:
         all_findings.extend(ckpt.index.findings)
     all_findings.extend(quantization_findings(ckpt.config_raw))
-    all_findings.extend(findings)
     added_up = aligned_checks(ckpt.headers, ckpt.alignments, expected)
-    if added_up is None:
+    located: TensorLookup
+    if added_up is None:  # row by row
+        actual, duplicates = tensor_table(ckpt.headers)
         aligned = align(actual, expected)
-        layout, stats = layout_findings(actual, expected, aligned), compute_stats(actual, expected, ckpt.headers, aligned)
-    else:
-        layout, stats = added_up
-    all_findings.extend(layout)
-    all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers))
+        all_findings.extend(duplicates)
+        all_findings.extend(layout_findings(actual, expected, aligned))
+        all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers))
+        stats, located = compute_stats(actual, expected, ckpt.headers, aligned), actual
+    else:  # every name in the layout, once (so no duplicates)
+        layout, stats, located = added_up
+        all_findings.extend(layout)
+        if ckpt.index is not None and all(a.as_listed for a in ckpt.alignments.values()):
+            all_findings.extend(index_total_size_findings(ckpt.index, ckpt.headers))
+        else:
+            all_findings.extend(index_findings(tensor_table(ckpt.headers)[0], ckpt.index, ckpt.headers))
     shards = tuple(
         ShardSummary(name, h.file_size, h.data_start, h.tensor_count,
                      sum(1 for f in h.findings if f.severity is Severity.ERROR))
@@ -107,7 +113,7 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         revision=ckpt.revision,
         model=model_summary(ckpt),
         stats=stats,
-        q_a_layernorm=q_a_layernorm_report(ckpt.config, actual),
+        q_a_layernorm=q_a_layernorm_report(ckpt.config, located),
         shards=shards,
         findings=tuple(all_findings),
     )

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from kimi_audit.alignment import ShardAlignment, align_shard
+from kimi_audit.alignment import ShardAlignment, align_shard, listed_positions
 from kimi_audit.config import ModelConfig, parse_config_bytes
 from kimi_audit.constants import (
     CONFIG_FILE,
@@ -164,8 +164,14 @@ def _read_remote(
     names_by_shard = _names_by_shard(shards, index)
     total = len(shards)
 
+    listed: dict[str, bytes | None] = {}  # what the index lists in each shard, as layout positions
+
     def first_read(shard: str) -> int:
-        return first_read_bytes(names_by_shard[shard], expected, source_file_size(source, shard))
+        names = names_by_shard[shard]
+        found = None if expected is None else list(map(expected.get, names))
+        if found is not None and alignments is not None and index is not None:
+            listed[shard] = listed_positions(found)
+        return first_read_bytes(names, expected, source_file_size(source, shard), found=found)
 
     reported: set[str] = set()
 
@@ -191,7 +197,7 @@ def _read_remote(
         for shard, got in zip(todo, fetched):
             result = results[shard] = parse_fetched(shard, got)
             if alignments is not None and isinstance(result, ShardHeader):
-                alignments[shard] = align_shard(result, expected)  # type: ignore[arg-type]
+                alignments[shard] = align_shard(result, expected, listed.get(shard))  # type: ignore[arg-type]
             report(shard)
             if worker is not None:
                 for their_shard in worker.progressed():
@@ -199,7 +205,8 @@ def _read_remote(
 
     if worker is not None:  # the worker's share first: it is idle until then, and the parent has work
         try:
-            worker.submit(source.worker_state(), [(s, first_read(s)) for s in theirs],  # type: ignore[attr-defined]
+            items = [(s, first_read(s)) for s in theirs]
+            worker.submit(source.worker_state(), [(s, n, listed.get(s)) for s, n in items],  # type: ignore[attr-defined]
                           threads=source.parallel_reads - threads, budget=MAX_TOTAL_HEADER_BYTES // 2,
                           config=config_raw if alignments is not None else None)
         except WorkerFailed as e:
@@ -220,7 +227,9 @@ def _read_remote(
         worker = None
         for shard in theirs:
             if shard in theirs_read:
-                results[shard] = theirs_read[shard]
+                result = results[shard] = theirs_read[shard]
+                if alignments is not None and shard not in alignments and isinstance(result, ShardHeader):
+                    alignments[shard] = align_shard(result, expected, listed.get(shard))  # type: ignore[arg-type]
                 report(shard)
         left = [s for s in theirs if s not in results]
         if left:  # the worker failed: what it did not read is read here, within what is left of the budget

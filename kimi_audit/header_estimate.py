@@ -115,8 +115,10 @@ def estimate_first_read(
     expected: Mapping[str, _Expected] | None = None,
     *,
     file_size: int | None = None,
+    found: list[Any] | None = None,
 ) -> int:
-    """Bytes to ask for on the first read of a shard whose index entries are `names`."""
+    """Bytes to ask for on the first read of a shard whose index entries are `names`. `found`: their
+    entries in `expected` (None where absent), if the caller has looked them up already."""
     names = list(names)
     if not names:
         return DEFAULT_FIRST_READ
@@ -128,7 +130,8 @@ def estimate_first_read(
     digits = len(str(max(file_size, 1)))
     names_len = _names_len(names)
     lower = names_lower_bound(names, names_len)
-    found = list(map(expected.get, names))
+    if found is None:
+        found = list(map(expected.get, names))
     payload: int | None = None
     if None not in found:
         sizes = list(map(attrgetter("nbytes"), found))
@@ -157,9 +160,10 @@ def first_read_bytes(
     tensor_names: list[str],
     expected: Mapping[str, _Expected] | None = None,
     file_size: int | None = None,
+    found: list[Any] | None = None,
 ) -> int:
     """First-read size for one shard (names from the index; layout and file size when known)."""
-    return estimate_first_read(tensor_names, expected, file_size=file_size)
+    return estimate_first_read(tensor_names, expected, file_size=file_size, found=found)
 
 
 def shard_first_reads(

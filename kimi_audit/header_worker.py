@@ -130,11 +130,12 @@ class HeaderWorker:
         self._reader: threading.Thread | None = None
 
     def submit(
-        self, state: dict[str, Any], items: list[tuple[str, int]], threads: int, budget: int,
+        self, state: dict[str, Any], items: list[tuple[str, int, bytes | None]], threads: int, budget: int,
         config: dict[str, Any] | None = None,
     ) -> None:
-        """Send the job: the source's state, [(shard, first read)], threads, header-byte budget and the
-        parsed config.json, if the worker is to align each shard with the layout it implies."""
+        """Send the job: the source's state, [(shard, first read, what the index lists in it as
+        alignment.listed_positions)], threads, header-byte budget and the parsed config.json, if the
+        worker is to align each shard with the layout it implies."""
         if self._proc is None:
             raise WorkerFailed("header worker did not start")
         try:
@@ -237,7 +238,7 @@ def _serve(stdin: Any, stdout: Any) -> None:
     if job is None:
         return
     source = HubSource.from_worker_state(job["source"])
-    items: list[tuple[str, int]] = job["items"]
+    items: list[tuple[str, int, bytes | None]] = job["items"]
     budget = HeaderBudget(int(job["budget"]))
     results: dict[str, Any] = {}
     alignments: dict[str, Any] = {}
@@ -246,10 +247,10 @@ def _serve(stdin: Any, stdout: Any) -> None:
             fetched = pool.map(lambda item: fetch_header(source, item[0], item[1], budget), items)
             # while the first headers are on their way
             expected = None if job.get("config") is None else expected_layout(model_config_from_dict(job["config"]))
-            for (shard, _), got in zip(items, fetched):
+            for (shard, _, listed), got in zip(items, fetched):
                 result = results[shard] = parse_fetched(shard, got)
                 if expected is not None and isinstance(result, ShardHeader):
-                    alignments[shard] = align_shard(result, expected)
+                    alignments[shard] = align_shard(result, expected, listed)
                 _write(stdout, ("progress", shard))
     except HubError as e:
         _write(stdout, ("fatal", e))

@@ -11,7 +11,7 @@ import pytest
 
 from dataclasses import replace
 
-from kimi_audit.alignment import align_shard
+from kimi_audit.alignment import align_shard, listed_positions
 from kimi_audit.audit import audit_checkpoint, audit_source
 from kimi_audit.checkpoint import load_checkpoint
 from kimi_audit.checks.aligned import aligned_checks
@@ -29,16 +29,27 @@ def audit(path: Path):
     ckpt = load_checkpoint(LocalSource(path))
     report = audit_checkpoint(ckpt)
     assert report == audit_source(LocalSource(path))
-    aligned = replace(ckpt, alignments={s: align_shard(h, ckpt.expected) for s, h in ckpt.headers.items()})
-    assert audit_checkpoint(aligned) == report
+    for alignments in (_alignments(ckpt, with_index=False), _alignments(ckpt)):
+        assert audit_checkpoint(replace(ckpt, alignments=alignments)) == report
     return report
 
 
-def added_up(path: Path) -> bool:
-    """Whether the audit of `path` can be added up from its shards' alignments (checks.aligned)."""
+def _alignments(ckpt, with_index: bool = True) -> dict:
+    """Each shard aligned as a remote load aligns it (and compared with what the index lists in it)."""
+    listed: dict = {s: [] for s in ckpt.headers}
+    for name, shard in (ckpt.index.weight_map.items() if ckpt.index is not None and with_index else ()):
+        listed.setdefault(shard, []).append(ckpt.expected.get(name))
+    return {s: align_shard(h, ckpt.expected, listed_positions(listed[s]) if with_index and ckpt.index else None)
+            for s, h in ckpt.headers.items()}
+
+
+def added_up(path: Path) -> tuple[bool, bool]:
+    """Whether the audit of `path` is added up from its shards' alignments (checks.aligned), and
+    whether the index check is too (every shard as the index lists it)."""
     ckpt = load_checkpoint(LocalSource(path))
-    alignments = {s: align_shard(h, ckpt.expected) for s, h in ckpt.headers.items()}
-    return aligned_checks(ckpt.headers, alignments, ckpt.expected) is not None
+    alignments = _alignments(ckpt)
+    return (aligned_checks(ckpt.headers, alignments, ckpt.expected) is not None,
+            all(a.as_listed for a in alignments.values()))
 
 
 def found(report, code: str) -> list[tuple[str | None, str]]:
@@ -252,15 +263,22 @@ def test_regular_checkpoints_are_added_up_and_the_rest_row_by_row(tmp_path, tiny
     `audit` above holds it to the row-by-row report); anything else goes row by row."""
     scale, norm = L1 + "self_attn.q_a_proj.weight_scale_inv", L1 + "input_layernorm.weight"
     cases = {
-        "dtype": (lambda s: s[S2].__setitem__(norm, s[S2][norm].astype(np.float32)), True),
-        "shape": (lambda s: s[S2].__setitem__(norm, s[S2][norm][:7].copy()), True),
-        "split scale": (lambda s: s[S3].__setitem__(scale, s[S2].pop(scale)), True),
-        "missing": (lambda s: s[S2].pop(norm), False),
-        "unexpected": (lambda s: s[S2].__setitem__(L1 + "extra", np.zeros(4, np.float32)), False),
-        "in two shards": (lambda s: s[S3].__setitem__(norm, s[S2][norm]), False),
+        "dtype": (lambda s: s[S2].__setitem__(norm, s[S2][norm].astype(np.float32)), (True, True)),
+        "shape": (lambda s: s[S2].__setitem__(norm, s[S2][norm][:7].copy()), (True, True)),
+        "split scale": (lambda s: s[S3].__setitem__(scale, s[S2].pop(scale)), (True, True)),
+        "missing": (lambda s: s[S2].pop(norm), (False, True)),
+        "unexpected": (lambda s: s[S2].__setitem__(L1 + "extra", np.zeros(4, np.float32)), (False, False)),
+        "in two shards": (lambda s: s[S3].__setitem__(norm, s[S2][norm]), (False, False)),
     }
-    assert added_up(tiny_dir)
+    assert added_up(tiny_dir) == (True, True)
     for i, (mutate, expected) in enumerate(cases.values()):
         path = mutated(tmp_path / str(i), mutate)
-        assert added_up(path) is expected, list(cases)[i]
+        assert added_up(path) == expected, list(cases)[i]
         audit(path)
+
+
+def test_an_index_that_lists_a_tensor_elsewhere_is_not_as_listed(tiny_copy):
+    name = L1 + "input_layernorm.weight"
+    edit_json(tiny_copy / "model.safetensors.index.json", lambda o: o["weight_map"].__setitem__(name, S3))
+    assert added_up(tiny_copy) == (True, False)
+    assert found(audit(tiny_copy), "INDEX_SHARD_MISMATCH") == [(name, "error")]

@@ -16,14 +16,34 @@ import numpy as np
 from kimi_audit.alignment import ShardAlignment
 from kimi_audit.checks.layout import mismatch_findings, scale_pair_finding
 from kimi_audit.findings import Finding
-from kimi_audit.format import ShardHeader
+from kimi_audit.format import ShardHeader, TensorInfo
 from kimi_audit.layout import BUFFER, ExpectedTensor
 from kimi_audit.stats import Stats, stats_from_classes
 
 
+class AlignedLookup:
+    """Tensor name -> (header entry, shard), through the alignments' positions: what
+    checks.tensors.TensorTable.get answers, without a table of every name."""
+
+    def __init__(self, headers: dict[str, ShardHeader], positions: list[np.ndarray], shard_of: np.ndarray,
+                 expected: dict[str, ExpectedTensor]) -> None:
+        self._headers, self._shards, self._positions = headers, list(headers), positions
+        self._shard_of, self._expected = shard_of, expected
+
+    def get(self, name: str) -> tuple[TensorInfo, str] | None:
+        e = self._expected.get(name)
+        if e is None or self._shard_of[e.position] < 0:
+            return None
+        i = int(self._shard_of[e.position])
+        row = int(np.flatnonzero(self._positions[i] == e.position)[0])
+        shard = self._shards[i]
+        c = self._headers[shard].columns
+        return TensorInfo(c.names[row], c.dtypes[row], c.shapes[row], c.begins[row], c.ends[row]), shard
+
+
 def aligned_checks(
     headers: dict[str, ShardHeader], alignments: dict[str, ShardAlignment], expected: dict[str, ExpectedTensor]
-) -> tuple[list[Finding], Stats] | None:
+) -> tuple[list[Finding], Stats, AlignedLookup] | None:
     shards = list(headers)
     aligns = [alignments.get(s) for s in shards]
     if not shards or any(a is None or a.positions is None or a.layout_size != len(expected) for a in aligns):
@@ -46,17 +66,19 @@ def aligned_checks(
         for row in a.mismatched:  # type: ignore[union-attr]
             name = cols.names[row]
             out.extend(mismatch_findings(name, cols.dtypes[row], cols.shapes[row], shard, expected[name]))
-    out.extend(_scale_pairs(shards, aligns, positions, expected))  # type: ignore[arg-type]
-    return out, stats_from_classes(chain.from_iterable(a.classes for a in aligns), headers)  # type: ignore[union-attr]
-
-
-def _scale_pairs(
-    shards: list[str], aligns: list[ShardAlignment], positions: list[np.ndarray], expected: dict[str, ExpectedTensor]
-) -> list[Finding]:
-    """Each present scale against its weight, listed just before it in the layout: present, same shard."""
     shard_of = np.full(len(expected), -1, dtype=np.int64)
     for i, pos in enumerate(positions):
         shard_of[pos] = i
+    out.extend(_scale_pairs(shards, aligns, positions, shard_of, expected))  # type: ignore[arg-type]
+    stats = stats_from_classes(chain.from_iterable(a.classes for a in aligns), headers)  # type: ignore[union-attr]
+    return out, stats, AlignedLookup(headers, positions, shard_of, expected)
+
+
+def _scale_pairs(
+    shards: list[str], aligns: list[ShardAlignment], positions: list[np.ndarray], shard_of: np.ndarray,
+    expected: dict[str, ExpectedTensor],
+) -> list[Finding]:
+    """Each present scale against its weight, listed just before it in the layout: present, same shard."""
     scale_pos = np.concatenate([pos[a.scale_row_array()] for pos, a in zip(positions, aligns)])
     owner = np.concatenate([np.full(len(a.scale_row_array()), i, dtype=np.int64) for i, a in enumerate(aligns)])
     weight_shard = shard_of[np.maximum(scale_pos - 1, 0)]

@@ -31,6 +31,12 @@ def index_findings(actual: TensorTable, index: IndexFile | None, headers: dict[s
         if shard in headers:
             out.append(error("INDEX_TENSOR_ABSENT", f"{name}: {INDEX_FILE} maps it to {shard}, whose header "
                              "lacks it", tensor=name, shard=shard))
+    return out + index_total_size_findings(index, headers)
+
+
+def index_total_size_findings(index: IndexFile, headers: dict[str, ShardHeader]) -> list[Finding]:
+    """metadata.total_size against the payloads, once every shard the index names has been read."""
+    out: list[Finding] = []
     if index.total_size is not None and all(shard in headers for shard in index.shards):
         payload = sum(h.payload_bytes for h in headers.values())
         if payload != index.total_size:

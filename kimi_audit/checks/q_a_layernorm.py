@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kimi_audit.checks.tensors import TensorTable
+from kimi_audit.checks.tensors import TensorLookup
 from kimi_audit.config import ModelConfig
 from kimi_audit.layout import DENSE, MOE, MTP, layer_block
 
@@ -63,7 +63,7 @@ class QALayerNormReport:
         return all(r.ok for r in self.rows)
 
 
-def q_a_layernorm_report(cfg: ModelConfig, actual: TensorTable) -> QALayerNormReport:
+def q_a_layernorm_report(cfg: ModelConfig, actual: TensorLookup) -> QALayerNormReport:
     if cfg.q_lora_rank is None:
         return QALayerNormReport(None, (), ())
     want = (cfg.q_lora_rank,)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain, repeat
+from typing import Protocol
 
 from kimi_audit.findings import Finding, error
 from kimi_audit.format import ShardHeader, TensorInfo
@@ -17,6 +18,12 @@ def locate_tensors(headers: dict[str, ShardHeader]) -> tuple[Located, list[Findi
     table, findings = tensor_table(headers)
     rows = zip(table.names, table.dtypes, table.shapes, table.begins, table.ends)
     return dict(zip(table.names, zip(map(tuple.__new__, repeat(TensorInfo), rows), table.shards))), findings
+
+
+class TensorLookup(Protocol):
+    """Where a named tensor is: TensorTable, or checks.aligned.AlignedLookup."""
+
+    def get(self, name: str) -> tuple[TensorInfo, str] | None: ...
 
 
 @dataclass(frozen=True)
