@@ -1,7 +1,7 @@
 """One shard's tensors against the expected layout, worked out right after its header is parsed.
 
 A remote load aligns each shard as it parses it (in the parent or in the header worker), while the
-header's columns are still in the CPU's caches; the audit then adds the shards up (checks.fast)
+header's columns are still in the CPU's caches; the audit then adds the shards up (checks.aligned)
 instead of walking 139,644 rows again. Everything here is pure and its result holds builtins only,
 so that the header worker can hand it back with the header.
 """
