@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from math import prod
 from operator import attrgetter
+from typing import cast
 
 import numpy as np
 
@@ -79,7 +80,7 @@ def align_shard(header: ShardHeader, expected: ExpectedLayout, listed: bytes | N
         positions=pos.astype(_POSITION).tobytes(),
         scale_rows=np.flatnonzero(kind_code == scale_code).astype(_POSITION).tobytes(),
         mismatched=tuple(mismatched),
-        classes=_classes(header, found, layout, pos, kind_code, differs, mismatched),
+        classes=_classes(header, cast(list[ExpectedTensor], found), layout, pos, kind_code, differs, mismatched),
         as_listed=as_listed,
     )
 
@@ -104,4 +105,4 @@ def _classes(
         entry[0] += 1
         entry[1] += prod(cols.shapes[row])
         entry[2] += cols.ends[row] - cols.begins[row]
-    return tuple((k, d, *sums) for (k, d), sums in acc.items())
+    return tuple((k, d, t, e, b) for (k, d), (t, e, b) in acc.items())

@@ -112,8 +112,9 @@ class _ColumnsBuilder:
         """(dtype, shape, kind codes, element counts, their sum) of each run of positions."""
 
     def add(self, dtypes: list[str], shapes: list[tuple[int, ...]], kinds: list[str]) -> tuple[Any, ...]:
+        columns: tuple[list[Any], ...] = (dtypes, shapes, kinds)
         chunk = tuple(np.array([table.setdefault(v, len(table)) for v in column], dtype=np.int32)
-                      for table, column in zip(self.codes, (dtypes, shapes, kinds)))
+                      for table, column in zip(self.codes, columns))
         numel = [math.prod(s) for s in shapes]
         return chunk + (np.array(numel, dtype=object), sum(numel))
 
@@ -123,7 +124,8 @@ class _ColumnsBuilder:
         numel = np.concatenate([c[3] for c in self.chunks]) if self.chunks else np.zeros(0, object)
         if sum(c[4] for c in self.chunks) < 2**63:  # then no sum of them overflows: int64 adds them up
             numel = numel.astype(np.int64)
-        return LayoutColumns(*(tuple(table) for table in self.codes), *codes, numel)  # type: ignore[arg-type]
+        dtypes, shapes, kinds = (tuple(table) for table in self.codes)
+        return LayoutColumns(dtypes, shapes, kinds, codes[0], codes[1], codes[2], numel)
 
 
 def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
@@ -150,9 +152,9 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
         components, (dtypes, shapes, kinds, comps, nbytes), chunk = template
         columns.chunks.append(chunk)
         names = list(map(f"model.layers.{layer}.".__add__, components))
-        rows = zip(names, dtypes, shapes, kinds, comps, repeat(layer), repeat(block), nbytes,
-                   range(len(out), len(out) + len(names)))
-        out.update(zip(names, map(tuple.__new__, repeat(ExpectedTensor), rows)))
+        stamped = zip(names, dtypes, shapes, kinds, comps, repeat(layer), repeat(block), nbytes,
+                      range(len(out), len(out) + len(names)))
+        out.update(zip(names, map(tuple.__new__, repeat(ExpectedTensor), stamped)))
     top("model.norm.weight", (h,))
     if not cfg.tie_word_embeddings:
         top("lm_head.weight", (cfg.vocab_size, h))
