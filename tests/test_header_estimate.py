@@ -90,3 +90,24 @@ def test_fetch_shard_prefix_matches_read_shard_header(replica_dir: Path) -> None
         assert size == h.file_size == (replica_dir / shard).stat().st_size
         assert data[: len(head)] == head and len(data) == max(len(head), first)
         assert h.ok and h.data_start == len(head)
+
+
+def test_exact_figure_past_the_quick_bound_is_checked_against_the_entries_text() -> None:
+    """Twenty-dimensional shapes make each entry longer than the quick bound allows: the exact figure
+    must still be taken, once the bound from the entries' own text admits it."""
+    from kimi_audit.layout import PARAMETER, _tensor
+
+    names = [f"t.{i}.weight" for i in range(50)]
+    shape = (1,) * 20
+    expected = {n: _tensor(n, "U8", shape, PARAMETER, n, None, None) for n in names}
+    header = {n: {"dtype": "U8", "shape": list(shape), "data_offsets": [i, i + 1]} for i, n in enumerate(names)}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    exact = 8 + len(text)
+    file_size = exact + len(names)
+    digits = len(str(file_size))
+    from kimi_audit.header_estimate import ENTRY_PUNCTUATION, MAX_DTYPE_TEXT, METADATA_ALLOWANCE, PADDING
+
+    per_entry = ENTRY_PUNCTUATION + 2 * digits + MAX_DTYPE_TEXT + len("[,]") + 2 * (digits + 1)
+    quick = 8 + 2 + METADATA_ALLOWANCE + PADDING + _names_len(names) + len(names) * per_entry
+    assert exact > quick, "the case must lie past the quick bound"
+    assert estimate_first_read(names, expected, file_size=file_size) == exact
