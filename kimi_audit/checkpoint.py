@@ -41,7 +41,8 @@ many shards) stays near 1 GB instead of growing with the number of shards."""
 WORKER_SHARE = 0.4
 """The share of a remote checkpoint's shards the header worker reads. Under half: the parent's own share
 costs it less (no results to pickle and hand back), so at 0.4 both finish together (on the replica,
-the parent waited 50-200 ms for the worker at 0.5, ~20 ms at 0.36-0.42)."""
+the parent waited 50-200 ms for the worker at 0.5, ~20 ms at 0.36-0.42). Since both align their shards
+as they parse them (and the worker derives the layout first), 0.3, 0.4 and 0.5 came within noise."""
 log = logging.getLogger(__name__)
 
 
@@ -193,20 +194,24 @@ def _read_remote(
     def fetch(shard: str) -> Fetched:
         return fetch_header(source, shard, first_read(shard), budget)
 
+    def keep(shard: str, result: ShardHeader | Finding | str) -> None:
+        """A shard's result, aligned with the layout here unless the worker already did."""
+        results[shard] = result
+        if alignments is not None and shard not in alignments and isinstance(result, ShardHeader):
+            alignments[shard] = align_shard(result, expected, listed.get(shard))  # type: ignore[arg-type]
+        report(shard)
+
     def parse(todo: list[str], fetched: Iterator[Fetched]) -> None:
         for shard, got in zip(todo, fetched):
-            result = results[shard] = parse_fetched(shard, got)
-            if alignments is not None and isinstance(result, ShardHeader):
-                alignments[shard] = align_shard(result, expected, listed.get(shard))  # type: ignore[arg-type]
-            report(shard)
+            keep(shard, parse_fetched(shard, got))
             if worker is not None:
                 for their_shard in worker.progressed():
                     report(their_shard)
 
     if worker is not None:  # the worker's share first: it is idle until then, and the parent has work
         try:
-            items = [(s, first_read(s)) for s in theirs]
-            worker.submit(source.worker_state(), [(s, n, listed.get(s)) for s, n in items],  # type: ignore[attr-defined]
+            items = [(s, first_read(s), listed.get(s)) for s in theirs]  # first_read fills listed[s]
+            worker.submit(source.worker_state(), items,  # type: ignore[attr-defined]
                           threads=source.parallel_reads - threads, budget=MAX_TOTAL_HEADER_BYTES // 2,
                           config=config_raw if alignments is not None else None)
         except WorkerFailed as e:
@@ -227,10 +232,7 @@ def _read_remote(
         worker = None
         for shard in theirs:
             if shard in theirs_read:
-                result = results[shard] = theirs_read[shard]
-                if alignments is not None and shard not in alignments and isinstance(result, ShardHeader):
-                    alignments[shard] = align_shard(result, expected, listed.get(shard))  # type: ignore[arg-type]
-                report(shard)
+                keep(shard, theirs_read[shard])
         left = [s for s in theirs if s not in results]
         if left:  # the worker failed: what it did not read is read here, within what is left of the budget
             budget.limit = MAX_TOTAL_HEADER_BYTES - sum(
