@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from kimi_audit.alignment import ShardAlignment, align_shard, listed_positions
+from kimi_audit.alignment import ShardAlignment, align_listed, align_shard, listed_positions
 from kimi_audit.config import ModelConfig, parse_config_bytes
 from kimi_audit.constants import (
     CONFIG_FILE,
@@ -30,7 +30,7 @@ from kimi_audit.header_fetch import SKIPPED, Fetched, HeaderBudget, fetch_header
 from kimi_audit.index import IndexFile, natural_key, parse_index
 from kimi_audit.gcpause import gc_paused
 from kimi_audit.header_worker import HeaderWorker, WorkerFailed, enabled as worker_enabled
-from kimi_audit.layout import ExpectedTensor, expected_layout
+from kimi_audit.layout import ExpectedLayout, ExpectedTensor, expected_layout
 from kimi_audit.sources.base import Source
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -116,17 +116,17 @@ def shards_to_read(files: tuple[str, ...], index: IndexFile | None) -> tuple[lis
 
 def read_headers(
     source: Source, shards: list[str], index: IndexFile | None, progress: ProgressFn | None = None,
-    expected: dict[str, ExpectedTensor] | None = None, worker: HeaderWorker | None = None,
-    config_raw: dict[str, Any] | None = None, alignments: dict[str, ShardAlignment] | None = None,
+    expected: ExpectedLayout | None = None, worker: HeaderWorker | None = None,
+    alignments: dict[str, ShardAlignment] | None = None,
 ) -> tuple[dict[str, ShardHeader], list[Finding]]:
     """Every shard's header. A remote source's headers are fetched in threads (and by `worker`, a
-    second process, for a share of them, if given: it derives the layout from `config_raw`); a local
-    one's are read one after another. A remote read given `expected` and `alignments` aligns each
-    shard as it is parsed, into `alignments`."""
+    second process, for a share of them, if given); a local one's are read one after another. A
+    remote read given `expected` and `alignments` aligns each shard as it is parsed, into
+    `alignments` (the worker aligns its own with the layout's columns and the names the index lists)."""
     results: dict[str, ShardHeader | Finding | str] = {}
     with gc_paused():
         if source.parallel_reads > 1 and len(shards) > 1:
-            _read_remote(source, shards, index, expected, worker, results, progress, config_raw,
+            _read_remote(source, shards, index, expected, worker, results, progress,
                          alignments if alignments is not None and expected is not None else None)
         else:
             budget = HeaderBudget(MAX_TOTAL_HEADER_BYTES)
@@ -158,9 +158,9 @@ def _read_one(source: Source, shard: str, budget: HeaderBudget) -> ShardHeader |
 
 
 def _read_remote(
-    source: Source, shards: list[str], index: IndexFile | None, expected: dict[str, ExpectedTensor] | None,
+    source: Source, shards: list[str], index: IndexFile | None, expected: ExpectedLayout | None,
     worker: HeaderWorker | None, results: dict[str, ShardHeader | Finding | str], progress: ProgressFn | None,
-    config_raw: dict[str, Any] | None, alignments: dict[str, ShardAlignment] | None,
+    alignments: dict[str, ShardAlignment] | None,
 ) -> None:
     names_by_shard = _names_by_shard(shards, index)
     total = len(shards)
@@ -198,7 +198,11 @@ def _read_remote(
         """A shard's result, aligned with the layout here unless the worker already did."""
         results[shard] = result
         if alignments is not None and shard not in alignments and isinstance(result, ShardHeader):
-            alignments[shard] = align_shard(result, expected, listed.get(shard))  # type: ignore[arg-type]
+            assert expected is not None
+            got = listed.get(shard)
+            aligned = None if got is None else align_listed(
+                result, names_by_shard[shard], got, expected.columns, len(expected))
+            alignments[shard] = aligned or align_shard(result, expected, got)
         report(shard)
 
     def parse(todo: list[str], fetched: Iterator[Fetched]) -> None:
@@ -210,10 +214,12 @@ def _read_remote(
 
     if worker is not None:  # the worker's share first: it is idle until then, and the parent has work
         try:
-            items = [(s, first_read(s), listed.get(s)) for s in theirs]  # first_read fills listed[s]
+            sizes = [first_read(s) for s in theirs]  # fills listed[s]
+            items = [(s, size, names_by_shard[s], listed.get(s)) for s, size in zip(theirs, sizes)]
+            layout = None if alignments is None or expected is None else (expected.columns, len(expected))
             worker.submit(source.worker_state(), items,  # type: ignore[attr-defined]
                           threads=source.parallel_reads - threads, budget=MAX_TOTAL_HEADER_BYTES // 2,
-                          config=config_raw if alignments is not None else None)
+                          layout=layout)
         except WorkerFailed as e:
             log.debug("reading every header here: %s", e)
             worker = None
@@ -293,7 +299,7 @@ def _load(
     shards, shard_findings = shards_to_read(files, index)
     findings += shard_findings
     alignments: dict[str, ShardAlignment] = {}
-    headers, failures = read_headers(source, shards, index, progress, expected, worker, config_raw, alignments)
+    headers, failures = read_headers(source, shards, index, progress, expected, worker, alignments)
     if expected is None:
         expected = expected_layout(config)
     findings += failures

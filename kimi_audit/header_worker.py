@@ -3,10 +3,12 @@
 Parsing 139,644 header entries is CPU work that holds the GIL, so threads cannot spread it over the
 cores. The worker is started (`python -m kimi_audit.header_worker`) as soon as a remote load begins:
 its interpreter starts and imports while the parent reads config.json and the index. The parent then
-sends it the resolved source and a share of the shards with their first-read sizes; the worker reads
-and parses them while the parent does its own share, reports each shard as it is done (for the
-progress bar) and hands all its results back at the end, in one message (a stream of large ones
-would stall on the parent's reading thread while the parent parses, holding the GIL).
+sends it the resolved source and a share of the shards with their first-read sizes, the names the
+index lists in each with their layout positions, and the layout's columns: the worker reads, parses
+and aligns them (alignment.align_listed, no layout of its own to derive) while the parent does its
+own share, reports each shard as it is done (for the progress bar) and hands all its results back at
+the end, in one message (a stream of large ones would stall on the parent's reading thread while the
+parent parses, holding the GIL).
 
 The worker makes only the requests the parent would have made (no resolve, no extra reads). Its
 results are what the parent's own reader would have produced for those shards; a worker that fails
@@ -30,9 +32,12 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kimi_audit.errors import KimiAuditError
+
+if TYPE_CHECKING:
+    from kimi_audit.layout import LayoutColumns
 
 log = logging.getLogger(__name__)
 
@@ -130,23 +135,30 @@ class HeaderWorker:
         self._reader: threading.Thread | None = None
 
     def submit(
-        self, state: dict[str, Any], items: list[tuple[str, int, bytes | None]], threads: int, budget: int,
-        config: dict[str, Any] | None = None,
+        self, state: dict[str, Any], items: list[tuple[str, int, list[str], bytes | None]], threads: int,
+        budget: int, layout: tuple[LayoutColumns, int] | None = None,
     ) -> None:
-        """Send the job: the source's state, [(shard, first read, what the index lists in it as
-        alignment.listed_positions)], threads, header-byte budget and the parsed config.json, if the
-        worker is to align each shard with the layout it implies."""
+        """Send the job: the source's state, [(shard, first read, the names the index lists in it and
+        their layout positions as alignment.listed_positions)], threads, header-byte budget, and the
+        layout's columns and size if the worker is to align each shard (alignment.align_listed)."""
         if self._proc is None:
             raise WorkerFailed("header worker did not start")
-        try:
-            assert self._proc.stdin is not None
-            _write(self._proc.stdin, {"source": state, "items": items, "threads": threads, "budget": budget,
-                                      "config": config})
-            self._proc.stdin.close()
-        except (OSError, ValueError) as e:
-            raise WorkerFailed(f"header worker took no job: {e}") from None
+        wire = None if layout is None else (layout[0].to_builtins(), layout[1])
+        job = {"source": state, "items": items, "threads": threads, "budget": budget, "layout": wire}
+        # Megabytes, more than a pipe holds while the worker is still starting up: a thread writes them,
+        # and the parent goes on with its own share. A worker that takes no job ends its stream unanswered.
+        threading.Thread(target=self._send, args=(job,), name="kimi-audit-header-job", daemon=True).start()
         self._reader = threading.Thread(target=self._drain, name="kimi-audit-header-worker", daemon=True)
         self._reader.start()
+
+    def _send(self, job: dict[str, Any]) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        stdin = self._proc.stdin
+        try:
+            _write(stdin, job)
+            stdin.close()
+        except (OSError, ValueError) as e:
+            log.debug("header worker took no job: %s", e)
 
     def _drain(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -225,11 +237,10 @@ def _warm_up() -> None:
 def _serve(stdin: Any, stdout: Any) -> None:
     import gc
 
-    from kimi_audit.alignment import align_shard
-    from kimi_audit.config import model_config_from_dict
+    from kimi_audit.alignment import ShardAlignment, align_listed
     from kimi_audit.format import ShardHeader
     from kimi_audit.header_fetch import HeaderBudget, fetch_header, parse_fetched
-    from kimi_audit.layout import expected_layout
+    from kimi_audit.layout import LayoutColumns
     from kimi_audit.sources.hub import HubError, HubSource
 
     gc.disable()  # what it builds is acyclic, and the process ends when the job is done
@@ -238,19 +249,20 @@ def _serve(stdin: Any, stdout: Any) -> None:
     if job is None:
         return
     source = HubSource.from_worker_state(job["source"])
-    items: list[tuple[str, int, bytes | None]] = job["items"]
+    items: list[tuple[str, int, list[str], bytes | None]] = job["items"]
     budget = HeaderBudget(int(job["budget"]))
+    layout = None if job["layout"] is None else (LayoutColumns.from_builtins(job["layout"][0]), int(job["layout"][1]))
     results: dict[str, Any] = {}
-    alignments: dict[str, Any] = {}
+    alignments: dict[str, ShardAlignment] = {}
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(int(job["threads"]), len(items)))) as pool:
             fetched = pool.map(lambda item: fetch_header(source, item[0], item[1], budget), items)
-            # while the first headers are on their way
-            expected = None if job.get("config") is None else expected_layout(model_config_from_dict(job["config"]))
-            for (shard, _, listed), got in zip(items, fetched):
+            for (shard, _, names, listed), got in zip(items, fetched):
                 result = results[shard] = parse_fetched(shard, got)
-                if expected is not None and isinstance(result, ShardHeader):
-                    alignments[shard] = align_shard(result, expected, listed)
+                if layout is not None and listed is not None and isinstance(result, ShardHeader):
+                    aligned = align_listed(result, names, listed, *layout)
+                    if aligned is not None:  # else the parent aligns it, with the whole layout
+                        alignments[shard] = aligned
                 _write(stdout, ("progress", shard))
     except HubError as e:
         _write(stdout, ("fatal", e))

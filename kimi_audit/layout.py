@@ -97,6 +97,22 @@ class LayoutColumns:
     def shape_index(self) -> dict[tuple[int, ...], int]:
         return {s: i for i, s in enumerate(self.shapes)}
 
+    def to_builtins(self) -> dict[str, Any]:
+        """These columns as builtins (arrays as bytes), for the header worker's job."""
+        numel = self.numel.tolist() if self.numel.dtype == object else self.numel.astype("<i8").tobytes()
+        return {"dtypes": self.dtypes, "shapes": self.shapes, "kinds": self.kinds, "numel": numel,
+                **{k: getattr(self, k).astype("<i4").tobytes() for k in ("dtype_code", "shape_code", "kind_code")}}
+
+    @staticmethod
+    def from_builtins(d: dict[str, Any]) -> "LayoutColumns":
+        numel = d["numel"]
+        dtype_code, shape_code, kind_code = (
+            np.frombuffer(d[k], dtype="<i4") for k in ("dtype_code", "shape_code", "kind_code"))
+        return LayoutColumns(
+            tuple(d["dtypes"]), tuple(map(tuple, d["shapes"])), tuple(d["kinds"]), dtype_code, shape_code, kind_code,
+            np.array(numel, dtype=object) if isinstance(numel, list) else np.frombuffer(numel, dtype="<i8"),
+        )
+
 
 class ExpectedLayout(dict[str, ExpectedTensor]):
     """expected_layout's result: a dict, and its `columns`."""

@@ -11,7 +11,7 @@ import pytest
 
 from dataclasses import replace
 
-from kimi_audit.alignment import align_shard, listed_positions
+from kimi_audit.alignment import align_listed, align_shard, listed_positions
 from kimi_audit.audit import audit_checkpoint, audit_source
 from kimi_audit.checkpoint import load_checkpoint
 from kimi_audit.checks.aligned import aligned_checks
@@ -35,12 +35,20 @@ def audit(path: Path):
 
 
 def _alignments(ckpt, with_index: bool = True) -> dict:
-    """Each shard aligned as a remote load aligns it (and compared with what the index lists in it)."""
-    listed: dict = {s: [] for s in ckpt.headers}
+    """Each shard aligned as a remote load aligns it (and compared with what the index lists in it).
+    Where the index lists positions for a shard, the quick way from its names (align_listed, which the
+    header worker takes) must give the same alignment, or None (the load then takes align_shard's)."""
+    names: dict = {s: [] for s in ckpt.headers}
     for name, shard in (ckpt.index.weight_map.items() if ckpt.index is not None and with_index else ()):
-        listed.setdefault(shard, []).append(ckpt.expected.get(name))
-    return {s: align_shard(h, ckpt.expected, listed_positions(listed[s]) if with_index and ckpt.index else None)
-            for s, h in ckpt.headers.items()}
+        names.setdefault(shard, []).append(name)
+    out = {}
+    for s, h in ckpt.headers.items():
+        listed = listed_positions([ckpt.expected.get(n) for n in names[s]]) if with_index and ckpt.index else None
+        out[s] = align_shard(h, ckpt.expected, listed)
+        if listed is not None:
+            quick = align_listed(h, names[s], listed, ckpt.expected.columns, len(ckpt.expected))
+            assert quick is None or quick == out[s], s
+    return out
 
 
 def added_up(path: Path) -> tuple[bool, bool]:
@@ -282,3 +290,32 @@ def test_an_index_that_lists_a_tensor_elsewhere_is_not_as_listed(tiny_copy):
     edit_json(tiny_copy / "model.safetensors.index.json", lambda o: o["weight_map"].__setitem__(name, S3))
     assert added_up(tiny_copy) == (True, False)
     assert found(audit(tiny_copy), "INDEX_SHARD_MISMATCH") == [(name, "error")]
+
+
+def test_a_shard_is_aligned_from_the_names_the_index_lists_for_it(tmp_path, tiny_copy):
+    """align_listed (the header worker's way, and the remote load's first try) gives align_shard's
+    alignment, mismatches included, from the index's names for the shard; None where the header holds a
+    name the index does not list for that shard (align_shard then looks it up in the whole layout)."""
+    norm = L1 + "input_layernorm.weight"
+
+    def both_ways(path):
+        ckpt = load_checkpoint(LocalSource(path))
+        names: dict = {}
+        for name, shard in ckpt.index.weight_map.items():
+            names.setdefault(shard, []).append(name)
+        out = {}
+        for s, h in ckpt.headers.items():
+            listed = listed_positions([ckpt.expected.get(n) for n in names[s]])
+            out[s] = (align_listed(h, names[s], listed, ckpt.expected.columns, len(ckpt.expected)),
+                      align_shard(h, ckpt.expected, listed))
+        return out
+
+    for quick, whole in both_ways(tiny_copy).values():
+        assert quick == whole and quick.as_listed and not quick.mismatched
+    quick, whole = both_ways(mutated(tmp_path / "dtype", lambda s: s[S2].__setitem__(
+        norm, s[S2][norm].astype(np.float32))))[S2]
+    assert quick == whole and len(quick.mismatched) == 1
+    edit_json(tiny_copy / "model.safetensors.index.json", lambda o: o["weight_map"].__setitem__(norm, S3))
+    moved = both_ways(tiny_copy)
+    assert moved[S2][0] is None and moved[S2][1].positions is not None, "stored in 2, listed in 3"
+    assert moved[S3][0] == moved[S3][1] and moved[S3][0].as_listed is False, "listed in 3, stored in 2"

@@ -76,6 +76,7 @@ def test_worker_reads_half_the_shards_exactly_as_the_parent_would(
 @pytest.mark.parametrize("command", [
     ("/nonexistent/python",),  # cannot start
     (sys.executable, "-c", "import sys; sys.stdin.buffer.read(); sys.exit(3)"),  # dies without a word
+    (sys.executable, "-c", "import sys; sys.exit(3)"),  # dies before it reads its job
     (sys.executable, "-c", "import sys; sys.stdin.buffer.read(); sys.stdout.buffer.write(b'\\xff' * 8)"),  # garbage
     (sys.executable, "-c", "import sys, pickle, struct; sys.stdin.buffer.read(); "
                            "b = pickle.dumps(('results', ({'model-3-of-61.safetensors': 'skipped'}, {}))); "
@@ -164,3 +165,23 @@ def test_a_kimi_audit_folder_in_the_working_directory_does_not_stand_in_for_the_
     ckpt, _, _ = _load(hub)
     assert not marker.exists(), "the worker ran code from the working directory"
     assert _Recording.returned and len(ckpt.headers) == 61
+
+
+def test_the_job_is_sent_without_holding_up_the_parent(
+    hub: FakeHub, in_process, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job (megabytes: the names the index lists and the layout's columns) is more than a pipe
+    holds; the parent goes on with its own share while a thread writes it."""
+    monkeypatch.setattr(HeaderWorker, "command", (sys.executable, "-c", "import time; time.sleep(3)"))
+    alive_after_submit: list[bool] = []
+    submit = HeaderWorker.submit
+
+    def watched(self, *args, **kwargs):
+        submit(self, *args, **kwargs)
+        alive_after_submit.append(self._proc.poll() is None)
+
+    monkeypatch.setattr(HeaderWorker, "submit", watched)
+    ckpt, requests, sent = _load(hub)
+    base, base_requests, base_sent = in_process
+    assert alive_after_submit == [True], "submit returned only once the worker, which reads nothing, was gone"
+    assert ckpt.headers == base.headers and (requests, sent) == (base_requests, base_sent)

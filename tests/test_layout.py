@@ -164,3 +164,25 @@ def test_layout_columns_of_absurd_sizes_stay_exact():
     layout = expected_layout(model_config_from_dict(raw))
     assert layout.columns.numel.dtype == object
     assert sum(layout.columns.numel) == sum(e.numel for e in layout.values())
+
+
+@pytest.mark.parametrize("hidden_size", [None, 2**40])
+def test_layout_columns_cross_to_the_header_worker_as_builtins(kimi, hidden_size):
+    """The header worker aligns with the layout's columns sent in its job, which holds builtins only."""
+    import io
+    import pickle
+
+    from kimi_audit.header_worker import _JobUnpickler
+    from kimi_audit.layout import LayoutColumns
+
+    if hidden_size is None:
+        c = kimi[2].columns
+    else:
+        raw = json.loads(pinned_config_bytes())
+        raw["hidden_size"] = hidden_size
+        c = expected_layout(model_config_from_dict(raw)).columns
+    got = LayoutColumns.from_builtins(_JobUnpickler(io.BytesIO(pickle.dumps(c.to_builtins()))).load())
+    assert (got.dtypes, got.shapes, got.kinds) == (c.dtypes, c.shapes, c.kinds)
+    for column in ("dtype_code", "shape_code", "kind_code", "numel"):
+        got_column, want = getattr(got, column), getattr(c, column)
+        assert np.array_equal(got_column, want) and got_column.dtype == want.dtype
