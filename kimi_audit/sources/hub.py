@@ -34,7 +34,6 @@ DEFAULT_RETRY_WAIT_S = 1.0
 _REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
-_READ_CHUNK = 1 << 20
 
 
 class HubError(KimiAuditError):
@@ -397,18 +396,21 @@ class HubSource:
                 f"{name}: asked for bytes={start}-{last}, {self._where()} sent {response.headers.get('Content-Range')!r}"
             )
         want = end - first + 1
-        buf = bytearray()
+        parts: list[bytes] = []
+        got = 0
         try:
-            for chunk in response.iter_bytes(_READ_CHUNK):
-                room = want - len(buf)
-                buf += chunk[:room] if len(chunk) > room else chunk
-                if len(buf) >= want:
+            for chunk in response.iter_bytes():  # as each network read delivers it: no re-chunking copies
+                if len(chunk) > want - got:
+                    chunk = chunk[: want - got]
+                parts.append(chunk)
+                got += len(chunk)
+                if got >= want:
                     break
         except (httpx2.RemoteProtocolError, httpx2.ReadError) as e:
-            raise _BodyError(f"connection broke after {len(buf):,} of {want:,} bytes ({_first_line(e)})") from None
-        if len(buf) < want:
-            raise _BodyError(f"body ended after {len(buf):,} of {want:,} bytes")
-        return bytes(buf), total
+            raise _BodyError(f"connection broke after {got:,} of {want:,} bytes ({_first_line(e)})") from None
+        if got < want:
+            raise _BodyError(f"body ended after {got:,} of {want:,} bytes")
+        return b"".join(parts), total
 
 
 def _first_line(e: BaseException) -> str:
