@@ -30,8 +30,8 @@ def _without_source(report: object) -> dict:
 
 
 def test_remote_audit_equals_local_within_budget(hub: FakeHub, replica_dir: Path) -> None:
+    """Counted from the source's construction: the API call, and config.json read beside it."""
     src = HubSource(REPLICA_REPO, endpoint=hub.endpoint)
-    hub.reset_stats()
     remote = audit_source(src)
     st = hub.stats()
     local = audit_source(LocalSource(replica_dir))

@@ -263,3 +263,46 @@ def test_latency_makes_parallel_reads_worthwhile(hub: FakeHub, replica_dir: Path
     elapsed = time.monotonic() - t0
     assert all(len(h.data) == 8 for h in heads)
     assert elapsed < 16 * 0.05 * 0.75, elapsed  # serial would be >= 0.8 s
+
+
+def test_a_commits_config_is_read_beside_the_api_call(hub: FakeHub, replica_dir: Path, tiny_dir: Path) -> None:
+    """At a full commit hash nothing waits for the resolve: config.json is fetched with it (one request,
+    no retry), and read_file takes those bytes; a branch is resolved first, as before."""
+    src = _src(hub, REPLICA_REPO)
+    assert sorted((r.method, r.path.rsplit("/", 1)[-1], r.status) for r in hub.stats().records) == [
+        ("GET", "config.json", 206), ("GET", REPLICA_COMMIT, 200)]
+    hub.reset_stats()
+    assert src.read_file("config.json", 1_000_000) == (replica_dir / "config.json").read_bytes()
+    assert hub.stats().requests == 0
+    assert src.read_file("config.json", 1_000_000) == (replica_dir / "config.json").read_bytes()
+    assert hub.stats().requests == 1, "taken once: a second read asks the Hub"
+    hub.reset_stats()
+    branch = _src(hub, TINY_REPO, "main")
+    assert hub.stats().requests == 1
+    assert branch.read_file("config.json", 1_000_000) == (tiny_dir / "config.json").read_bytes()
+    assert hub.stats().requests == 2
+
+
+def test_an_early_config_that_failed_or_fell_short_is_read_again(
+    hub: FakeHub, tiny_dir: Path, tmp_path: Path
+) -> None:
+    from kimi_audit.sources.hub import EARLY_CONFIG_BYTES
+
+    commit = hub.repos[TINY_REPO].commit
+    hub.add_fault("500", times=1, match="/config.json")
+    t0 = time.monotonic()
+    src = _src(hub, TINY_REPO, commit, retry_wait=5.0)
+    assert time.monotonic() - t0 < 2.5, "one attempt, no retry wait"
+    assert src.read_file("config.json", 1_000_000) == (tiny_dir / "config.json").read_bytes()
+    assert [r.status for r in hub.stats().records if r.path.endswith("/config.json")] == [500, 206]
+    # a config.json longer than the early read: the rest is not guessed, the file is read whole
+    big = tmp_path / "big-config"
+    big.mkdir()
+    config = (tiny_dir / "config.json").read_bytes()
+    (big / "config.json").write_bytes(config.rstrip()[:-1] + b"," + b" " * EARLY_CONFIG_BYTES + b'"pad": 1}')
+    repo = hub.add_repo("test-org/big-config", big)
+    hub.reset_stats()
+    src = _src(hub, "test-org/big-config", repo.commit)
+    assert src.read_file("config.json", 1_000_000) == (big / "config.json").read_bytes()
+    assert [r.range for r in hub.stats().records if r.path.endswith("/config.json")] == [
+        f"bytes=0-{EARLY_CONFIG_BYTES - 1}", f"bytes=0-{len((big / 'config.json').read_bytes()) - 1}"]

@@ -7,13 +7,15 @@ Everything goes through huggingface_hub: its shared httpx2 session (`get_session
 mapped to one-line `KimiAuditError`s here. No token ever appears in a message.
 
 The revision is resolved once, by one API call that also lists every file with its size; every
-later read names the resolved commit, so a branch moving mid-audit cannot mix two commits.
+later read names the resolved commit, so a branch moving mid-audit cannot mix two commits. A full
+commit hash needs no resolving to be read at: config.json is then fetched beside that call.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +35,8 @@ DEFAULT_RETRY_WAIT_S = 1.0
 
 _REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+EARLY_CONFIG_BYTES = 1 << 16
+"""What is asked of config.json while a commit's files are listed (Kimi-K2's is 1.7 KB)."""
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
@@ -140,7 +144,11 @@ class HubSource:
         self._sizes: dict[str, int | None] = {}
         self._lfs_sha256: dict[str, str] = {}
         self._fatal: HubError | None = None
+        self._early: dict[str, bytes] = {}
+        early = self._fetch_config_early() if _COMMIT_RE.match(revision) else None
         self._resolve()
+        if early is not None:
+            early.join()
         self.label = f"{self.repo_id}@{self.revision}"
 
     def __repr__(self) -> str:
@@ -173,6 +181,7 @@ class HubSource:
         self._sizes = dict(state["sizes"])
         self._lfs_sha256 = {}
         self._fatal = None
+        self._early = {}
         self.label = f"{self.repo_id}@{self.revision}"
         return self
 
@@ -243,6 +252,28 @@ class HubSource:
         )
 
     # --- revision ------------------------------------------------------------------------------
+    def _fetch_config_early(self) -> threading.Thread | None:
+        """A commit needs no resolving before its files are read: config.json, which every audit reads
+        first, is fetched while the API call resolves the revision, one round trip sooner. One attempt
+        at its first EARLY_CONFIG_BYTES; read_file takes them only if they are the whole file the listing
+        names, and otherwise (or if this failed) reads it as any other file."""
+        from huggingface_hub import constants
+
+        if constants.is_offline_mode():
+            return None
+        commit = self.requested_revision
+
+        def fetch() -> None:
+            try:
+                self._early[CONFIG_FILE] = self._ranged_get(
+                    CONFIG_FILE, 0, EARLY_CONFIG_BYTES - 1, commit=commit, retry=False)[0]
+            except Exception:  # noqa: BLE001 - read_file asks again, and says what is wrong
+                pass
+
+        thread = threading.Thread(target=fetch, name="kimi-audit-early-config", daemon=True)
+        thread.start()
+        return thread
+
     def _resolve(self) -> None:
         """One API call: the full commit of the revision, and every file with its size."""
         from huggingface_hub import constants
@@ -301,10 +332,10 @@ class HubSource:
     def lfs_sha256(self, name: str) -> str | None:
         return self._lfs_sha256.get(name)
 
-    def url(self, name: str) -> str:
+    def url(self, name: str, commit: str | None = None) -> str:
         from huggingface_hub import hf_hub_url
 
-        return hf_hub_url(self.repo_id, name, revision=self.revision, endpoint=self.endpoint)
+        return hf_hub_url(self.repo_id, name, revision=commit or self.revision, endpoint=self.endpoint)
 
     def _known(self, name: str) -> str:
         safe_member_name(name)
@@ -315,6 +346,9 @@ class HubSource:
     def read_file(self, name: str, max_bytes: int) -> bytes:
         self._known(name)
         size = self._sizes[name]
+        early = self._early.pop(name, None)
+        if early is not None and len(early) == size and size <= max_bytes:
+            return early
         if size is not None:
             if size > max_bytes:
                 raise FileTooLargeError(f"{name} is {size:,} bytes, over the {max_bytes:,}-byte limit")
@@ -356,26 +390,29 @@ class HubSource:
         return RangeRead(data, file_size)
 
     # --- one ranged GET ---------------------------------------------------------------------------
-    def _ranged_get(self, name: str, start: int, last: int) -> tuple[bytes, int | None]:
+    def _ranged_get(
+        self, name: str, start: int, last: int, *, commit: str | None = None, retry: bool = True
+    ) -> tuple[bytes, int | None]:
         """Bytes [start, last] (inclusive), and the total size from Content-Range.
 
         Streams the body and never reads past what was asked: a 200 answer (Range ignored) is
-        closed unread and reported. A body that breaks off is retried a few times.
+        closed unread and reported. A body that breaks off is retried a few times (`retry`).
         """
         from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 
-        url = self.url(name)
+        url = self.url(name, commit)
         headers = self._headers({"Range": f"bytes={start}-{last}", "Accept-Encoding": "identity"})
+        backoff = {**self._backoff_kwargs(), **({} if retry else {"max_retries": 0})}
         attempt = 0
         while True:
             attempt += 1
             try:
                 with self._translate_errors(name):
-                    with http_stream_backoff("GET", url, headers=headers, **self._backoff_kwargs()) as response:
+                    with http_stream_backoff("GET", url, headers=headers, **backoff) as response:
                         hf_raise_for_status(response)
                         return self._take_body(name, response, start, last)
             except _BodyError as e:
-                if attempt > self.max_retries:
+                if not retry or attempt > self.max_retries:
                     raise ShortReadError(f"{name}: {e} ({attempt} attempts)") from None
                 time.sleep(min(self.retry_wait * 2 ** (attempt - 1), 8.0))
 
