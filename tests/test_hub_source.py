@@ -194,13 +194,17 @@ def test_stalled_api_call_times_out(hub: FakeHub) -> None:
         ("test-org/no-such-repo", None, RepoNotFoundError, "not found"),
         (TINY_REPO, "no-such-branch", RevisionNotFoundError, "no-such-branch"),
         (TINY_REPO, "0123456789abcdef0123456789abcdef01234567", RevisionNotFoundError, "not found"),
+        ("test-org/no-such-repo", "0123456789abcdef0123456789abcdef01234567", RepoNotFoundError, "not found"),
         ("not a repo id", None, RepoNotFoundError, "owner/name"),
     ],
 )
 def test_unknown_repo_or_revision(hub: FakeHub, repo: str, revision: str | None, error: type, words: str) -> None:
+    import threading
+
     with pytest.raises(error) as e:
         _src(hub, repo, revision)
     assert words in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 2
+    assert not [t for t in threading.enumerate() if t.name == "kimi-audit-early-config"], "nothing left running"
 
 
 def test_file_missing_on_the_server(hub: FakeHub, tiny_dir: Path) -> None:

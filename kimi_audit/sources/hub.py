@@ -146,9 +146,11 @@ class HubSource:
         self._fatal: HubError | None = None
         self._early: dict[str, bytes] = {}
         early = self._fetch_config_early() if _COMMIT_RE.match(revision) else None
-        self._resolve()
-        if early is not None:
-            early.join()
+        try:
+            self._resolve()
+        finally:  # nothing of this source's is left running once it is built, or has failed to be
+            if early is not None:
+                early.join()
         self.label = f"{self.repo_id}@{self.revision}"
 
     def __repr__(self) -> str:
