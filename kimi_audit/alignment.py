@@ -65,28 +65,25 @@ def align_shard(header: ShardHeader, expected: ExpectedLayout, listed: bytes | N
     if listed is not None:
         index_pos = np.frombuffer(listed, dtype=_POSITION)
         as_listed = len(index_pos) == len(pos) and bool(np.array_equal(np.sort(index_pos), np.sort(pos)))
-    return _align(header, pos, expected.columns, len(expected), as_listed)
+    return _align(header, pos, expected.columns, as_listed)
 
 
-def align_listed(
-    header: ShardHeader, names: list[str], listed: bytes, layout: LayoutColumns, layout_size: int
-) -> ShardAlignment | None:
+def align_listed(header: ShardHeader, names: list[str], listed: bytes, layout: LayoutColumns) -> ShardAlignment | None:
     """align_shard's result, from the names the index lists for this shard and their positions
     (listed_positions) instead of the whole layout's table of names: 2,300 names instead of 139,644,
     and what the header worker needs of the layout without deriving it. None when the header holds a
     name the index does not list for this shard (align_shard then says whether the layout has it)."""
     row_of = dict(zip(names, range(len(names))))
     rows = list(map(row_of.get, header.columns.names))
-    if None in rows or len(row_of) != len(names) or layout_size >= 2**31:
+    if None in rows or len(row_of) != len(names) or layout.size >= 2**31:
         return None
     pos = np.frombuffer(listed, dtype=_POSITION)[np.array(rows, dtype=np.intp)].astype(np.int64)
     # Every stored name is listed: the two are the same names if there are as many, each stored once.
     as_listed = len(rows) == len(names) and len(set(rows)) == len(rows)
-    return _align(header, pos, layout, layout_size, as_listed)
+    return _align(header, pos, layout, as_listed)
 
 
-def _align(header: ShardHeader, pos: np.ndarray, layout: LayoutColumns, layout_size: int,
-           as_listed: bool | None) -> ShardAlignment:
+def _align(header: ShardHeader, pos: np.ndarray, layout: LayoutColumns, as_listed: bool | None) -> ShardAlignment:
     cols = header.columns
     # Codes of the stored dtype and shape (-1: none in the layout) against the expected ones.
     dtype_code = np.array(list(map(layout.dtype_index.get, cols.dtypes, repeat(-1))), dtype=np.int32)
@@ -96,7 +93,7 @@ def _align(header: ShardHeader, pos: np.ndarray, layout: LayoutColumns, layout_s
     kind_code = layout.kind_code[pos]
     scale_code = layout.kinds.index(SCALE) if SCALE in layout.kinds else -1
     return ShardAlignment(
-        layout_size=layout_size,
+        layout_size=layout.size,
         positions=pos.astype(_POSITION).tobytes(),
         scale_rows=np.flatnonzero(kind_code == scale_code).astype(_POSITION).tobytes(),
         mismatched=tuple(mismatched),

@@ -200,9 +200,8 @@ def _read_remote(
         if alignments is not None and shard not in alignments and isinstance(result, ShardHeader):
             assert expected is not None
             got = listed.get(shard)
-            aligned = None if got is None else align_listed(
-                result, names_by_shard[shard], got, expected.columns, len(expected))
-            alignments[shard] = aligned or align_shard(result, expected, got)
+            aligned = None if got is None else align_listed(result, names_by_shard[shard], got, expected.columns)
+            alignments[shard] = aligned if aligned is not None else align_shard(result, expected, got)
         report(shard)
 
     def parse(todo: list[str], fetched: Iterator[Fetched]) -> None:
@@ -216,7 +215,7 @@ def _read_remote(
         try:
             sizes = [first_read(s) for s in theirs]  # fills listed[s]
             items = [(s, size, names_by_shard[s], listed.get(s)) for s, size in zip(theirs, sizes)]
-            layout = None if alignments is None or expected is None else (expected.columns, len(expected))
+            layout = None if alignments is None or expected is None else expected.columns
             worker.submit(source.worker_state(), items,  # type: ignore[attr-defined]
                           threads=source.parallel_reads - threads, budget=MAX_TOTAL_HEADER_BYTES // 2,
                           layout=layout)

@@ -136,14 +136,14 @@ class HeaderWorker:
 
     def submit(
         self, state: dict[str, Any], items: list[tuple[str, int, list[str], bytes | None]], threads: int,
-        budget: int, layout: tuple[LayoutColumns, int] | None = None,
+        budget: int, layout: LayoutColumns | None = None,
     ) -> None:
         """Send the job: the source's state, [(shard, first read, the names the index lists in it and
         their layout positions as alignment.listed_positions)], threads, header-byte budget, and the
-        layout's columns and size if the worker is to align each shard (alignment.align_listed)."""
+        layout's columns if the worker is to align each shard (alignment.align_listed)."""
         if self._proc is None:
             raise WorkerFailed("header worker did not start")
-        wire = None if layout is None else (layout[0].to_builtins(), layout[1])
+        wire = None if layout is None else layout.to_builtins()
         job = {"source": state, "items": items, "threads": threads, "budget": budget, "layout": wire}
         # Megabytes, more than a pipe holds while the worker is still starting up: a thread writes them,
         # and the parent goes on with its own share. A worker that takes no job ends its stream unanswered.
@@ -251,7 +251,7 @@ def _serve(stdin: Any, stdout: Any) -> None:
     source = HubSource.from_worker_state(job["source"])
     items: list[tuple[str, int, list[str], bytes | None]] = job["items"]
     budget = HeaderBudget(int(job["budget"]))
-    layout = None if job["layout"] is None else (LayoutColumns.from_builtins(job["layout"][0]), int(job["layout"][1]))
+    layout = None if job["layout"] is None else LayoutColumns.from_builtins(job["layout"])
     results: dict[str, Any] = {}
     alignments: dict[str, ShardAlignment] = {}
     try:
@@ -260,7 +260,7 @@ def _serve(stdin: Any, stdout: Any) -> None:
             for (shard, _, names, listed), got in zip(items, fetched):
                 result = results[shard] = parse_fetched(shard, got)
                 if layout is not None and listed is not None and isinstance(result, ShardHeader):
-                    aligned = align_listed(result, names, listed, *layout)
+                    aligned = align_listed(result, names, listed, layout)
                     if aligned is not None:  # else the parent aligns it, with the whole layout
                         alignments[shard] = aligned
                 _write(stdout, ("progress", shard))

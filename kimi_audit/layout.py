@@ -97,6 +97,11 @@ class LayoutColumns:
     def shape_index(self) -> dict[tuple[int, ...], int]:
         return {s: i for i, s in enumerate(self.shapes)}
 
+    @property
+    def size(self) -> int:
+        """The layout's number of tensors (a code per position)."""
+        return len(self.dtype_code)
+
     def to_builtins(self) -> dict[str, Any]:
         """These columns as builtins (arrays as bytes), for the header worker's job."""
         numel = self.numel.tolist() if self.numel.dtype == object else self.numel.astype("<i8").tobytes()

@@ -46,7 +46,7 @@ def _alignments(ckpt, with_index: bool = True) -> dict:
         listed = listed_positions([ckpt.expected.get(n) for n in names[s]]) if with_index and ckpt.index else None
         out[s] = align_shard(h, ckpt.expected, listed)
         if listed is not None:
-            quick = align_listed(h, names[s], listed, ckpt.expected.columns, len(ckpt.expected))
+            quick = align_listed(h, names[s], listed, ckpt.expected.columns)
             assert quick is None or quick == out[s], s
     return out
 
@@ -306,7 +306,7 @@ def test_a_shard_is_aligned_from_the_names_the_index_lists_for_it(tmp_path, tiny
         out = {}
         for s, h in ckpt.headers.items():
             listed = listed_positions([ckpt.expected.get(n) for n in names[s]])
-            out[s] = (align_listed(h, names[s], listed, ckpt.expected.columns, len(ckpt.expected)),
+            out[s] = (align_listed(h, names[s], listed, ckpt.expected.columns),
                       align_shard(h, ckpt.expected, listed))
         return out
 

@@ -152,6 +152,7 @@ def test_layout_columns_code_every_entry(kimi):
     """expected_layout's columns (built per block template) agree with its entries, position by position."""
     layout = kimi[2]
     c = layout.columns
+    assert c.size == len(layout) == len(c.shape_code) == len(c.kind_code) == len(c.numel)
     for i, e in enumerate(layout.values()):
         assert (c.dtypes[c.dtype_code[i]], c.shapes[c.shape_code[i]], c.kinds[c.kind_code[i]]) == (e.dtype, e.shape, e.kind)
         assert c.numel[i] == e.numel
