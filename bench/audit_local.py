@@ -44,7 +44,7 @@ def hf_local(directory: Path) -> int:
 
 def header_audit(directory: Path) -> int:
     """What (b) does, strictly: the index and every shard header, read and validated."""
-    from kimi_audit.checkpoint import load_index, read_headers, shards_to_read
+    from kimi_audit.model.checkpoint import load_index, read_headers, shards_to_read
     from kimi_audit.gcpause import gc_paused
     from kimi_audit.sources import LocalSource
 
@@ -58,7 +58,7 @@ def header_audit(directory: Path) -> int:
 
 
 def full_audit(directory: Path) -> int:
-    from kimi_audit.audit import audit_source
+    from kimi_audit.checks.audit import audit_source
     from kimi_audit.sources import LocalSource
 
     r = audit_source(LocalSource(directory))
@@ -68,7 +68,7 @@ def full_audit(directory: Path) -> int:
 
 RSS_CHILD = """
 import resource, sys
-from kimi_audit.audit import audit_source
+from kimi_audit.checks.audit import audit_source
 from kimi_audit.sources import LocalSource
 r = audit_source(LocalSource(sys.argv[1]))
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, r.stats.tensors)
@@ -83,7 +83,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kimi-bench-") as tmp:
         directory = args.replica
         if directory is None:
-            from kimi_audit.replica import build_replica
+            from kimi_audit.model.replica import build_replica
 
             directory = build_replica(Path(tmp) / "replica", fill_small=False)
         cases = {

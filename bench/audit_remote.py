@@ -105,7 +105,7 @@ def main() -> int:
     from hub_fixtures import needed_bytes
 
     from kimi_audit.constants import PINNED_REVISION
-    from kimi_audit.replica import build_replica
+    from kimi_audit.model.replica import build_replica
 
     tmp = None
     replica = args.replica
@@ -118,9 +118,9 @@ def main() -> int:
     try:
         from huggingface_hub import HfApi
 
-        from kimi_audit.audit import audit_checkpoint
-        from kimi_audit.checkpoint import load_checkpoint
-        from kimi_audit.header_worker import DISABLE_ENV
+        from kimi_audit.checks.audit import audit_checkpoint
+        from kimi_audit.model.checkpoint import load_checkpoint
+        from kimi_audit.model.header_worker import DISABLE_ENV
         from kimi_audit.sources.hub import HubSource
 
         def kimi_trial(worker: bool = True) -> tuple[float, float, int, int, int, int, float]:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from header_mutations import CLASSES, generate, library_verdict  # noqa: E402
 
 from kimi_audit.findings import Severity  # noqa: E402
-from kimi_audit.format import parse_shard_prefix  # noqa: E402
+from kimi_audit.format.header import parse_shard_prefix  # noqa: E402
 
 STRICTER = ("HEADER_DUPLICATE_KEY", "F64_MAX_IN_IGNORED_FIELD")
 
@@ -111,8 +111,8 @@ def fuzz(per_class: int, seed0: int, library: bool) -> int:
 
 
 def ten_million() -> None:
-    from kimi_audit import checkpoint
-    from kimi_audit.checkpoint import load_checkpoint
+    from kimi_audit.model import checkpoint
+    from kimi_audit.model.checkpoint import load_checkpoint
     from kimi_audit.sources.local import LocalSource
 
     sys.path.insert(0, str(ROOT / "tests"))

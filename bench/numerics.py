@@ -1,4 +1,4 @@
-"""Benchmark: numpy numerics (kimi_audit.numerics) vs torch CPU, exactness checked in the same run.
+"""Benchmark: numpy numerics (kimi_audit.numerics.kernels) vs torch CPU, exactness checked in the same run.
 
     python bench/numerics.py [--repeats N]
 
@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from kimi_audit import numerics as nm  # noqa: E402
+from kimi_audit.numerics import kernels as nm  # noqa: E402
 
 try:
     import torch

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_audit.replica import build_replica
+from kimi_audit.model.replica import build_replica
 from tiny_checkpoint import build_tiny
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

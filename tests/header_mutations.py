@@ -458,7 +458,7 @@ def corpus(per_class: int, seed0: int = 0) -> list[tuple[str, int, bytes]]:
 def kimi_verdict(data: bytes) -> tuple[bool, list[str]]:
     """(accepted, error codes) of kimi-audit's parser on a whole file's bytes."""
     from kimi_audit.findings import Severity
-    from kimi_audit.format import parse_shard_prefix
+    from kimi_audit.format.header import parse_shard_prefix
 
     h = parse_shard_prefix(data, shard="f.safetensors", file_size=len(data))
     errors = [f.code for f in h.findings if f.severity is Severity.ERROR]

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kimi_audit.accounting import UNACCOUNTED, accounting_dict, accounting_of_checkpoint, build_accounting
-from kimi_audit.checkpoint import load_checkpoint
+from kimi_audit.model.accounting import UNACCOUNTED, accounting_dict, accounting_of_checkpoint, build_accounting
+from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.cli import app
-from kimi_audit.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
-from kimi_audit.layout import BUFFER, PARAMETER, SCALE, expected_layout
-from kimi_audit.replica import ReplicaTensor, replica_shards, write_shard
+from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
+from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, expected_layout
+from kimi_audit.model.replica import ReplicaTensor, replica_shards, write_shard
 from kimi_audit.sources import LocalSource
 from hub_fixtures import *  # noqa: F403
 from hub_fixtures import TINY_REPO

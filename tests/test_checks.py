@@ -9,12 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dataclasses import replace
-
-from kimi_audit.alignment import align_listed, align_shard, listed_positions
-from kimi_audit.audit import audit_checkpoint, audit_source
-from kimi_audit.checkpoint import load_checkpoint
-from kimi_audit.checks.aligned import aligned_checks
+from kimi_audit.checks.audit import audit_checkpoint, audit_source
+from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.findings import Severity
 from kimi_audit.sources import LocalSource
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
@@ -24,40 +20,10 @@ L1 = "model.layers.1."
 
 
 def audit(path: Path):
-    """The audit row by row, checked against the one added up from per-shard alignments (what a
-    remote load takes) wherever that applies: the same report, finding for finding."""
-    ckpt = load_checkpoint(LocalSource(path))
-    report = audit_checkpoint(ckpt)
+    """The audit of a loaded checkpoint, held to the one straight from its source."""
+    report = audit_checkpoint(load_checkpoint(LocalSource(path)))
     assert report == audit_source(LocalSource(path))
-    for alignments in (_alignments(ckpt, with_index=False), _alignments(ckpt)):
-        assert audit_checkpoint(replace(ckpt, alignments=alignments)) == report
     return report
-
-
-def _alignments(ckpt, with_index: bool = True) -> dict:
-    """Each shard aligned as a remote load aligns it (and compared with what the index lists in it).
-    Where the index lists positions for a shard, the quick way from its names (align_listed, which the
-    header worker takes) must give the same alignment, or None (the load then takes align_shard's)."""
-    names: dict = {s: [] for s in ckpt.headers}
-    for name, shard in (ckpt.index.weight_map.items() if ckpt.index is not None and with_index else ()):
-        names.setdefault(shard, []).append(name)
-    out = {}
-    for s, h in ckpt.headers.items():
-        listed = listed_positions([ckpt.expected.get(n) for n in names[s]]) if with_index and ckpt.index else None
-        out[s] = align_shard(h, ckpt.expected, listed)
-        if listed is not None:
-            quick = align_listed(h, names[s], listed, ckpt.expected.columns)
-            assert quick is None or quick == out[s], s
-    return out
-
-
-def added_up(path: Path) -> tuple[bool, bool]:
-    """Whether the audit of `path` is added up from its shards' alignments (checks.aligned), and
-    whether the index check is too (every shard as the index lists it)."""
-    ckpt = load_checkpoint(LocalSource(path))
-    alignments = _alignments(ckpt)
-    return (aligned_checks(ckpt.headers, alignments, ckpt.expected) is not None,
-            all(a.as_listed for a in alignments.values()))
 
 
 def found(report, code: str) -> list[tuple[str | None, str]]:
@@ -266,56 +232,7 @@ def test_corrupt_shard_header_is_a_finding_not_a_crash(tiny_copy):
     assert r.exit_code() == 1
 
 
-def test_regular_checkpoints_are_added_up_and_the_rest_row_by_row(tmp_path, tiny_dir):
-    """checks.aligned serves every checkpoint whose names are all in the layout, once each (then
-    `audit` above holds it to the row-by-row report); anything else goes row by row."""
-    scale, norm = L1 + "self_attn.q_a_proj.weight_scale_inv", L1 + "input_layernorm.weight"
-    cases = {
-        "dtype": (lambda s: s[S2].__setitem__(norm, s[S2][norm].astype(np.float32)), (True, True)),
-        "shape": (lambda s: s[S2].__setitem__(norm, s[S2][norm][:7].copy()), (True, True)),
-        "split scale": (lambda s: s[S3].__setitem__(scale, s[S2].pop(scale)), (True, True)),
-        "missing": (lambda s: s[S2].pop(norm), (False, True)),
-        "unexpected": (lambda s: s[S2].__setitem__(L1 + "extra", np.zeros(4, np.float32)), (False, False)),
-        "in two shards": (lambda s: s[S3].__setitem__(norm, s[S2][norm]), (False, False)),
-    }
-    assert added_up(tiny_dir) == (True, True)
-    for i, (mutate, expected) in enumerate(cases.values()):
-        path = mutated(tmp_path / str(i), mutate)
-        assert added_up(path) == expected, list(cases)[i]
-        audit(path)
-
-
 def test_an_index_that_lists_a_tensor_elsewhere_is_not_as_listed(tiny_copy):
     name = L1 + "input_layernorm.weight"
     edit_json(tiny_copy / "model.safetensors.index.json", lambda o: o["weight_map"].__setitem__(name, S3))
-    assert added_up(tiny_copy) == (True, False)
     assert found(audit(tiny_copy), "INDEX_SHARD_MISMATCH") == [(name, "error")]
-
-
-def test_a_shard_is_aligned_from_the_names_the_index_lists_for_it(tmp_path, tiny_copy):
-    """align_listed (the header worker's way, and the remote load's first try) gives align_shard's
-    alignment, mismatches included, from the index's names for the shard; None where the header holds a
-    name the index does not list for that shard (align_shard then looks it up in the whole layout)."""
-    norm = L1 + "input_layernorm.weight"
-
-    def both_ways(path):
-        ckpt = load_checkpoint(LocalSource(path))
-        names: dict = {}
-        for name, shard in ckpt.index.weight_map.items():
-            names.setdefault(shard, []).append(name)
-        out = {}
-        for s, h in ckpt.headers.items():
-            listed = listed_positions([ckpt.expected.get(n) for n in names[s]])
-            out[s] = (align_listed(h, names[s], listed, ckpt.expected.columns),
-                      align_shard(h, ckpt.expected, listed))
-        return out
-
-    for quick, whole in both_ways(tiny_copy).values():
-        assert quick == whole and quick.as_listed and not quick.mismatched
-    quick, whole = both_ways(mutated(tmp_path / "dtype", lambda s: s[S2].__setitem__(
-        norm, s[S2][norm].astype(np.float32))))[S2]
-    assert quick == whole and len(quick.mismatched) == 1
-    edit_json(tiny_copy / "model.safetensors.index.json", lambda o: o["weight_map"].__setitem__(norm, S3))
-    moved = both_ways(tiny_copy)
-    assert moved[S2][0] is None and moved[S2][1].positions is not None, "stored in 2, listed in 3"
-    assert moved[S3][0] == moved[S3][1] and moved[S3][0].as_listed is False, "listed in 3, stored in 2"

@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 from hub_fixtures import *  # noqa: F403
 from hub_fixtures import TINY_REPO
 
-from kimi_audit.checks_values import plan_reads, value_findings
+from kimi_audit.checks.values import plan_reads, value_findings
 from kimi_audit.cli import app
-from kimi_audit.format import TensorInfo
+from kimi_audit.format.header import TensorInfo
 from kimi_audit.sources import LocalSource
-from kimi_audit.checkpoint import load_checkpoint
+from kimi_audit.model.checkpoint import load_checkpoint
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402
@@ -342,8 +342,8 @@ def test_plan_reads_coalesces_neighbours_only() -> None:
 
 
 def test_values_pass_on_the_replica(replica_copy: Path, replica_dir: Path) -> None:
-    from kimi_audit.config import parse_config_bytes
-    from kimi_audit.replica import replica_shards, write_shard
+    from kimi_audit.model.config import parse_config_bytes
+    from kimi_audit.model.replica import replica_shards, write_shard
 
     shard = "model-8-of-61.safetensors"
     tensors = replica_shards(parse_config_bytes((replica_dir / "config.json").read_bytes())[1])[shard]

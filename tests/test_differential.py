@@ -47,7 +47,7 @@ STRICTER = {
 def rules(data: bytes) -> set[str]:
     """The documented rules an input trips: its error codes, with the f64::MAX case named apart."""
     from kimi_audit.findings import Severity
-    from kimi_audit.format import parse_shard_prefix
+    from kimi_audit.format.header import parse_shard_prefix
 
     out = set()
     for f in parse_shard_prefix(data, shard="f", file_size=len(data)).findings:

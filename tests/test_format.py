@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kimi_audit.findings import Severity
-from kimi_audit.format import parse_shard_prefix, read_shard_header
+from kimi_audit.format.header import parse_shard_prefix, read_shard_header
 from kimi_audit.sources import LocalSource
 from kimi_audit.sources.base import RangeRead
 from shard_builder import entry, header_json, shard_bytes

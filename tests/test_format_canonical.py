@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from header_mutations import corpus
-from kimi_audit import format as fmt
-from kimi_audit.format import parse_shard_prefix
+from kimi_audit.format import header as fmt
+from kimi_audit.format.header import parse_shard_prefix
 
 
 def both_paths(data: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[fmt.ShardHeader, fmt.ShardHeader]:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from header_mutations import CLASSES, corpus, generate, valid_spec
 from kimi_audit.constants import DTYPE_BITS, HEADER_LENGTH_BYTES, MAX_HEADER_BYTES
 from kimi_audit.findings import Finding, Severity
-from kimi_audit.format import ShardHeader, parse_header_json, parse_shard_prefix, read_shard_header
+from kimi_audit.format.header import ShardHeader, parse_header_json, parse_shard_prefix, read_shard_header
 from kimi_audit.sources.base import RangeRead
 from kimi_audit.sources.local import LocalSource
 

@@ -6,9 +6,9 @@ import json
 import struct
 from pathlib import Path
 
-from kimi_audit.config import parse_config_bytes
-from kimi_audit.format import read_shard_header
-from kimi_audit.header_estimate import (
+from kimi_audit.model.config import parse_config_bytes
+from kimi_audit.format.header import read_shard_header
+from kimi_audit.format.estimate import (
     _json_len,
     _names_len,
     _shape_len,
@@ -18,7 +18,7 @@ from kimi_audit.header_estimate import (
     names_lower_bound,
     shard_first_reads,
 )
-from kimi_audit.layout import ExpectedTensor, expected_layout, payload_bytes
+from kimi_audit.model.layout import ExpectedTensor, expected_layout, payload_bytes
 from kimi_audit.sources.local import LocalSource
 
 
@@ -95,7 +95,7 @@ def test_fetch_shard_prefix_matches_read_shard_header(replica_dir: Path) -> None
 def test_exact_figure_past_the_quick_bound_is_checked_against_the_entries_text() -> None:
     """Twenty-dimensional shapes make each entry longer than the quick bound allows: the exact figure
     must still be taken, once the bound from the entries' own text admits it."""
-    from kimi_audit.layout import PARAMETER, _tensor
+    from kimi_audit.model.layout import PARAMETER, _tensor
 
     names = [f"t.{i}.weight" for i in range(50)]
     shape = (1,) * 20
@@ -105,7 +105,7 @@ def test_exact_figure_past_the_quick_bound_is_checked_against_the_entries_text()
     exact = 8 + len(text)
     file_size = exact + len(names)
     digits = len(str(file_size))
-    from kimi_audit.header_estimate import ENTRY_PUNCTUATION, MAX_DTYPE_TEXT, METADATA_ALLOWANCE, PADDING
+    from kimi_audit.format.estimate import ENTRY_PUNCTUATION, MAX_DTYPE_TEXT, METADATA_ALLOWANCE, PADDING
 
     per_entry = ENTRY_PUNCTUATION + 2 * digits + MAX_DTYPE_TEXT + len("[,]") + 2 * (digits + 1)
     quick = 8 + 2 + METADATA_ALLOWANCE + PADDING + _names_len(names) + len(names) * per_entry

@@ -13,9 +13,9 @@ from hub_fixtures import *  # noqa: F403
 from hub_fixtures import GATED_REPO, GATED_TOKEN, REPLICA_COMMIT, REPLICA_REPO, TINY_REPO, needed_bytes, shard_count
 from hub_server import FakeHub
 
-from kimi_audit.audit import audit_source
+from kimi_audit.checks.audit import audit_source
 from kimi_audit.cli import app
-from kimi_audit.report_json import report_dict
+from kimi_audit.report.json_report import report_dict
 from kimi_audit.sources.hub import HubError, HubSource, HubTimeoutError, RangeNotSupportedError
 from kimi_audit.sources.local import LocalSource
 
@@ -139,7 +139,7 @@ def test_audit_revision_pinned_in_every_request(hub: FakeHub) -> None:
 
 
 def test_read_tensor_by_range_over_the_hub(hub: FakeHub, replica_dir: Path) -> None:
-    from kimi_audit.tensor_io import TensorFetcher
+    from kimi_audit.numerics.tensor_io import TensorFetcher
 
     remote = TensorFetcher(HubSource(REPLICA_REPO, endpoint=hub.endpoint))
     local = TensorFetcher(LocalSource(replica_dir))

@@ -8,9 +8,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from kimi_audit.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
+from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
 from kimi_audit.errors import ConfigError
-from kimi_audit.layout import BUFFER, DENSE, MOE, MTP, PARAMETER, SCALE, expected_layout, scale_shape
+from kimi_audit.model.layout import BUFFER, DENSE, MOE, MTP, PARAMETER, SCALE, expected_layout, scale_shape
 
 
 @pytest.fixture(scope="module")
@@ -146,44 +146,3 @@ def test_each_entry_knows_its_payload_and_place(kimi):
     for position, (name, e) in enumerate(layout.items()):
         assert e.name == name and e.position == position
         assert e.nbytes == prod(e.shape) * DTYPE_BITS[e.dtype] // 8
-
-
-def test_layout_columns_code_every_entry(kimi):
-    """expected_layout's columns (built per block template) agree with its entries, position by position."""
-    layout = kimi[2]
-    c = layout.columns
-    assert c.size == len(layout) == len(c.shape_code) == len(c.kind_code) == len(c.numel)
-    for i, e in enumerate(layout.values()):
-        assert (c.dtypes[c.dtype_code[i]], c.shapes[c.shape_code[i]], c.kinds[c.kind_code[i]]) == (e.dtype, e.shape, e.kind)
-        assert c.numel[i] == e.numel
-    assert c.numel.dtype == np.int64
-
-
-def test_layout_columns_of_absurd_sizes_stay_exact():
-    raw = json.loads(pinned_config_bytes())
-    raw["hidden_size"] = 2**40  # the embedding alone has 163,840 x 2^40 elements: past int64 added up
-    layout = expected_layout(model_config_from_dict(raw))
-    assert layout.columns.numel.dtype == object
-    assert sum(layout.columns.numel) == sum(e.numel for e in layout.values())
-
-
-@pytest.mark.parametrize("hidden_size", [None, 2**40])
-def test_layout_columns_cross_to_the_header_worker_as_builtins(kimi, hidden_size):
-    """The header worker aligns with the layout's columns sent in its job, which holds builtins only."""
-    import io
-    import pickle
-
-    from kimi_audit.header_worker import _JobUnpickler
-    from kimi_audit.layout import LayoutColumns
-
-    if hidden_size is None:
-        c = kimi[2].columns
-    else:
-        raw = json.loads(pinned_config_bytes())
-        raw["hidden_size"] = hidden_size
-        c = expected_layout(model_config_from_dict(raw)).columns
-    got = LayoutColumns.from_builtins(_JobUnpickler(io.BytesIO(pickle.dumps(c.to_builtins()))).load())
-    assert (got.dtypes, got.shapes, got.kinds) == (c.dtypes, c.shapes, c.kinds)
-    for column in ("dtype_code", "shape_code", "kind_code", "numel"):
-        got_column, want = getattr(got, column), getattr(c, column)
-        assert np.array_equal(got_column, want) and got_column.dtype == want.dtype

@@ -27,12 +27,12 @@ import pytest
 
 from hub_fixtures import *  # noqa: F403
 from hub_server import FakeHub
-from kimi_audit import checkpoint
-from kimi_audit.audit import audit_source
-from kimi_audit.checkpoint import load_checkpoint, load_index
+from kimi_audit.model import checkpoint
+from kimi_audit.checks.audit import audit_source
+from kimi_audit.model.checkpoint import load_checkpoint, load_index
 from kimi_audit.constants import CONFIG_FILE, INDEX_FILE, MAX_CONFIG_BYTES, MAX_HEADER_BYTES, MAX_INDEX_BYTES
 from kimi_audit.errors import ConfigError
-from kimi_audit.format import read_shard_header
+from kimi_audit.format.header import read_shard_header
 from kimi_audit.sources.base import RangeRead
 from kimi_audit.sources.local import LocalSource
 
@@ -171,7 +171,7 @@ def _many_entries_header(n: int) -> bytes:
 
 
 def test_two_hundred_thousand_tensors_parse_within_16x_their_size() -> None:
-    from kimi_audit.format import parse_header_json
+    from kimi_audit.format.header import parse_header_json
 
     raw = _many_entries_header(200_000)
     h, peak = traced_peak(lambda: parse_header_json(raw, shard="s", file_size=8 + len(raw) + 200_000))
@@ -181,7 +181,7 @@ def test_two_hundred_thousand_tensors_parse_within_16x_their_size() -> None:
 
 MILLION_SCRIPT = r"""
 import sys, time
-from kimi_audit.format import parse_header_json
+from kimi_audit.format.header import parse_header_json
 raw = open(sys.argv[1], "rb").read()
 def vm(key):
     for line in open("/proc/self/status"):

@@ -1,4 +1,4 @@
-"""Bit-identity of kimi_audit.numerics with torch (CPU), the test-time reference.
+"""Bit-identity of kimi_audit.numerics.kernels with torch (CPU), the test-time reference.
 
 torch is never a runtime dependency; these tests skip without it (.ci/run installs torch==2.13.0).
 """
@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kimi_audit import numerics as nm
+from kimi_audit.numerics import kernels as nm
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

@@ -26,8 +26,8 @@ import pytest
 from hub_fixtures import *  # noqa: F403
 from hub_fixtures import GATED_REPO, GATED_TOKEN, TINY_REPO
 from hub_server import FakeHub
-from kimi_audit.audit import audit_source
-from kimi_audit.checkpoint import load_checkpoint
+from kimi_audit.checks.audit import audit_source
+from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.constants import INDEX_FILE
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.sources.local import LocalSource
@@ -267,7 +267,7 @@ class _Interrupt(BaseException):
 
 
 def test_interrupted_headers_only_download_leaves_no_half_file(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kimi_audit import download as dl
+    from kimi_audit.model import download as dl
     from kimi_audit.sources.hub import HubSource
 
     src = HubSource(TINY_REPO, endpoint=hub.endpoint, retry_wait=0.01)
@@ -305,7 +305,7 @@ def test_interrupted_headers_only_download_leaves_no_half_file(hub: FakeHub, tmp
 
 
 def test_truncated_full_download_leaves_no_file_under_the_final_name(hub: FakeHub, tmp_path: Path) -> None:
-    from kimi_audit import download as dl
+    from kimi_audit.model import download as dl
 
     shard = sorted(n.name for n in hub.repos[TINY_REPO].root.glob("*.safetensors"))[0]
     hub.add_fault("truncate", times=50, match=shard)

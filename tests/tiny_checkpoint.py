@@ -15,8 +15,8 @@ import ml_dtypes
 import numpy as np
 from safetensors import TensorSpec, serialize_file
 
-from kimi_audit.config import model_config_from_dict
-from kimi_audit.layout import BUFFER, FP8_DTYPE, SCALE, SCALE_SUFFIX, expected_layout
+from kimi_audit.model.config import model_config_from_dict
+from kimi_audit.model.layout import BUFFER, FP8_DTYPE, SCALE, SCALE_SUFFIX, expected_layout
 
 TINY_CONFIG = {
     "architectures": ["DeepseekV3ForCausalLM"],

@@ -7,9 +7,9 @@ from operator import itemgetter, ne, or_
 
 import numpy as np
 
-from kimi_audit.checks.tensors import TensorTable
+from kimi_audit.format.table import TensorTable
 from kimi_audit.findings import Finding, error, warning
-from kimi_audit.layout import BUFFER, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedTensor
+from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedTensor
 
 MISMATCH_CODES = {
     PARAMETER: ("DTYPE_MISMATCH", "SHAPE_MISMATCH"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -66,3 +67,18 @@ def safe_member_name(name: object) -> str:
     if posixpath.normpath(name) != name:
         raise UnsafePathError(f"file name {name!r} is not normalized")
     return name
+
+
+_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+
+
+def parse_content_range(value: str | None) -> tuple[int, int, int | None]:
+    """`bytes first-last/total` -> (first, last, total); the end is inclusive."""
+    m = _CONTENT_RANGE_RE.match(value or "")
+    if m is None:
+        raise ValueError(f"unusable Content-Range {value!r}")
+    first, last = int(m.group(1)), int(m.group(2))
+    total = None if m.group(3) == "*" else int(m.group(3))
+    if last < first or (total is not None and last >= total):
+        raise ValueError(f"inconsistent Content-Range {value!r}")
+    return first, last, total

@@ -23,8 +23,17 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from kimi_audit.constants import CONFIG_FILE, PINNED_REPO_ID, PINNED_REVISION
-from kimi_audit.errors import FileMissingError, FileTooLargeError, KimiAuditError, ShortReadError
-from kimi_audit.sources.base import RangeRead, safe_member_name
+from kimi_audit.errors import FileMissingError, FileTooLargeError, ShortReadError
+from kimi_audit.sources.base import RangeRead, parse_content_range, safe_member_name
+from kimi_audit.sources.hub_errors import (
+    GatedRepoError,
+    HubError,
+    HubOfflineError,
+    HubTimeoutError,
+    RangeNotSupportedError,
+    RepoNotFoundError,
+    RevisionNotFoundError,
+)
 
 DEFAULT_REPO_ID = PINNED_REPO_ID
 DEFAULT_REVISION = PINNED_REVISION
@@ -37,40 +46,6 @@ _REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 EARLY_CONFIG_BYTES = 1 << 16
 """What is asked of config.json while a commit's files are listed (Kimi-K2's is 1.7 KB)."""
-_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
-
-
-class HubError(KimiAuditError):
-    """The Hub (or whatever HF_ENDPOINT points at) refused or failed a request.
-
-    Not a SourceError: it is about the server, not one file, so an audit stops at once (exit 2)
-    instead of reporting every shard unreadable. A missing file is a FileMissingError and a body
-    that kept breaking off a ShortReadError (both SourceErrors: findings for that one shard).
-    """
-
-
-class RepoNotFoundError(HubError):
-    pass
-
-
-class RevisionNotFoundError(HubError):
-    pass
-
-
-class GatedRepoError(HubError):
-    pass
-
-
-class HubTimeoutError(HubError):
-    pass
-
-
-class RangeNotSupportedError(HubError):
-    """The server answered a Range request with the whole file (200) instead of 206."""
-
-
-class HubOfflineError(HubError):
-    pass
 
 
 class _Secret(str):
@@ -99,18 +74,6 @@ def default_timeout() -> float:
     except ValueError:
         value = DEFAULT_TIMEOUT_S
     return value if value > 0 else DEFAULT_TIMEOUT_S
-
-
-def parse_content_range(value: str | None) -> tuple[int, int, int | None]:
-    """`bytes first-last/total` -> (first, last, total); the end is inclusive."""
-    m = _CONTENT_RANGE_RE.match(value or "")
-    if m is None:
-        raise ValueError(f"unusable Content-Range {value!r}")
-    first, last = int(m.group(1)), int(m.group(2))
-    total = None if m.group(3) == "*" else int(m.group(3))
-    if last < first or (total is not None and last >= total):
-        raise ValueError(f"inconsistent Content-Range {value!r}")
-    return first, last, total
 
 
 class HubSource:
@@ -155,37 +118,6 @@ class HubSource:
 
     def __repr__(self) -> str:
         return f"HubSource({self.repo_id!r}, revision={self.revision!r}, endpoint={self.endpoint!r})"
-
-    def worker_state(self) -> dict[str, Any]:
-        """What another process needs to read the same files at the same commit, without resolving
-        again (header_worker). Builtins only; it holds the token, so it goes over a pipe, never argv."""
-        token = str(self._token) if isinstance(self._token, str) else self._token
-        return {
-            "repo_id": self.repo_id, "requested_revision": self.requested_revision, "revision": self.revision,
-            "endpoint": self.endpoint, "token": token, "timeout": self.timeout,
-            "parallel_reads": self.parallel_reads, "max_retries": self.max_retries, "retry_wait": self.retry_wait,
-            "sizes": dict(self._sizes),
-        }
-
-    @classmethod
-    def from_worker_state(cls, state: dict[str, Any]) -> "HubSource":
-        self = cls.__new__(cls)
-        self.repo_id = state["repo_id"]
-        self.requested_revision = state["requested_revision"]
-        self.revision = state["revision"]
-        self.endpoint = state["endpoint"]
-        token = state["token"]
-        self._token = _Secret(token) if isinstance(token, str) else token
-        self.timeout = float(state["timeout"])
-        self.parallel_reads = int(state["parallel_reads"])
-        self.max_retries = int(state["max_retries"])
-        self.retry_wait = float(state["retry_wait"])
-        self._sizes = dict(state["sizes"])
-        self._lfs_sha256 = {}
-        self._fatal = None
-        self._early = {}
-        self.label = f"{self.repo_id}@{self.revision}"
-        return self
 
     # --- huggingface_hub plumbing --------------------------------------------------------------
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:

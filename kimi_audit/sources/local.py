@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kimi_audit.errors import FileMissingError, FileTooLargeError, SourceError, UnsafePathError
+from kimi_audit.errors import (
+    FileMissingError,
+    FileTooLargeError,
+    SourceError,
+    UnsafePathError,
+)
 from kimi_audit.sources.base import RangeRead, safe_member_name
 
 

@@ -1,0 +1,112 @@
+"""The audit: load a checkpoint from a source, run every check, return one immutable report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
+from kimi_audit.checks.index import index_findings
+from kimi_audit.checks.layout import align, layout_findings
+from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
+from kimi_audit.checks.quantization import quantization_findings
+from kimi_audit.format.table import tensor_table
+from kimi_audit.findings import Finding, Severity
+from kimi_audit.gcpause import gc_paused
+from kimi_audit.model.layout import DENSE, MOE, MTP, layer_block
+from kimi_audit.sources.base import Source
+from kimi_audit.checks.stats import Stats, compute_stats
+
+
+@dataclass(frozen=True)
+class ShardSummary:
+    name: str
+    file_size: int
+    header_bytes: int
+    tensors: int
+    errors: int
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    source: str
+    revision: str | None
+    model: dict[str, Any]
+    stats: Stats
+    q_a_layernorm: QALayerNormReport
+    shards: tuple[ShardSummary, ...]
+    findings: tuple[Finding, ...] = field(default=())
+
+    def count(self, severity: Severity) -> int:
+        return sum(1 for f in self.findings if f.severity is severity)
+
+    @property
+    def errors(self) -> int:
+        return self.count(Severity.ERROR)
+
+    @property
+    def warnings(self) -> int:
+        return self.count(Severity.WARNING)
+
+    def exit_code(self, fail_on: Severity = Severity.ERROR) -> int:
+        return 1 if any(f.severity.rank >= fail_on.rank for f in self.findings) else 0
+
+
+def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
+    cfg = ckpt.config
+    blocks = [layer_block(cfg, i) for i in range(cfg.total_layers)]
+    q = cfg.quantization
+    return {
+        "model_type": cfg.model_type,
+        "architectures": ckpt.config_raw.get("architectures"),
+        "layers": cfg.num_hidden_layers,
+        "dense_layers": blocks.count(DENSE),
+        "moe_layers": blocks.count(MOE),
+        "mtp_layers": blocks.count(MTP),
+        "routed_experts": cfg.n_routed_experts,
+        "shared_experts": cfg.n_shared_experts,
+        "hidden_size": cfg.hidden_size,
+        "q_lora_rank": cfg.q_lora_rank,
+        "kv_lora_rank": cfg.kv_lora_rank,
+        "vocab_size": cfg.vocab_size,
+        "quantization": None if q is None else {"method": q.method, "fmt": q.fmt, "block": list(q.block)},
+    }
+
+
+def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
+    with gc_paused():
+        return _audit(ckpt)
+
+
+def _audit(ckpt: Checkpoint) -> AuditReport:
+    expected = ckpt.expected
+    all_findings: list[Finding] = list(ckpt.findings)
+    for header in ckpt.headers.values():
+        all_findings.extend(header.findings)
+    if ckpt.index is not None:
+        all_findings.extend(ckpt.index.findings)
+    all_findings.extend(quantization_findings(ckpt.config_raw))
+    actual, duplicates = tensor_table(ckpt.headers)
+    aligned = align(actual, expected)
+    all_findings.extend(duplicates)
+    all_findings.extend(layout_findings(actual, expected, aligned))
+    all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers))
+    stats = compute_stats(actual, expected, ckpt.headers, aligned)
+    shards = tuple(
+        ShardSummary(name, h.file_size, h.data_start, h.tensor_count,
+                     sum(1 for f in h.findings if f.severity is Severity.ERROR))
+        for name, h in ckpt.headers.items()
+    )
+    return AuditReport(
+        source=ckpt.label,
+        revision=ckpt.revision,
+        model=model_summary(ckpt),
+        stats=stats,
+        q_a_layernorm=q_a_layernorm_report(ckpt.config, actual),
+        shards=shards,
+        findings=tuple(all_findings),
+    )
+
+
+def audit_source(source: Source, progress: ProgressFn | None = None) -> AuditReport:
+    return audit_checkpoint(load_checkpoint(source, progress))

@@ -1,0 +1,222 @@
+"""The opt-in `audit --values` pass: fetch every small tensor and check its values.
+
+Small tensors are the RMSNorm gains (`*norm.weight`), the router biases
+(`mlp.gate.e_score_correction_bias`) and every FP8 block scale (`*.weight_scale_inv`): about 250 MB
+of Kimi-K2's 959 GB.  Each is fetched by byte range (neighbours in a shard coalesced into one read
+when the gap between them is small), decoded with kimi_audit.numerics.kernels, and reported when it holds
+NaN or Inf, when a scale is not > 0, or when a gain is all zeros.  No big weight is ever read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from kimi_audit.errors import SourceError
+from kimi_audit.findings import Finding, error, info
+from kimi_audit.format.header import ShardHeader, TensorInfo
+from kimi_audit.model.layout import SCALE_SUFFIX
+from kimi_audit.numerics.kernels import NumericsError, decode, to_float32
+from kimi_audit.sources.base import Source
+from kimi_audit.numerics.tensor_io import read_exact, windowed_map
+
+GAIN = "gain"
+ROUTER_BIAS = "router_bias"
+SCALE = "scale"
+
+ROUTER_BIAS_SUFFIX = ".e_score_correction_bias"
+
+MAX_GAP = 1 << 16
+"""Two small tensors closer than this in a shard are fetched with one read (the gap read too)."""
+MAX_SPAN = 1 << 24
+"""No coalesced read is longer than this."""
+MAX_SMALL_BYTES = 1 << 26
+"""A 'small' tensor bigger than this is not fetched by the values pass (reported as skipped)."""
+MAX_PER_CODE = 50
+"""Findings listed one by one per code; the rest are counted in one summary finding."""
+
+ValuesProgressFn = Callable[[str, int, int], None]
+"""(shard, tensors done, tensors total)."""
+
+
+def value_kind(name: str) -> str | None:
+    """Which small tensor class a name belongs to, or None for everything else."""
+    if name.endswith(SCALE_SUFFIX):
+        return SCALE
+    if name.endswith(ROUTER_BIAS_SUFFIX):
+        return ROUTER_BIAS
+    if name.endswith("norm.weight"):
+        return GAIN
+    return None
+
+
+def small_tensors(headers: dict[str, ShardHeader]) -> list[tuple[str, TensorInfo, str]]:
+    """(shard, entry, kind) of every small tensor, by shard then by offset."""
+    out: list[tuple[str, TensorInfo, str]] = []
+    for shard, header in headers.items():
+        mine = []
+        for name, t in header.tensors.items():
+            kind = value_kind(name)
+            if kind is not None:
+                mine.append((shard, t, kind))
+        mine.sort(key=lambda r: r[1].begin)
+        out.extend(mine)
+    return out
+
+
+def plan_reads(
+    infos: Iterable[TensorInfo], max_gap: int = MAX_GAP, max_span: int = MAX_SPAN
+) -> list[tuple[int, int, list[TensorInfo]]]:
+    """Group tensors (offsets relative to the data buffer) into (begin, end, members) reads."""
+    groups: list[tuple[int, int, list[TensorInfo]]] = []
+    for t in sorted(infos, key=lambda t: (t.begin, t.end)):
+        if groups:
+            g0, g1, members = groups[-1]
+            if t.begin - g1 <= max_gap and max(g1, t.end) - g0 <= max_span and t.begin >= g0:
+                groups[-1] = (g0, max(g1, t.end), members + [t])
+                continue
+        groups.append((t.begin, t.end, [t]))
+    return groups
+
+
+def read_tensors(
+    source: Source,
+    shard: str,
+    data_start: int,
+    infos: Iterable[TensorInfo],
+    *,
+    max_gap: int = MAX_GAP,
+    max_span: int = MAX_SPAN,
+) -> Iterator[tuple[TensorInfo, bytes]]:
+    """The bytes of each tensor, in offset order, with coalesced range reads. Raises SourceError."""
+    for g0, g1, members in plan_reads(infos, max_gap, max_span):
+        data = read_exact(source, shard, data_start + g0, g1 - g0)
+        for t in members:
+            yield t, data[t.begin - g0 : t.end - g0]
+
+
+def check_values(name: str, kind: str, values: np.ndarray) -> list[tuple[str, str, int]]:
+    """(code, message, count) for what is wrong with one small tensor's values."""
+    f = to_float32(values).reshape(-1)
+    n = f.size
+    out: list[tuple[str, str, int]] = []
+    nan = int(np.count_nonzero(np.isnan(f)))
+    inf = int(np.count_nonzero(np.isinf(f)))
+    if nan:
+        out.append(("VALUE_NAN", f"{name}: {nan:,} of {n:,} values are NaN", nan))
+    if inf:
+        out.append(("VALUE_INF", f"{name}: {inf:,} of {n:,} values are ±Inf", inf))
+    if kind == SCALE:
+        bad = int(np.count_nonzero(f <= 0))  # NaN compares False: counted above
+        if bad:
+            out.append(("SCALE_NOT_POSITIVE", f"{name}: {bad:,} of {n:,} block scales are ≤ 0 "
+                        "(dequantized weights would be zero or sign-flipped)", bad))
+    elif kind == GAIN:
+        if n and not np.any(f):
+            out.append(("GAIN_ALL_ZERO", f"{name}: all {n:,} RMSNorm gains are zero "
+                        "(the normalized output is identically zero)", n))
+    return out
+
+
+def value_findings(
+    source: Source,
+    headers: dict[str, ShardHeader],
+    progress: ValuesProgressFn | None = None,
+    *,
+    max_per_code: int = MAX_PER_CODE,
+    max_gap: int = MAX_GAP,
+) -> list[Finding]:
+    """Fetch every small tensor (gains, router biases, FP8 scales) and report bad values."""
+    todo = small_tensors(headers)
+    kinds = {(s, t.name): k for s, t, k in todo}
+    skipped: list[Finding] = []
+    jobs: list[tuple[str, int, int, int, list[TensorInfo]]] = []  # (shard, data_start, g0, g1, members)
+    by_shard: dict[str, list[TensorInfo]] = {}
+    for shard, t, _kind in todo:
+        if t.nbytes > MAX_SMALL_BYTES or t.end < t.begin:
+            skipped.append(info("VALUES_SKIPPED", f"{t.name}: {t.nbytes:,} bytes, not fetched by the "
+                                "values pass", tensor=t.name, shard=shard, actual=t.nbytes))
+            continue
+        by_shard.setdefault(shard, []).append(t)
+    for shard, infos in by_shard.items():
+        h = headers[shard]
+        for g0, g1, members in plan_reads(infos, max_gap):
+            if h.data_start + g1 > h.file_size:
+                continue  # data past end of file: the header check reports it
+            jobs.append((shard, h.data_start, g0, g1, members))
+
+    def fetch(job: tuple[str, int, int, int, list[TensorInfo]]):
+        shard, start, g0, g1, members = job
+        try:
+            return job, read_exact(source, shard, start + g0, g1 - g0), None
+        except SourceError as e:
+            return job, None, e
+
+    issues: dict[str, list[Finding]] = {}
+    totals: dict[str, int] = {}
+    findings: list[Finding] = []
+    checked = 0
+    fetched_bytes = 0
+    workers = max(1, min(int(getattr(source, "parallel_reads", 1)), 32))
+    total = sum(len(j[4]) for j in jobs)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for (shard, _start, g0, g1, members), data, err in windowed_map(pool, fetch, jobs, 4 * workers):
+            if err is not None:
+                findings.append(error("VALUE_UNREADABLE", f"{shard}: {err}", shard=shard,
+                                      tensor=members[0].name if len(members) == 1 else None))
+                continue
+            fetched_bytes += g1 - g0
+            for t in members:
+                raw = data[t.begin - g0 : t.end - g0]
+                try:
+                    arr = decode(raw, t.dtype, t.shape)
+                except NumericsError:
+                    continue  # size/dtype violations are the header checks' findings
+                kind = kinds[(shard, t.name)]
+                for code, message, count in check_values(t.name, kind, arr):
+                    totals[code] = totals.get(code, 0) + 1
+                    lst = issues.setdefault(code, [])
+                    if len(lst) < max_per_code:
+                        lst.append(error(code, message, tensor=t.name, shard=shard,
+                                         expected=_expected(code), actual=count))
+                checked += 1
+            if progress:
+                progress(shard, checked, total)
+    for code, lst in issues.items():
+        findings.extend(lst)
+        more = totals[code] - len(lst)
+        if more > 0:
+            findings.append(error(code, f"... and {more:,} more tensors with {code} "
+                                  f"({totals[code]:,} in all)", actual=totals[code]))
+    counts = {k: sum(1 for *_, kk in todo if kk == k) for k in (GAIN, ROUTER_BIAS, SCALE)}
+    findings.append(info(
+        "VALUES_CHECKED",
+        f"values pass: {checked:,} small tensors checked ({counts[GAIN]:,} gains, "
+        f"{counts[ROUTER_BIAS]:,} router biases, {counts[SCALE]:,} FP8 scales), "
+        f"{fetched_bytes:,} bytes fetched in {len(jobs):,} reads",
+        actual=checked,
+    ))
+    return findings + skipped
+
+
+def _expected(code: str) -> str | None:
+    return {
+        "VALUE_NAN": "no NaN",
+        "VALUE_INF": "no Inf",
+        "SCALE_NOT_POSITIVE": "finite scales > 0",
+        "GAIN_ALL_ZERO": "a non-zero gain",
+    }.get(code)
+
+
+def audit_with_values(source: Source, progress=None, values_progress: ValuesProgressFn | None = None):
+    """audit_source plus the values pass (its findings appended to the report's)."""
+    from kimi_audit.checks.audit import audit_checkpoint
+    from kimi_audit.model.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(source, progress)
+    report = audit_checkpoint(ckpt)
+    extra = value_findings(source, ckpt.headers, values_progress)
+    return dataclasses.replace(report, findings=tuple(report.findings) + tuple(extra))

@@ -1,0 +1,73 @@
+"""Delivering an audit report in the CI formats: --format, --output, $GITHUB_STEP_SUMMARY."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from kimi_audit.checks.audit import AuditReport
+from kimi_audit.errors import KimiAuditError
+from kimi_audit.findings import Severity
+
+FORMATS = ("table", "json", "junit", "markdown")
+FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING}
+
+
+def resolve_format(fmt: str | None, as_json: bool) -> str:
+    if fmt is not None and fmt not in FORMATS:
+        raise KimiAuditError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if as_json and fmt not in (None, "json"):
+        raise KimiAuditError(f"--json is --format json; it contradicts --format {fmt}")
+    return "json" if as_json else (fmt or "table")
+
+
+def resolve_fail_on(value: str) -> Severity:
+    try:
+        return FAIL_ON[value.lower()]
+    except KeyError:
+        raise KimiAuditError(f"--fail-on must be error or warning, got {value!r}") from None
+
+
+def render(report: AuditReport, fmt: str, fail_on: Severity, elapsed: float, width: int | None = None) -> str:
+    if fmt == "json":
+        from kimi_audit.report.json_report import render_json
+        return render_json(report, fail_on)
+    if fmt == "junit":
+        from kimi_audit.report.junit import render_junit
+        return render_junit(report, fail_on=fail_on, elapsed=elapsed)
+    if fmt == "markdown":
+        from kimi_audit.report.markdown import render_markdown
+        return render_markdown(report, fail_on)
+    from kimi_audit.report.table import render_table
+    buf = io.StringIO()
+    render_table(report, Console(file=buf, width=width or 120, color_system=None, soft_wrap=False))
+    return buf.getvalue()
+
+
+def deliver(report: AuditReport, fmt: str, output: Path | None, fail_on: Severity, elapsed: float,
+            console: Console) -> None:
+    """Write the report (stdout, or --output FILE), and a markdown summary to $GITHUB_STEP_SUMMARY if set."""
+    if output is None:
+        if fmt == "table":
+            from kimi_audit.report.table import render_table
+            render_table(report, console)
+        else:
+            sys.stdout.write(render(report, fmt, fail_on, elapsed))
+    else:
+        _write(output, render(report, fmt, fail_on, elapsed), "w")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        from kimi_audit.report.markdown import render_markdown
+        _write(Path(summary), render_markdown(report, fail_on), "a")
+
+
+def _write(path: Path, text: str, mode: str) -> None:
+    try:
+        with open(path, mode, encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise KimiAuditError(f"cannot write {path}: {e.strerror or e}") from None

@@ -1,0 +1,158 @@
+"""`kimi-audit diff A B`: what changed between two checkpoints (headers; bytes with --content).
+
+Exit codes: 0 no differences, 1 differences (or, with --content --max-read, tensors left uncompared),
+2 unusable input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from kimi_audit.model.checkpoint import load_checkpoint
+from kimi_audit.cli.app import app, shard_progress, stderr, stdout, user_errors
+from kimi_audit.checks.diff import Change, ContentDiff, HeaderDiff, content_diff, diff_dict, header_diff, summarize
+from kimi_audit.errors import KimiAuditError
+from kimi_audit.sources import open_source
+from kimi_audit.sources.base import Source
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+MAX_LINES = 40
+
+
+def file_fingerprints(source: Source, shards: list[str]) -> dict[str, str]:
+    """Shard -> identity of its file: the Hub's LFS sha256, an HF-cache blob's sha256 (its name), or,
+    for other local files, device + inode + size + mtime (hard links share it)."""
+    out: dict[str, str] = {}
+    lfs = getattr(source, "lfs_sha256", None)
+    root = getattr(source, "root", None)
+    for shard in shards:
+        if callable(lfs):
+            sha = lfs(shard)
+            if isinstance(sha, str) and SHA256_RE.match(sha.lower()):
+                out[shard] = "sha256:" + sha.lower()
+            continue
+        if root is None:
+            continue
+        path = Path(root) / shard
+        try:
+            target = Path(os.path.realpath(path))
+            st = os.stat(path)
+        except OSError:
+            continue
+        if SHA256_RE.match(target.name) and target.parent.name == "blobs":
+            out[shard] = "sha256:" + target.name
+        else:
+            out[shard] = f"file:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    return out
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]i?b?|b)?\s*", text.lower())
+    if not m:
+        raise KimiAuditError(f"--max-read must be a size such as 500MB, 4GiB or 1000000, got {text!r}")
+    unit = (m.group(2) or "b").rstrip("b") or "b"
+    base = 1024 if unit.endswith("i") else 1000
+    power = {"b": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[0]]
+    return int(m.group(1)) * base ** power
+
+
+def _list(title: str, changes: tuple[Change, ...], show: Any) -> None:
+    if not changes:
+        return
+    stdout.print(Text(f"{title} ({len(changes):,})", style="bold"))
+    if len(changes) > MAX_LINES:
+        for line in summarize(changes)[:MAX_LINES]:
+            stdout.print(Text(f"  {line}"))
+        return
+    for c in changes:
+        stdout.print(Text(f"  {c.name}: {show(c)}"))
+
+
+def render_diff(d: HeaderDiff, c: ContentDiff | None) -> None:
+    t = Table.grid(padding=(0, 2))
+    t.add_row("A", Text(d.a + (f" @ {d.a_revision}" if d.a_revision else "")),
+              f"{d.tensors[0]:,} tensors", f"{d.parameters[0]:,} parameters")
+    t.add_row("B", Text(d.b + (f" @ {d.b_revision}" if d.b_revision else "")),
+              f"{d.tensors[1]:,} tensors", f"{d.parameters[1]:,} parameters")
+    stdout.print(t)
+    stdout.print(f"added {len(d.added):,} · removed {len(d.removed):,} · changed dtype/shape {len(d.changed):,} · "
+                 f"moved between shards {len(d.moved):,} · config keys changed {len(d.config):,}", highlight=False)
+    _list("added", d.added, lambda x: x.b.text())
+    _list("removed", d.removed, lambda x: x.a.text())
+    _list("changed", d.changed, lambda x: f"{x.a.dtype} {list(x.a.shape)} → {x.b.dtype} {list(x.b.shape)}")
+    _list("moved", d.moved, lambda x: f"{x.a.shard} → {x.b.shard}")
+    if d.config:
+        stdout.print(Text("config.json", style="bold"))
+        for k, va, vb in d.config:
+            stdout.print(Text(f"  {k}: {json.dumps(va)} → {json.dumps(vb)}"))
+    if d.components:
+        ct = Table(title="Parameter delta per component (found in the headers)", title_justify="left")
+        for col in ("component", "A", "B", "delta"):
+            ct.add_column(col, justify="left" if col == "component" else "right")
+        for x in d.components:
+            ct.add_row(Text(f"{x.title} ({x.key})"), f"{x.a:,}", f"{x.b:,}", f"{x.delta:+,}")
+        stdout.print(ct)
+    if c is not None:
+        stdout.print(Text("content", style="bold") + Text(
+            f"  {c.compared:,} tensors hashed on both sides ({c.bytes_read[0]:,} + {c.bytes_read[1]:,} bytes in "
+            f"{c.reads[0]:,} + {c.reads[1]:,} reads), {c.identical_files:,} skipped as the same file on both sides"
+            + (f", {c.excluded:,} outside --tensors" if c.excluded else "")))
+        for name, x, y in c.differing[:MAX_LINES * 5]:
+            stdout.print(Text(f"  bytes differ: {name}  {x[:12]} → {y[:12]}", style="red"))
+        for note in c.notes:
+            stdout.print(Text(f"  {note}", style="yellow"))
+    differs = d.differs or bool(c and c.differs)
+    stdout.print(Text("DIFFERENT", style="bold red") if differs else Text("IDENTICAL", style="bold green"))
+
+
+@app.command()
+@user_errors
+def diff(
+    a: str = typer.Argument(..., help="A local checkpoint directory, or a Hub repo `owner/name[@revision]`."),
+    b: str = typer.Argument(..., help="The other checkpoint, same forms."),
+    content: bool = typer.Option(False, "--content", help="Also compare the bytes of the tensors both hold "
+                                 "(ranged SHA-256; shards that are the same file on both sides are not read)."),
+    tensors: Optional[list[str]] = typer.Option(None, "--tensors", help="With --content: only tensors whose "
+                                                "name matches this glob (repeatable)."),
+    max_read: Optional[str] = typer.Option(None, "--max-read", help="With --content: read at most this much per "
+                                           "side (e.g. 4GiB), smallest tensors first; the rest is reported "
+                                           "unchecked (exit 1)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON (schema kimi-audit/diff/1)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars on stderr."),
+) -> None:
+    """What differs between checkpoints A and B: tensors added, removed, changed dtype or shape, moved
+    between shards, parameter delta per component, config keys; with --content, which tensors' bytes
+    differ. Exit 0 identical, 1 different, 2 unusable input."""
+    budget = parse_size(max_read) if max_read is not None else None
+    if (tensors or budget is not None) and not content:
+        raise KimiAuditError("--tensors and --max-read apply to --content")
+    src_a, src_b = open_source(a), open_source(b)
+    with shard_progress("reading A's headers", progress) as update:
+        ckpt_a = load_checkpoint(src_a, update)
+    with shard_progress("reading B's headers", progress) as update:
+        ckpt_b = load_checkpoint(src_b, update)
+    for label, ck in (("A", ckpt_a), ("B", ckpt_b)):
+        if ck.findings:
+            stderr.print(Text(f"{label}: {len(ck.findings):,} problems while loading (run `kimi-audit audit` "
+                              f"on it): {ck.findings[0].message}"))
+    d = header_diff(ckpt_a, ckpt_b)
+    c = None
+    if content:
+        c = content_diff(src_a, ckpt_a, src_b, ckpt_b,
+                         fingerprints_a=file_fingerprints(src_a, list(ckpt_a.headers)),
+                         fingerprints_b=file_fingerprints(src_b, list(ckpt_b.headers)),
+                         max_read=budget, include=tensors or ())
+    if as_json:
+        sys.stdout.write(json.dumps(diff_dict(d, c), indent=2, ensure_ascii=False) + "\n")
+    else:
+        render_diff(d, c)
+    raise typer.Exit(1 if d.differs or (c is not None and c.differs) else 0)

@@ -1,0 +1,395 @@
+"""The `rmsnorm` and `tensor` commands: numpy numerics on the real weights, fetched by byte range.
+
+Imported by cli.py, they register themselves on its `app`. Every tensor is read with range reads
+through the Source interface (local directory or Hub): a 3 KB gain is 3 KB on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from kimi_audit.model.checkpoint import load_config
+from kimi_audit.cli.app import app, stderr, stdout, user_errors
+from kimi_audit.model.config import ModelConfig
+from kimi_audit.constants import PINNED_REPO_ID
+from kimi_audit.errors import KimiAuditError
+from kimi_audit.model.layout import FP8_DTYPE, SCALE_SUFFIX, layer_block
+from kimi_audit.numerics.kernels import (
+    TensorStats,
+    bfloat16,
+    dequantize_fp8,
+    f32_to_bf16,
+    rms_norm,
+    tensor_stats,
+    to_float32,
+)
+from kimi_audit.sources import open_source
+from kimi_audit.sources.base import Source
+from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher
+
+Q_A_LAYERNORM = "self_attn.q_a_layernorm.weight"
+INPUT_LAYERNORM = "input_layernorm.weight"
+Q_A_PROJ = "self_attn.q_a_proj.weight"
+EMBED = "model.embed_tokens.weight"
+
+
+# ------------------------------------------------------------------ rmsnorm
+
+
+@dataclass(frozen=True)
+class LayerResult:
+    layer: int
+    block: str
+    tensor: str
+    shard: str
+    gain: TensorStats
+    output: TensorStats
+    output_rms: tuple[float, ...]
+    """RMS of the normalized output y over the hidden axis, per position (B*T positions)."""
+    unit_deviation: tuple[float | None, ...]
+    """RMS(y / gain) - 1 per position (elements with gain == 0 left out)."""
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "block": self.block,
+            "tensor": self.tensor,
+            "shard": self.shard,
+            "gain": self.gain.to_json(),
+            "output": self.output.to_json(),
+            "output_rms": list(self.output_rms),
+            "rms_y_over_gain_minus_1": list(self.unit_deviation),
+            "max_abs_deviation": _max_abs(self.unit_deviation),
+            "ok": self.ok,
+            "problems": list(self.problems),
+        }
+
+
+def _max_abs(vals: tuple[float | None, ...]) -> float | None:
+    finite = [abs(v) for v in vals if v is not None and math.isfinite(v)]
+    return max(finite) if finite else None
+
+
+def position_stats(y: np.ndarray, gain: np.ndarray) -> tuple[tuple[float, ...], tuple[float | None, ...]]:
+    """Per position: RMS(y) and RMS(y / gain) - 1 (float64; zero gains excluded)."""
+    d = y.shape[-1]
+    y64 = to_float32(y).astype(np.float64).reshape(-1, d)
+    g64 = to_float32(gain).astype(np.float64)
+    with np.errstate(all="ignore"):
+        rms = np.sqrt(np.mean(y64 * y64, axis=-1))
+        nz = g64 != 0
+        if nz.any():
+            ratio = y64[:, nz] / g64[nz]
+            dev = np.sqrt(np.mean(ratio * ratio, axis=-1)) - 1.0
+            devs: tuple[float | None, ...] = tuple(float(v) for v in dev)
+        else:
+            devs = tuple(None for _ in range(y64.shape[0]))
+    return tuple(float(v) for v in rms), devs
+
+
+def check_layer(layer: int, block: str, tensor: str, shard: str, gain: np.ndarray, y: np.ndarray) -> LayerResult:
+    gs = tensor_stats(gain)
+    ys = tensor_stats(y)
+    problems = []
+    if gs.nan or gs.inf:
+        problems.append(f"gain has {gs.nan} NaN and {gs.inf} Inf values")
+    if gs.all_zero:
+        problems.append("gain is all zeros: the output is identically zero")
+    if ys.nan or ys.inf:
+        problems.append(f"output has {ys.nan:,} NaN and {ys.inf:,} Inf values")
+    rms, dev = position_stats(y, gain)
+    return LayerResult(layer, block, tensor, shard, gs, ys, rms, dev, tuple(problems))
+
+
+def _parse_token_ids(text: str) -> list[int]:
+    parts = [p for p in text.replace(",", " ").split() if p]
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        raise KimiAuditError(f"--from-embeddings takes integers separated by commas, got {text!r}") from None
+    if not ids:
+        raise KimiAuditError("--from-embeddings needs at least one token id")
+    return ids
+
+
+def _load_input(path: Path, width: int) -> np.ndarray:
+    try:
+        a = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise KimiAuditError(f"--input: no such file {path}") from None
+    except (ValueError, OSError) as e:
+        raise KimiAuditError(f"--input {path}: not a readable .npy array ({e})") from None
+    if a.dtype != bfloat16 and a.dtype.kind != "f":
+        raise KimiAuditError(f"--input {path}: dtype {a.dtype} is not a float type")
+    if a.ndim == 1:
+        a = a[None, None, :]
+    elif a.ndim == 2:
+        a = a[None]
+    if a.ndim != 3 or a.shape[-1] != width:
+        raise KimiAuditError(f"--input {path}: shape {list(a.shape)} is not [B, T, {width}]")
+    if a.dtype != bfloat16:
+        a = f32_to_bf16(a.astype(np.float32))  # the model's activations are bf16
+    return a
+
+
+def _query_latent(fetch: TensorFetcher, cfg: ModelConfig, layer: int, emb: np.ndarray) -> np.ndarray:
+    """embedding rows -> layer's input_layernorm -> q_a_proj (dequantized), bf16 [1, T, q_lora_rank]."""
+    p = f"model.layers.{layer}."
+    g_in, _, _ = fetch.read(p + INPUT_LAYERNORM)
+    h = rms_norm(emb, g_in, cfg.rms_norm_eps)
+    w, wt, _ = fetch.read(p + Q_A_PROJ)
+    if wt.dtype == FP8_DTYPE:
+        s, _, _ = fetch.read(p + Q_A_PROJ[: -len(".weight")] + SCALE_SUFFIX)
+        block = cfg.quantization.block if cfg.quantization else (128, 128)
+        w = dequantize_fp8(w, s, block)
+    # F.linear: float32 accumulation, one rounding to bf16 (not bit-matched to a particular GEMM)
+    q = to_float32(h) @ to_float32(w).T
+    return f32_to_bf16(q)[None]
+
+
+def _layers(cfg: ModelConfig, layers: list[int] | None, all_layers: bool) -> list[int]:
+    total = cfg.total_layers
+    if all_layers:
+        return list(range(total))
+    chosen = layers or [0]
+    for n in chosen:
+        if not 0 <= n < total:
+            raise KimiAuditError(f"--layer {n}: the model has layers 0..{total - 1}")
+    return chosen
+
+
+def _fmt(v: float | None, spec: str = ".4g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+@app.command()
+@user_errors
+def rmsnorm(
+    source: str = typer.Argument(PINNED_REPO_ID, help="Local checkpoint directory or Hub repo id `owner/name[@revision]`."),
+    revision: Optional[str] = typer.Option(None, "--revision", "-r", help="Hub revision."),
+    layer: Optional[list[int]] = typer.Option(None, "--layer", "-l", help="Layer index (repeatable; default 0)."),
+    all_layers: bool = typer.Option(False, "--all", help="Every layer (the MTP layer included)."),
+    input_file: Optional[Path] = typer.Option(None, "--input", help="A .npy array [B, T, q_lora_rank] (float; cast to bf16)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random bf16 input."),
+    tokens: int = typer.Option(16, "--tokens", "-t", min=1, max=1 << 16, help="Positions T of the random input."),
+    batch: int = typer.Option(1, "--batch", "-b", min=1, max=1 << 12, help="Batch B of the random input."),
+    from_embeddings: Optional[str] = typer.Option(
+        None, "--from-embeddings",
+        help="Token ids (e.g. '1,2,3'): their embedding rows -> the layer's input_layernorm -> dequantized "
+             "q_a_proj, i.e. the real query latent (of block 0 for layer 0)."),
+    show: int = typer.Option(6, "--show", min=0, help="Positions listed per layer in the table."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+) -> None:
+    """Run DeepseekV3RMSNorm (numpy, bit-identical to torch) with each layer's real q_a_layernorm gain.
+
+    Fails (exit 1) when a gain or an output holds NaN/Inf, or a gain is all zeros.
+    """
+    if input_file is not None and from_embeddings is not None:
+        raise KimiAuditError("--input and --from-embeddings are exclusive")
+    src = open_source(source, revision)
+    _, cfg = load_config(src)
+    if cfg.q_lora_rank is None:
+        raise KimiAuditError(f"{src.label}: the model has no q_a_layernorm (q_lora_rank is null)")
+    width = cfg.q_lora_rank
+    fetch = TensorFetcher(src)
+    layers = _layers(cfg, layer, all_layers)
+    ids: list[int] | None = None
+    emb = None
+    if from_embeddings is not None:
+        ids = _parse_token_ids(from_embeddings)
+        emb, _, _ = fetch.read_rows(EMBED, ids)
+        shared_x = None
+        input_desc: dict[str, Any] = {"kind": "embeddings", "token_ids": ids, "shape": [1, len(ids), width]}
+    elif input_file is not None:
+        shared_x = _load_input(input_file, width)
+        input_desc = {"kind": "file", "path": str(input_file), "shape": list(shared_x.shape)}
+    else:
+        rng = np.random.default_rng(seed)
+        shared_x = f32_to_bf16(rng.standard_normal((batch, tokens, width), dtype=np.float32))
+        input_desc = {"kind": "random", "seed": seed, "shape": [batch, tokens, width], "dtype": "BF16"}
+
+    results: list[LayerResult] = []
+    for n in layers:
+        name = f"model.layers.{n}.{Q_A_LAYERNORM}"
+        gain, t, shard = fetch.read(name)
+        if t.shape != (width,):
+            raise KimiAuditError(f"{name} has shape {list(t.shape)}, expected [{width}]")
+        x = shared_x if emb is None else _query_latent(fetch, cfg, n, emb)
+        y = rms_norm(x, gain, cfg.rms_norm_eps)
+        results.append(check_layer(n, layer_block(cfg, n), name, shard, gain, y))
+
+    ok = all(r.ok for r in results)
+    if as_json:
+        doc = {
+            "source": src.label,
+            "revision": src.revision,
+            "eps": cfg.rms_norm_eps,
+            "input": input_desc,
+            "bytes_read": fetch.bytes_read,
+            "layers": [r.to_json() for r in results],
+            "ok": ok,
+        }
+        sys.stdout.write(json.dumps(_clean(doc), indent=2, allow_nan=False, default=_json_default) + "\n")
+    else:
+        _render_rmsnorm(src, cfg, input_desc, results, show, fetch.bytes_read)
+    raise typer.Exit(0 if ok else 1)
+
+
+def _json_default(v: Any) -> Any:
+    raise TypeError(type(v))
+
+
+def _clean(v: Any) -> Any:
+    """JSON has no NaN/Inf: non-finite floats become null."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def _render_rmsnorm(src: Source, cfg: ModelConfig, input_desc: dict, results: list[LayerResult], show: int,
+                    bytes_read: int) -> None:
+    rev = f" @ {src.revision}" if src.revision else ""
+    shape = "×".join(str(d) for d in input_desc["shape"])
+    what = {"random": f"seeded bf16 N(0,1), seed {input_desc.get('seed')}", "file": input_desc.get("path"),
+            "embeddings": f"embedding rows of tokens {input_desc.get('token_ids')} → input_layernorm → q_a_proj"}
+    stdout.print(f"[bold]RMSNorm[/bold] (DeepseekV3RMSNorm, eps={cfg.rms_norm_eps:g}) on {src.label}{rev}")
+    stdout.print(f"input [{shape}]: {what[input_desc['kind']]}; {bytes_read:,} bytes fetched")
+    stdout.print("γ: the layer's q_a_layernorm gain; out RMS: min–max over positions of RMS(y); "
+                 "|RMS(y/γ)−1|: the largest over positions", highlight=False)
+    table = Table(show_lines=False)
+    for col, just in (("layer", "right"), ("block", "left"), ("γ min", "right"), ("γ max", "right"),
+                      ("γ mean", "right"), ("out RMS", "right"), ("|RMS(y/γ)−1|", "right"), ("check", "left")):
+        table.add_column(col, justify=just, no_wrap=col == "out RMS")  # type: ignore[arg-type]
+    for r in results:
+        fin = [v for v in r.output_rms if math.isfinite(v)]
+        span = f"{min(fin):.4f}–{max(fin):.4f}" if fin else "-"
+        check = "[green]ok[/green]" if r.ok else "[red]" + "; ".join(r.problems) + "[/red]"
+        table.add_row(str(r.layer), r.block, _fmt(r.gain.min), _fmt(r.gain.max), _fmt(r.gain.mean),
+                      span, _fmt(_max_abs(r.unit_deviation), ".3g"), check)
+    stdout.print(table)
+    if show:
+        for r in results:
+            vals = " ".join(_fmt(v, ".4f") for v in r.output_rms[:show])
+            more = f" … ({len(r.output_rms):,} positions)" if len(r.output_rms) > show else ""
+            stdout.print(f"layer {r.layer} output RMS per position: {vals}{more}", highlight=False)
+    bad = [r for r in results if not r.ok]
+    if bad:
+        stdout.print(f"[red]{len(bad)} of {len(results)} layers failed the check[/red]")
+    else:
+        stdout.print(f"[green]{len(results)} layer(s): gains finite and non-zero, outputs finite[/green]")
+
+
+# ------------------------------------------------------------------ tensor
+
+
+def _stats_rows(table: Table, label: str, st: TensorStats) -> None:
+    table.add_row(label, "count", f"{st.count:,}")
+    for k in ("min", "max", "mean", "std"):
+        table.add_row("", k, _fmt(getattr(st, k), ".6g"))
+    table.add_row("", "NaN / +Inf / −Inf", f"{st.nan:,} / {st.posinf:,} / {st.neginf:,}")
+    table.add_row("", "zeros", f"{st.zeros:,}")
+    if st.saturated is not None:
+        table.add_row("", "FP8 saturated |x| = 448", f"{st.saturated:,}")
+
+
+@app.command()
+@user_errors
+def tensor(
+    source: str = typer.Argument(..., help="Local checkpoint directory or Hub repo id `owner/name[@revision]`."),
+    name: str = typer.Argument(..., help="Tensor name, e.g. model.layers.0.self_attn.q_a_layernorm.weight"),
+    revision: Optional[str] = typer.Option(None, "--revision", "-r", help="Hub revision."),
+    dequant: bool = typer.Option(False, "--dequant", help="For an FP8 weight: statistics of the dequantized bf16 values."),
+    max_bytes: int = typer.Option(DEFAULT_MAX_TENSOR_BYTES, "--max-bytes", min=1,
+                                  help="Refuse to fetch a tensor larger than this."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+) -> None:
+    """Fetch one tensor by byte range and print its value statistics (and its FP8 scales').
+
+    Fails (exit 1) on NaN/Inf values, or FP8 scales that are not finite and > 0.
+    """
+    src = open_source(source, revision)
+    fetch = TensorFetcher(src)
+    arr, t, shard = fetch.read(name, max_bytes)
+    st = tensor_stats(arr, dtype=t.dtype)
+    problems: list[str] = []
+    if st.nan or st.inf:
+        problems.append(f"{name}: {st.nan:,} NaN and {st.inf:,} Inf values")
+    scale_st = deq_st = None
+    scale_name = None
+    if t.dtype == FP8_DTYPE and name.endswith(".weight"):
+        scale_name = name[: -len(".weight")] + SCALE_SUFFIX
+        if fetch.has(scale_name):
+            s, _, _ = fetch.read(scale_name, max_bytes)
+            scale_st = tensor_stats(s, dtype=fetch.locate(scale_name)[1].dtype)
+            s32 = to_float32(s)
+            bad = int(np.count_nonzero(~(np.isfinite(s32) & (s32 > 0))))
+            if bad:
+                problems.append(f"{scale_name}: {bad:,} of {s32.size:,} scales are not finite and > 0")
+            if dequant:
+                block = _block_size(src)
+                deq_st = tensor_stats(dequantize_fp8(arr, s32, block), dtype="BF16")
+        else:
+            problems.append(f"{name} is FP8 but {scale_name} is absent")
+            scale_name = None
+    elif dequant:
+        stderr.print(f"note: {name} is {t.dtype}, not an FP8 weight: nothing to dequantize")
+
+    if as_json:
+        doc = {
+            "source": src.label,
+            "revision": src.revision,
+            "tensor": name,
+            "shard": shard,
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "bytes": t.nbytes,
+            "stats": st.to_json(),
+            "scale": None if scale_st is None else {"tensor": scale_name, "stats": scale_st.to_json()},
+            "dequantized": None if deq_st is None else deq_st.to_json(),
+            "ok": not problems,
+            "problems": problems,
+        }
+        sys.stdout.write(json.dumps(_clean(doc), indent=2, allow_nan=False, default=_json_default) + "\n")
+    else:
+        rev = f" @ {src.revision}" if src.revision else ""
+        stdout.print(f"[bold]{name}[/bold] in {shard} ({src.label}{rev})")
+        stdout.print(f"{t.dtype} {list(t.shape)}, {t.nbytes:,} bytes")
+        table = Table(show_header=True)
+        table.add_column("values")
+        table.add_column("statistic")
+        table.add_column("", justify="right")
+        _stats_rows(table, t.dtype, st)
+        if scale_st is not None:
+            _stats_rows(table, f"scales {scale_st.dtype} {list(scale_st.shape)}", scale_st)
+        if deq_st is not None:
+            _stats_rows(table, "dequantized BF16", deq_st)
+        stdout.print(table)
+        for p in problems:
+            stdout.print(f"[red]{p}[/red]")
+    raise typer.Exit(1 if problems else 0)
+
+
+def _block_size(src: Source) -> tuple[int, int]:
+    try:
+        _, cfg = load_config(src)
+    except KimiAuditError:
+        return (128, 128)
+    return cfg.quantization.block if cfg.quantization else (128, 128)

@@ -1,0 +1,204 @@
+"""Load what an audit needs from a source: config.json, the index and every shard's header.
+
+This is the only place the audit does I/O; everything downstream works on the returned Checkpoint.
+A remote source's headers are fetched by threads (one ranged read per shard, sized from the listed file
+size and the expected layout) and parsed here, one after another, as they arrive.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kimi_audit.model.config import ModelConfig, parse_config_bytes
+from kimi_audit.constants import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    MAX_CONFIG_BYTES,
+    MAX_INDEX_BYTES,
+    MAX_HEADER_BYTES,
+    SAFETENSORS_SUFFIX,
+)
+from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError, UnsafePathError
+from kimi_audit.findings import Finding, error, warning
+from kimi_audit.format.header import ShardHeader, read_shard_header
+from kimi_audit.format.estimate import first_read_bytes, source_file_size
+from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header, parse_fetched
+from kimi_audit.format.index import IndexFile, natural_key, parse_index
+from kimi_audit.gcpause import gc_paused
+from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, expected_layout
+from kimi_audit.sources.base import Source
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+MAX_TOTAL_HEADER_BYTES = 128_000_000
+"""All shards' headers together (Kimi-K2: 17.7 MB, 139,644 tensors: 7x headroom). Past it, no further
+shard is read. Parsing costs ~7x the JSON at peak, so a hostile checkpoint (10 million tensor names over
+many shards) stays near 1 GB instead of growing with the number of shards."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    label: str
+    revision: str | None
+    files: tuple[str, ...]
+    config_raw: dict[str, Any]
+    config: ModelConfig
+    index: IndexFile | None
+    expected: dict[str, ExpectedTensor]
+    """The layout config.json implies (layout.expected_layout)."""
+    headers: dict[str, ShardHeader]
+    """Shard name -> parsed header, for every shard that could be read, in natural order."""
+    findings: tuple[Finding, ...]
+    """What loading itself found: absent or unlisted shards, pickle files, unreadable files."""
+
+
+ProgressFn = Callable[[str, int, int], None]
+"""Called with (shard, done, total) after each header is read."""
+
+
+def load_config(source: Source) -> tuple[dict[str, Any], ModelConfig]:
+    try:
+        raw = source.read_file(CONFIG_FILE, MAX_CONFIG_BYTES)
+    except FileMissingError:
+        raise ConfigError(f"no {CONFIG_FILE} in {source.label}: the expected layout is derived from it") from None
+    except FileTooLargeError as e:
+        raise ConfigError(str(e)) from None
+    return parse_config_bytes(raw)
+
+
+def load_index(source: Source, files: tuple[str, ...]) -> tuple[IndexFile | None, list[Finding]]:
+    if INDEX_FILE not in files:
+        return None, []
+    try:
+        return parse_index(source.read_file(INDEX_FILE, MAX_INDEX_BYTES), INDEX_FILE), []
+    except FileTooLargeError as e:
+        return None, [error("INDEX_TOO_LARGE", str(e), shard=INDEX_FILE)]
+    except UnsafePathError:  # a symlink out of the directory: reported as SYMLINK_OUTSIDE, never read
+        return None, []
+
+
+def shards_to_read(files: tuple[str, ...], index: IndexFile | None) -> tuple[list[str], list[Finding]]:
+    on_disk = [f for f in files if f.endswith(SAFETENSORS_SUFFIX)]
+    findings: list[Finding] = []
+    present = set(on_disk)
+    if index is not None:
+        listed = Counter(index.weight_map.values())
+        for shard, count in listed.items():
+            if shard not in present:
+                findings.append(error("INDEX_SHARD_ABSENT", f"{INDEX_FILE} maps {count:,} tensors to {shard}, "
+                                      "which is not in the checkpoint", shard=shard, actual=count))
+        for shard in on_disk:
+            if shard not in listed:
+                findings.append(warning("SHARD_NOT_IN_INDEX", f"{shard} is not listed in {INDEX_FILE}; loaders "
+                                        "that follow the index will not read it", shard=shard))
+    elif len(on_disk) > 1:
+        findings.append(warning("INDEX_MISSING", f"{len(on_disk)} shards but no {INDEX_FILE}"))
+    for f in files:
+        if f.endswith(PICKLE_SUFFIXES):
+            findings.append(warning("PICKLE_NOT_INSPECTED", f"{f} is a pickle-based file: not inspected "
+                                    "(kimi-audit never unpickles)", shard=f))
+    if not on_disk:
+        findings.append(error("NO_SAFETENSORS", "the checkpoint has no .safetensors files"))
+    return sorted(on_disk, key=natural_key), findings
+
+
+def read_headers(
+    source: Source, shards: list[str], index: IndexFile | None, progress: ProgressFn | None = None,
+    expected: ExpectedLayout | None = None,
+) -> tuple[dict[str, ShardHeader], list[Finding]]:
+    """Every shard's header. A remote source's headers are fetched in threads, each read sized from
+    `expected` and the names the index lists in the shard; a local one's are read one after another."""
+    results: dict[str, ShardHeader | Finding | str] = {}
+    with gc_paused():
+        if source.parallel_reads > 1 and len(shards) > 1:
+            _read_remote(source, shards, index, expected, results, progress)
+        else:
+            budget = HeaderBudget(MAX_TOTAL_HEADER_BYTES)
+            for done, shard in enumerate(shards, 1):
+                results[shard] = _read_one(source, shard, budget)
+                if progress:
+                    progress(shard, done, len(shards))
+    results = {s: results[s] for s in shards}
+    headers = {s: r for s, r in results.items() if isinstance(r, ShardHeader)}
+    failures = [r for r in results.values() if isinstance(r, Finding)]
+    skipped = [s for s, r in results.items() if r == SKIPPED]
+    if skipped:
+        failures.append(error(
+            "CHECKPOINT_TOO_LARGE", f"the headers of {len(headers):,} shards already exceed "
+            f"{MAX_TOTAL_HEADER_BYTES:,} bytes together: {len(skipped):,} more shards not read "
+            f"(from {skipped[0]})", shard=skipped[0], expected=MAX_TOTAL_HEADER_BYTES, actual=len(skipped)))
+    return headers, failures
+
+
+def _read_one(source: Source, shard: str, budget: HeaderBudget) -> ShardHeader | Finding | str:
+    if budget.spent:
+        return SKIPPED
+    try:
+        h = read_shard_header(source, shard)  # local: a short read costs a second pread, nothing more
+    except SourceError as e:
+        return error("SHARD_UNREADABLE", f"{shard}: {e}", shard=shard)
+    budget.spend(h.header_len if h.header_len is not None and h.header_len <= MAX_HEADER_BYTES else 0)
+    return h
+
+
+def _read_remote(
+    source: Source, shards: list[str], index: IndexFile | None, expected: ExpectedLayout | None,
+    results: dict[str, ShardHeader | Finding | str], progress: ProgressFn | None,
+) -> None:
+    names_by_shard = _names_by_shard(shards, index)
+    budget = HeaderBudget(MAX_TOTAL_HEADER_BYTES)
+
+    def fetch(shard: str) -> Fetched:  # threads only fetch; this thread parses, so parsing never starves them
+        size = first_read_bytes(names_by_shard[shard], expected, source_file_size(source, shard))
+        return fetch_header(source, shard, size, budget)
+
+    with ThreadPoolExecutor(max_workers=min(source.parallel_reads, len(shards))) as pool:
+        for done, (shard, got) in enumerate(zip(shards, pool.map(fetch, shards)), 1):
+            results[shard] = parse_fetched(shard, got)
+            if progress:
+                progress(shard, done, len(shards))
+
+
+def _names_by_shard(shards: list[str], index: IndexFile | None) -> dict[str, list[str]]:
+    """The tensor names the index lists in each shard (what sizes a remote shard's first read)."""
+    out: dict[str, list[str]] = {s: [] for s in shards}
+    if index is not None:
+        for tensor, shard in index.weight_map.items():
+            if shard in out:
+                out[shard].append(tensor)
+    return out
+
+
+def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Checkpoint:
+    with gc_paused():
+        return _load(source, source.list_files(), hasattr(source, "file_size"), progress)
+
+
+def _load(source: Source, files: tuple[str, ...], remote: bool, progress: ProgressFn | None) -> Checkpoint:
+    # Remote sources list file sizes: with the expected layout, each header's length is known exactly.
+    # Locally it is not needed yet, and building it after the headers keeps the peak memory lower.
+    expected = None
+    if remote and source.parallel_reads > 1:
+        # The index (megabytes) downloads while config.json is fetched and the layout derived from it.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(load_index, source, files)
+            config_raw, config = load_config(source)
+            expected = expected_layout(config)
+            index, findings = pending.result()
+    else:
+        config_raw, config = load_config(source)
+        index, findings = load_index(source, files)
+        expected = expected_layout(config) if remote else None
+    for link in getattr(source, "outside_links", tuple)():
+        findings.append(error("SYMLINK_OUTSIDE", f"{link} is a symlink that leaves the checkpoint directory: "
+                              "not opened", shard=link))
+    shards, shard_findings = shards_to_read(files, index)
+    findings += shard_findings
+    headers, failures = read_headers(source, shards, index, progress, expected)
+    if expected is None:
+        expected = expected_layout(config)
+    findings += failures
+    return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
+                      tuple(findings))

@@ -1,0 +1,289 @@
+"""`kimi-audit download`: a checkpoint from the Hub at a pinned commit, whole or headers only.
+
+- Full download: huggingface_hub's `snapshot_download` at the resolved commit, into the standard
+  cache (or `--local-dir`), resumable, with its progress bars. `--include` patterns select files.
+- `--headers-only`: config.json, the index and the other small files whole, and for each
+  `.safetensors` shard only its header (8 + N bytes, by Range), written into a sparse local file of
+  the shard's true size, so that `kimi-audit audit DIR` works offline on it. A shard already
+  complete on disk is skipped (resume); each file is written under a temporary name and renamed.
+- `--verify`: sha256 of every downloaded LFS file against the Hub's LFS metadata for the commit.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kimi_audit.constants import (
+    CONFIG_FILE,
+    HEADER_LENGTH_BYTES,
+    INDEX_FILE,
+    MAX_CONFIG_BYTES,
+    MAX_HEADER_BYTES,
+    MAX_INDEX_BYTES,
+    SAFETENSORS_SUFFIX,
+)
+from kimi_audit.errors import KimiAuditError, ShortReadError, SourceError
+from kimi_audit.format.estimate import DEFAULT_FIRST_READ, shard_first_reads
+from kimi_audit.sources.base import safe_member_name
+from kimi_audit.sources.hub import HubSource
+
+SMALL_FILE_BYTES = 64 * 1024 * 1024
+HASH_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    name: str
+    expected: str | None
+    actual: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.expected is not None and self.expected == self.actual
+
+
+@dataclass
+class DownloadResult:
+    repo_id: str
+    revision: str
+    path: Path
+    files: list[str] = field(default_factory=list)
+    headers_only: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    """Shards already complete on disk (headers-only resume) or large non-shard files left out."""
+    verified: list[VerifyResult] = field(default_factory=list)
+
+    @property
+    def verify_ok(self) -> bool:
+        return all(v.ok for v in self.verified)
+
+
+def select_files(names: Sequence[str], include: Sequence[str] | None) -> list[str]:
+    """Files matching any of the `include` glob patterns (all files when none are given)."""
+    if not include:
+        return sorted(names)
+    return sorted(n for n in names if any(fnmatch.fnmatch(n, p) for p in include))
+
+
+def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+            if progress:
+                progress(len(chunk))
+    return h.hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes, *, size: int | None = None) -> None:
+    """Write `data` (then extend to `size`, sparse) under a temporary name, then rename into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.kimi-audit.partial")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if size is not None and size > len(data):
+            f.truncate(size)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _header_complete(path: Path, size: int) -> bool:
+    """A headers-only shard already on disk: right size and a plausible header prefix."""
+    try:
+        if path.stat().st_size != size:
+            return False
+        with open(path, "rb") as f:
+            prefix = f.read(HEADER_LENGTH_BYTES)
+            if len(prefix) < HEADER_LENGTH_BYTES:
+                return False
+            n = int.from_bytes(prefix, "little")
+            if n == 0 or n > MAX_HEADER_BYTES or HEADER_LENGTH_BYTES + n > size:
+                return False
+            f.seek(HEADER_LENGTH_BYTES + n - 1)
+            return f.read(1) in (b"}", b" ")
+    except OSError:
+        return False
+
+
+def fetch_header_bytes(source: HubSource, shard: str, first_read: int) -> bytes:
+    """The 8-byte length and the JSON header of a shard: one range read, a second if it was short."""
+    first = source.read_range(shard, 0, max(first_read, HEADER_LENGTH_BYTES))
+    data = first.data
+    if len(data) < HEADER_LENGTH_BYTES:
+        raise ShortReadError(f"{shard}: {first.file_size} bytes, too short to be a safetensors file")
+    n = int.from_bytes(data[:HEADER_LENGTH_BYTES], "little")
+    if n > MAX_HEADER_BYTES or HEADER_LENGTH_BYTES + n > first.file_size:
+        raise SourceError(f"{shard}: header length {n:,} is not plausible for a {first.file_size:,}-byte file")
+    need = HEADER_LENGTH_BYTES + n
+    if len(data) < need:
+        data += source.read_range(shard, len(data), need - len(data)).data
+    if len(data) < need:
+        raise ShortReadError(f"{shard}: got {len(data):,} of {need:,} header bytes")
+    return data[:need]
+
+
+def _first_reads(source: HubSource, shards: Sequence[str], local: Path) -> dict[str, int]:
+    """First-read sizes from the index (and config) just fetched, exactly as the audit sizes them."""
+    try:
+        index = json.loads((local / INDEX_FILE).read_bytes())
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            return {}
+        expected = None
+        try:
+            from kimi_audit.model.config import parse_config_bytes
+            from kimi_audit.model.layout import expected_layout
+
+            _, cfg = parse_config_bytes((local / CONFIG_FILE).read_bytes())
+            expected = expected_layout(cfg)
+        except (KimiAuditError, OSError, ValueError, KeyError, TypeError, ImportError):
+            expected = None
+        sizes = {s: source.file_size(s) for s in shards}
+        return shard_first_reads(weight_map, expected, sizes)
+    except (OSError, ValueError):
+        return {}
+
+
+def download_headers_only(
+    source: HubSource,
+    names: Sequence[str],
+    local_dir: Path,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> DownloadResult:
+    result = DownloadResult(source.repo_id, source.revision or "", local_dir)
+    local_dir.mkdir(parents=True, exist_ok=True)
+    shards = [n for n in names if n.endswith(SAFETENSORS_SUFFIX)]
+    others = [n for n in names if not n.endswith(SAFETENSORS_SUFFIX)]
+    # config.json and the index first: they size the header reads, and `audit DIR` needs them.
+    others.sort(key=lambda n: (n not in (CONFIG_FILE, INDEX_FILE), n))
+    for name in others:
+        safe_member_name(name)
+        size = source.file_size(name)
+        if size is not None and size > SMALL_FILE_BYTES:
+            result.skipped.append(name)
+            continue
+        limit = MAX_INDEX_BYTES if name == INDEX_FILE else max(MAX_CONFIG_BYTES, SMALL_FILE_BYTES)
+        _atomic_write(local_dir / name, source.read_file(name, limit))
+        result.files.append(name)
+        if progress:
+            progress(name)
+    first_reads = _first_reads(source, shards, local_dir)
+
+    def one(shard: str) -> str | None:
+        safe_member_name(shard)
+        size = source.file_size(shard)
+        target = local_dir / shard
+        if size is not None and _header_complete(target, size):
+            return None
+        head = fetch_header_bytes(source, shard, first_reads.get(shard, DEFAULT_FIRST_READ))
+        _atomic_write(target, head, size=size)
+        return shard
+
+    with ThreadPoolExecutor(max_workers=max(1, source.parallel_reads)) as pool:
+        for shard, done in zip(shards, pool.map(one, shards)):
+            if done is None:
+                result.skipped.append(shard)
+            else:
+                result.headers_only.append(shard)
+            if progress:
+                progress(shard)
+    return result
+
+
+def download_full(
+    source: HubSource,
+    names: Sequence[str],
+    *,
+    local_dir: Path | None,
+    cache_dir: Path | None,
+    max_workers: int = 8,
+) -> DownloadResult:
+    """snapshot_download at the resolved commit: cache layout, resume, progress bars."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        with source._translate_errors("download"):
+            path = snapshot_download(
+                source.repo_id,
+                revision=source.revision,
+                local_dir=local_dir,
+                cache_dir=cache_dir,
+                allow_patterns=list(names),
+                endpoint=source.endpoint,
+                token=source._token,
+                max_workers=max_workers,
+                library_name="kimi-audit",
+            )
+    except KimiAuditError:
+        raise
+    except OSError as e:
+        text = (str(e).strip() or type(e).__name__).splitlines()[0]
+        raise SourceError(f"download of {source.label} failed: {text}") from None
+    return DownloadResult(source.repo_id, source.revision or "", Path(path), files=list(names))
+
+
+def verify_files(
+    source: HubSource,
+    root: Path,
+    names: Sequence[str],
+    progress: Callable[[int], None] | None = None,
+) -> list[VerifyResult]:
+    """sha256 of each LFS file under `root` against the Hub's LFS metadata for the commit."""
+    out = []
+    for name in names:
+        expected = source.lfs_sha256(name)
+        if expected is None and not name.endswith(SAFETENSORS_SUFFIX):
+            continue  # a plain git file: no LFS sha256 to check against
+        path = root / name
+        actual = sha256_file(path, progress) if path.is_file() else None
+        out.append(VerifyResult(name, expected, actual))
+    return out
+
+
+def download(
+    repo_id: str,
+    revision: str | None = None,
+    *,
+    local_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    include: Sequence[str] | None = None,
+    headers_only: bool = False,
+    verify: bool = False,
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    progress: Callable[[str], None] | None = None,
+    hash_progress: Callable[[int], None] | None = None,
+    source: HubSource | None = None,
+) -> DownloadResult:
+    if headers_only and verify:
+        raise KimiAuditError("--verify checks whole files; it cannot be combined with --headers-only")
+    if headers_only and local_dir is None:
+        raise KimiAuditError("--headers-only needs --local-dir (sparse header files are not cache blobs)")
+    source = source or HubSource(repo_id, revision, endpoint=endpoint, token=token)
+    names = select_files(source.list_files(), include)
+    if headers_only:
+        for extra in (CONFIG_FILE, INDEX_FILE):
+            if source.exists(extra) and extra not in names:
+                names.append(extra)
+    if not names:
+        raise KimiAuditError(f"no file of {source.label} matches {', '.join(include or [])}")
+    if headers_only:
+        return download_headers_only(source, names, Path(local_dir), progress=progress)  # type: ignore[arg-type]
+    result = download_full(
+        source,
+        names,
+        local_dir=Path(local_dir) if local_dir is not None else None,
+        cache_dir=Path(cache_dir) if cache_dir is not None else None,
+    )
+    if verify:
+        result.verified = verify_files(source, result.path, names, hash_progress)
+    return result

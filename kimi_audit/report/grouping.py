@@ -1,0 +1,54 @@
+"""Collapse layer and expert indices so that 61 identical findings read as one line.
+
+`model.layers.{0-60}.self_attn.rotary_emb.inv_freq`, as transformers' load report does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kimi_audit.findings import Finding
+from kimi_audit.format.names import ranges
+
+INDEX_RE = re.compile(r"(?<=\.)(\d+)(?=\.)")
+
+
+@dataclass(frozen=True)
+class FindingGroup:
+    code: str
+    severity: str
+    pattern: str
+    """Tensor name (or shard) with each varying index shown as a range, e.g. layers.{1-60}."""
+    count: int
+    example: Finding
+
+
+def group_findings(findings: tuple[Finding, ...] | list[Finding]) -> list[FindingGroup]:
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for f in findings:
+        subject = f.tensor or f.shard or ""
+        key = (f.code, f.severity.value, INDEX_RE.sub("#", subject))
+        groups.setdefault(key, []).append(f)
+    out = []
+    for (code, severity, shape), members in groups.items():
+        out.append(FindingGroup(code, severity, _pattern(shape, members), len(members), members[0]))
+    rank = {"error": 0, "warning": 1, "info": 2}
+    out.sort(key=lambda g: (rank[g.severity], g.code, g.pattern))
+    return out
+
+
+def _pattern(shape: str, members: list[Finding]) -> str:
+    if len(members) == 1 or "#" not in shape:
+        return members[0].tensor or members[0].shard or ""
+    columns: list[list[int]] = [[] for _ in range(shape.count("#"))]
+    for f in members:
+        for i, m in enumerate(INDEX_RE.findall(f.tensor or f.shard or "")):
+            columns[i].append(int(m))
+    pieces = shape.split("#")
+    out = pieces[0]
+    for col, rest in zip(columns, pieces[1:]):
+        r = ranges(col)
+        out += r if "," not in r and "-" not in r else "{" + r + "}"
+        out += rest
+    return out

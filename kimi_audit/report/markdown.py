@@ -1,0 +1,63 @@
+"""The audit as GitHub-flavoured markdown: for `--format markdown` and `$GITHUB_STEP_SUMMARY`."""
+
+from __future__ import annotations
+
+import re
+
+from kimi_audit.checks.audit import AuditReport
+from kimi_audit.findings import Severity
+from kimi_audit.report.grouping import group_findings
+
+MAX_GROUPS = 50
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def cell(text: object) -> str:
+    """A table cell: pipes escaped, newlines flattened, control characters (untrusted names) as \\xNN."""
+    s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+
+
+def code(text: object) -> str:
+    s = cell(text)
+    return f"`{s}`" if s and "`" not in s else s
+
+
+def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> str:
+    m, s, qa = report.model, report.stats, report.q_a_layernorm
+    failed = report.exit_code(fail_on) != 0
+    verdict = "❌ FAIL" if failed else "✅ PASS"
+    out = [f"## kimi-audit: {verdict} — {code(report.source)}", ""]
+    blocks = f"{m['layers']} blocks: {m['dense_layers']} dense + {m['moe_layers']} MoE"
+    if m.get("mtp_layers"):
+        blocks += f" + {m['mtp_layers']} MTP"
+    out += ["| | |", "|---|---|",
+            f"| revision | {code(report.revision) if report.revision else '(local files)'} |",
+            f"| model | {cell(m['model_type'])} · {blocks} · {m['routed_experts'] or 0} routed experts |",
+            f"| shards | {s.shards:,} ({s.file_bytes:,} bytes; headers {s.header_bytes:,} bytes) |",
+            f"| tensors | {s.tensors:,} |",
+            f"| parameters | **{s.parameters:,}** (FP8 scales and stored buffers excluded) |",
+            f"| findings | {report.errors} errors, {report.warnings} warnings (fail on {fail_on.value}) |", ""]
+    out += ["### Tensors by class and dtype", "", "| class | dtype | tensors | elements | bytes |",
+            "|---|---|---:|---:|---:|"]
+    out += [f"| {r.kind} | {r.dtype} | {r.tensors:,} | {r.elements:,} | {r.bytes:,} |" for r in s.rows]
+    out += [f"| **all** | | **{s.tensors:,}** | **{s.elements:,}** | **{s.payload_bytes:,}** |", ""]
+    if qa.width is not None:
+        out += [f"### q_a_layernorm (query latent RMSNorm, [{qa.width:,}] each): {qa.total_params:,}", ""]
+        out += [f"- {'✅' if qa.ok else '❌'} {cell(t.line(qa.width))}" for t in qa.totals]
+        out += [f"- ❌ layer {r.layer} ({r.block}): "
+                + ("missing" if r.shape is None else f"{r.dtype} {list(r.shape)}") for r in qa.rows if not r.ok]
+        out += [""]
+    groups = group_findings(report.findings)
+    if groups:
+        out += [f"### Findings ({report.errors} errors, {report.warnings} warnings)", "",
+                "| severity | code | count | tensor / shard | detail (first) |", "|---|---|---:|---|---|"]
+        for g in groups[:MAX_GROUPS]:
+            out.append(f"| {g.severity} | {code(g.code)} | {g.count:,} | {code(g.pattern)} "
+                       f"| {cell(g.example.message)} |")
+        if len(groups) > MAX_GROUPS:
+            out += ["", f"… and {len(groups) - MAX_GROUPS} more groups (use `--format json` for every finding)"]
+        out += [""]
+    else:
+        out += ["No findings.", ""]
+    return "\n".join(out) + "\n"

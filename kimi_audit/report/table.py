@@ -1,0 +1,88 @@
+"""The human-readable audit report, rendered with rich."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from kimi_audit.checks.audit import AuditReport
+from kimi_audit.report.grouping import group_findings
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+MAX_GROUPS = 40
+
+
+def _plain(text: str) -> Text:
+    """Untrusted text (tensor names, messages): no rich markup, no terminal control characters."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return Text(text)
+
+
+def _n(v: int) -> str:
+    return f"{v:,}"
+
+
+def render_table(report: AuditReport, console: Console) -> None:
+    m, s, qa = report.model, report.stats, report.q_a_layernorm
+    head = Table.grid(padding=(0, 2))
+    head.add_row("source", _plain(report.source))
+    head.add_row("revision", report.revision or "(local files)")
+    blocks = f"{m['layers']} blocks: {m['dense_layers']} dense + {m['moe_layers']} MoE"
+    if m["mtp_layers"]:
+        blocks += f", + {m['mtp_layers']} MTP"
+    head.add_row("model", f"{m['model_type']} · {blocks} · {m['routed_experts'] or 0} routed experts")
+    head.add_row("shards", f"{_n(s.shards)} · {_n(s.file_bytes)} bytes · headers {_n(s.header_bytes)} bytes")
+    console.print(Panel(head, title="kimi-audit", expand=False))
+
+    classes = Table(title="Tensors by class and dtype", title_justify="left")
+    for col in ("class", "dtype", "tensors", "elements", "bytes"):
+        classes.add_column(col, justify="left" if col in ("class", "dtype") else "right")
+    for r in s.rows:
+        classes.add_row(r.kind, r.dtype, _n(r.tensors), _n(r.elements), _n(r.bytes))
+    classes.add_section()
+    classes.add_row("all", "", _n(s.tensors), _n(s.elements), _n(s.payload_bytes), style="bold")
+    console.print(classes)
+    console.print(f"parameters (excluding FP8 scales and stored buffers): [bold]{_n(s.parameters)}[/bold]")
+
+    if qa.width is None:
+        console.print("q_a_layernorm: not applicable (config has no q_lora_rank)")
+    else:
+        style = "green" if qa.ok else "bold red"
+        console.print(f"q_a_layernorm gains (query latent RMSNorm, [{qa.width:,}] each): total {_n(qa.total_params)}")
+        for total in qa.totals:
+            console.print(f"  [{style}]{total.line(qa.width)}[/{style}]", soft_wrap=True)
+        for r in qa.rows:
+            if not r.ok:
+                got = "missing" if r.shape is None else f"{r.dtype} {list(r.shape)}"
+                console.print(f"  [red]layer {r.layer} ({r.block}): {got}[/red]")
+
+    groups = group_findings(report.findings)
+    if groups:
+        t = Table(title=f"Findings ({counted(report)})", title_justify="left")
+        for col in ("severity", "code", "count", "tensor / shard", "detail (first)"):
+            t.add_column(col, overflow="fold")
+        for g in groups[:MAX_GROUPS]:
+            detail = g.example.message
+            if g.example.tensor and detail.startswith(g.example.tensor + ": "):
+                detail = detail[len(g.example.tensor) + 2:]
+            # Names and messages come from the checkpoint: plain Text, never parsed as rich markup.
+            t.add_row(Text(g.severity, style=SEVERITY_STYLE[g.severity]), g.code, _n(g.count), _plain(g.pattern),
+                      _plain(detail))
+        console.print(t)
+        if len(groups) > MAX_GROUPS:
+            console.print(f"… and {len(groups) - MAX_GROUPS} more groups (use --json for every finding)")
+    verdict = (
+        Text("FAIL", style="bold red") if report.errors else Text("PASS", style="bold green")
+    )
+    console.print(Group(Text.assemble(verdict, f"  {counted(report)}")))
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def counted(report: AuditReport) -> str:
+    return f"{plural(report.errors, 'error')}, {plural(report.warnings, 'warning')}"
