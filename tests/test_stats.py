@@ -9,7 +9,7 @@ from pathlib import Path
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.format.table import TensorTable, tensor_table
 from kimi_audit.format.header import TensorInfo
-from kimi_audit.model.layout import PARAMETER, classify_name
+from kimi_audit.model.layout import PARAMETER, ExpectedLayout, classify_name
 from kimi_audit.sources import LocalSource
 from kimi_audit.checks.stats import compute_stats
 
@@ -41,7 +41,7 @@ def test_totals_past_float_precision_are_exact() -> None:
     infos.append(TensorInfo("x.inv_freq", "F32", (3,), 3 * big, 3 * big + 12))
     names, dtypes, shapes, begins, ends = (list(col) for col in zip(*infos))
     actual = TensorTable(names, ["s"] * 4, dtypes, shapes, begins, ends, {n: i for i, n in enumerate(names)})
-    stats = compute_stats(actual, {}, {})
+    stats = compute_stats(actual, ExpectedLayout([], [], [], []), {})
     rows = {(r.kind, r.dtype): r for r in stats.rows}
     assert rows[(PARAMETER, "U8")].elements == 3 * big and rows[(PARAMETER, "U8")].bytes == 3 * big
     assert stats.parameters == 3 * big and stats.elements == 3 * big + 3

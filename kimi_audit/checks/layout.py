@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from itertools import compress, count, repeat
-from operator import itemgetter, ne, or_
+from itertools import compress, count
+from operator import ne, or_
 
-import numpy as np
-
-from kimi_audit.format.table import TensorTable
 from kimi_audit.findings import Finding, error, warning
-from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedTensor
+from kimi_audit.format.table import TensorTable
+from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedLayout, ExpectedTensor
 
 MISMATCH_CODES = {
     PARAMETER: ("DTYPE_MISMATCH", "SHAPE_MISMATCH"),
@@ -26,29 +24,32 @@ def scale_of_weight(weight_name: str) -> str:
     return weight_name[: -len(".weight")] + SCALE_SUFFIX
 
 
-def align(actual: TensorTable, expected: dict[str, ExpectedTensor]) -> list[ExpectedTensor | None]:
-    """The expected entry of each actual tensor, row by row (None: the layout lacks it)."""
-    return list(map(expected.get, actual.names))
+def align(actual: TensorTable, expected: ExpectedLayout) -> list[int | None]:
+    """The layout position of each actual tensor, row by row (None: the layout lacks it)."""
+    return list(map(expected.position.get, actual.names))
 
 
 def layout_findings(
-    actual: TensorTable, expected: dict[str, ExpectedTensor], aligned: list[ExpectedTensor | None] | None = None
+    actual: TensorTable, expected: ExpectedLayout, positions: list[int | None] | None = None
 ) -> list[Finding]:
+    """Every tensor against the layout: missing, unexpected, of the wrong dtype or shape, scales apart
+    from their weights. Whole columns are compared at builtin speed; rows are visited one by one only
+    where something differs."""
     out: list[Finding] = []
-    if aligned is None:
-        aligned = align(actual, expected)
+    if positions is None:
+        positions = align(actual, expected)
     # Every actual name expected, and as many of them as expected: then none is missing.
-    if len(actual) != len(expected) or None in aligned:
-        out.extend(_missing(actual, expected))
+    if len(actual) != len(expected) or None in positions:
+        out.extend(_missing(actual, expected, positions))
 
-    for row in _mismatched_rows(actual, aligned):
-        name, shard, e = actual.names[row], actual.shards[row], aligned[row]
-        if e is None:
+    for row in _mismatched_rows(actual, expected, positions):
+        name, shard, p = actual.names[row], actual.shards[row], positions[row]
+        if p is None:
             out.extend(_unexpected(name, actual.dtypes[row], shard, actual, expected))
         else:
-            out.extend(mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, e))
+            out.extend(mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, expected.entry(p)))
 
-    out.extend(_scale_shard_findings(actual, expected))
+    out.extend(_scale_shard_findings(actual, expected, positions))
     return out
 
 
@@ -76,45 +77,50 @@ def scale_pair_finding(scale: str, weight: str, scale_shard: str, weight_shard: 
                    tensor=scale, shard=scale_shard, expected=weight_shard, actual=scale_shard)
 
 
-def _mismatched_rows(actual: TensorTable, aligned: list[ExpectedTensor | None]) -> list[int]:
+def _mismatched_rows(actual: TensorTable, expected: ExpectedLayout, positions: list[int | None]) -> list[int]:
     """Rows whose name, dtype or shape the layout does not expect (on Kimi-K2: the 61 stored buffers)."""
-    if None in aligned:
-        rows = zip(aligned, actual.dtypes, actual.shapes)
-        return [i for i, (e, dtype, shape) in enumerate(rows) if e is None or dtype != e[1] or shape != e[2]]
-    dtype_differs = map(ne, map(itemgetter(1), aligned), actual.dtypes)
-    shape_differs = map(ne, map(itemgetter(2), aligned), actual.shapes)
+    specs, spec_of = expected.specs, expected.spec_of
+    if None in positions:
+        rows = zip(positions, actual.dtypes, actual.shapes)
+        return [i for i, (p, dtype, shape) in enumerate(rows)
+                if p is None or dtype != specs[spec_of[p]].dtype or shape != specs[spec_of[p]].shape]
+    spec_rows = list(map(spec_of.__getitem__, positions))  # type: ignore[arg-type]  # no None, tested above
+    dtype_differs = map(ne, map([s.dtype for s in specs].__getitem__, spec_rows), actual.dtypes)
+    shape_differs = map(ne, map([s.shape for s in specs].__getitem__, spec_rows), actual.shapes)
     return list(compress(count(), map(or_, dtype_differs, shape_differs)))
 
 
-def _scale_shard_findings(actual: TensorTable, expected: dict[str, ExpectedTensor]) -> list[Finding]:
+def _scale_shard_findings(actual: TensorTable, expected: ExpectedLayout, positions: list[int | None]) -> list[Finding]:
     """Each present scale against its weight: the weight present, and in the same shard.
 
     The expected layout lists every scale right after its weight (layout.expected_layout), so the
-    pairs are positions j - 1, j: one lookup per expected tensor and a vector comparison.
+    pairs are positions j - 1, j: the shards at both compared column-wise.
     """
     out: list[Finding] = []
-    names = list(expected)
-    scale_at = np.flatnonzero(np.array(list(map(SCALE.__eq__, map(itemgetter(3), expected.values()))), dtype=bool))
-    if not len(scale_at):
+    scale_at = expected.scale_positions()
+    if not scale_at:
         return out
-    rows = np.array(list(map(actual.row_of.get, names, repeat(-1))), dtype=np.int64)
-    shard_code = {s: i for i, s in enumerate(dict.fromkeys(actual.shards))}
-    codes = np.array(list(map(shard_code.__getitem__, actual.shards)) or [0], dtype=np.int64)
-    s_rows, w_rows = rows[scale_at], rows[scale_at - 1]
-    bad = (s_rows >= 0) & ((w_rows < 0) | (codes[w_rows] != codes[s_rows]))
-    for j, w_row, s_row in zip(scale_at[bad].tolist(), w_rows[bad].tolist(), s_rows[bad].tolist()):
-        out.append(scale_pair_finding(names[j], names[j - 1], actual.shards[s_row],
-                                      None if w_row < 0 else actual.shards[w_row]))
+    shard_at = dict(zip(positions, actual.shards))
+    scale_shards = list(map(shard_at.get, scale_at))
+    weight_shards = list(map(shard_at.get, [j - 1 for j in scale_at]))
+    names = expected.names
+    for j, scale_shard, weight_shard in compress(zip(scale_at, scale_shards, weight_shards),
+                                                 map(ne, scale_shards, weight_shards)):
+        if scale_shard is not None:  # an absent scale is _missing's
+            out.append(scale_pair_finding(names[j], names[j - 1], scale_shard, weight_shard))
     return out
 
 
-def _missing(actual: TensorTable, expected: dict[str, ExpectedTensor]) -> list[Finding]:
+def _missing(actual: TensorTable, expected: ExpectedLayout, positions: list[int | None]) -> list[Finding]:
     out: list[Finding] = []
-    located = actual.row_of
-    for name, e in expected.items():
-        if name in located or e.kind == BUFFER:
+    present = set(positions)
+    for p in range(len(expected)):
+        if p in present:
             continue
-        want = [e.dtype, list(e.shape)]
+        e = expected.entry(p)
+        if e.kind == BUFFER:
+            continue
+        name, want = e.name, [e.dtype, list(e.shape)]
         if e.kind == SCALE:
             out.append(error("SCALE_MISSING", f"{name}: FP8 weight {weight_of_scale(name)} has no "
                              f"weight_scale_inv (expected {e.dtype} {list(e.shape)})", tensor=name, expected=want))
@@ -124,9 +130,7 @@ def _missing(actual: TensorTable, expected: dict[str, ExpectedTensor]) -> list[F
     return out
 
 
-def _unexpected(
-    name: str, dtype: str, shard: str, actual: TensorTable, expected: dict[str, ExpectedTensor]
-) -> list[Finding]:
+def _unexpected(name: str, dtype: str, shard: str, actual: TensorTable, expected: ExpectedLayout) -> list[Finding]:
     if name.endswith(SCALE_SUFFIX):
         weight = weight_of_scale(name)
         if weight not in actual:

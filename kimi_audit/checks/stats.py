@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from math import prod
-from operator import itemgetter, sub
+from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
+from math import prod
+from operator import sub
 
-import numpy as np
-
-from kimi_audit.format.table import TensorTable
 from kimi_audit.format.header import ShardHeader
-from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, ExpectedTensor, classify_name
+from kimi_audit.format.table import TensorTable
+from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, ExpectedLayout, classify_name
 
 KIND_ORDER = (PARAMETER, SCALE, BUFFER)
 
@@ -46,48 +44,26 @@ class Stats:
 
 
 def compute_stats(
-    actual: TensorTable, expected: dict[str, ExpectedTensor], headers: dict[str, ShardHeader],
-    aligned: list[ExpectedTensor | None] | None = None,
+    actual: TensorTable, expected: ExpectedLayout, headers: dict[str, ShardHeader],
+    positions: list[int | None] | None = None,
 ) -> Stats:
-    """`aligned`: the expected entry of each actual tensor, row by row (checks.layout.align), if known."""
-    if aligned is None:
-        aligned = list(map(expected.get, actual.names))
-    if None in aligned:
-        kinds = [e[3] if e is not None else classify_name(n) for n, e in zip(actual.names, aligned)]
+    """`positions`: the layout position of each actual tensor (checks.layout.align), if known."""
+    if positions is None:
+        positions = list(map(expected.position.get, actual.names))
+    kind_of_spec = [s.kind for s in expected.specs]
+    spec_of = expected.spec_of
+    if None in positions:
+        kinds = [kind_of_spec[spec_of[p]] if p is not None else classify_name(n) for n, p in zip(actual.names, positions)]
     else:
-        kinds = list(map(itemgetter(3), aligned))
-    return _stats(class_sums(kinds, actual.dtypes, actual.shapes, list(map(sub, actual.ends, actual.begins))), headers)
-
-
-def class_sums(
-    kinds: list[str], dtypes: list[str], shapes: list[tuple[int, ...]], nbytes: list[int]
-) -> dict[tuple[str, str], list[int]]:
-    """(kind, dtype) -> [tensors, elements, payload bytes] over parallel columns."""
-    # Group through small integer codes: a handful of vector passes, no loop per tensor.
-    kind_code = {k: i for i, k in enumerate(dict.fromkeys(kinds))}
-    dtype_code = {d: i for i, d in enumerate(dict.fromkeys(dtypes))}
-    codes = (np.array(list(map(kind_code.__getitem__, kinds)), dtype=np.int64) * len(dtype_code)
-             + np.array(list(map(dtype_code.__getitem__, dtypes)), dtype=np.int64))
-    counts = np.bincount(codes).tolist()
-    sums = [sums_by_code(codes, values) for values in (list(map(prod, shapes)), nbytes)]
+        kinds = list(map(kind_of_spec.__getitem__, map(spec_of.__getitem__, positions)))  # type: ignore[arg-type]
+    # A checkpoint repeats a few hundred (kind, dtype, shape, bytes): count those, then multiply out.
+    groups = Counter(zip(kinds, actual.dtypes, actual.shapes, map(sub, actual.ends, actual.begins)))
     acc: dict[tuple[str, str], list[int]] = {}
-    for kind, k in kind_code.items():
-        for dtype, d in dtype_code.items():
-            c = k * len(dtype_code) + d
-            if c < len(counts) and counts[c]:
-                acc[(kind, dtype)] = [counts[c], sums[0][c], sums[1][c]]
-    return acc
-
-
-def stats_from_classes(
-    classes: Iterable[tuple[str, str, int, int, int]], headers: dict[str, ShardHeader]
-) -> Stats:
-    """The same Stats, from (kind, dtype, tensors, elements, bytes) partial sums (alignment.ShardAlignment)."""
-    acc: dict[tuple[str, str], list[int]] = {}
-    for kind, dtype, *sums in classes:
+    for (kind, dtype, shape, nbytes), n in groups.items():
         row = acc.setdefault((kind, dtype), [0, 0, 0])
-        for i, v in enumerate(sums):
-            row[i] += v
+        row[0] += n
+        row[1] += n * prod(shape)
+        row[2] += n * nbytes
     return _stats(acc, headers)
 
 
@@ -106,14 +82,3 @@ def _stats(acc: dict[tuple[str, str], list[int]], headers: dict[str, ShardHeader
         file_bytes=sum(h.file_size for h in headers.values()),
         rows=rows,
     )
-
-
-def sums_by_code(codes: np.ndarray, values: list[int]) -> list[int]:
-    """Sum of `values` per code, exactly: float64 sums are exact while every total stays below 2**53."""
-    if sum(values) < 2**53:
-        return [int(v) for v in np.bincount(codes, weights=np.array(values, dtype=np.float64))]
-    picked = codes.tolist()
-    out = [0] * (max(picked) + 1)
-    for c, v in zip(picked, values):
-        out[c] += v
-    return out

@@ -8,9 +8,9 @@ multi-token-prediction layers stored after the main stack (DeepSeek-V3's `model.
 from __future__ import annotations
 
 import math
-from itertools import repeat
-from typing import Any, Iterator, NamedTuple
-
+from itertools import compress, repeat
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
 
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.constants import DTYPE_BITS
@@ -72,38 +72,111 @@ def is_fp8(cfg: ModelConfig) -> bool:
     return cfg.quantization is not None and cfg.quantization.method == "fp8"
 
 
-class ExpectedLayout(dict[str, ExpectedTensor]):
-    """expected_layout's result: expected tensor by name, in checkpoint order."""
+class Spec(NamedTuple):
+    """What expected tensors share apart from their name and layer (all experts' gate_proj weights of
+    one block kind share one Spec)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str
+    component: str
+    block: str | None
+    nbytes: int | None
+
+
+class ExpectedLayout(Mapping[str, ExpectedTensor]):
+    """Every expected tensor, in checkpoint order, as columns: its name, its layer and its Spec.
+
+    A mapping name -> ExpectedTensor (entries are made when asked for); the checks read the columns
+    (`position`, `spec_of`, `specs`) so that a 139,644-tensor layout costs a list of names and one
+    dict, not an object per tensor.
+    """
+
+    __slots__ = ("names", "position", "spec_of", "specs", "layer_of", "_entries")
+
+    def __init__(self, names: list[str], spec_of: list[int], specs: list[Spec], layer_of: list[int | None]):
+        self.names = names
+        self.position: dict[str, int] = dict(zip(names, range(len(names))))
+        """Name -> its place in checkpoint order (a scale's weight is at position - 1)."""
+        self.spec_of = spec_of
+        """Position -> index into `specs`."""
+        self.specs = specs
+        self.layer_of = layer_of
+        self._entries: list[ExpectedTensor] | None = None
+
+    def entry(self, position: int) -> ExpectedTensor:
+        s = self.specs[self.spec_of[position]]
+        return ExpectedTensor(self.names[position], s.dtype, s.shape, s.kind, s.component,
+                              self.layer_of[position], s.block, s.nbytes, position)
+
+    def scale_positions(self) -> list[int]:
+        """Positions of the SCALE tensors (each follows its weight)."""
+        is_scale = [s.kind == SCALE for s in self.specs]
+        return list(compress(range(len(self.names)), map(is_scale.__getitem__, self.spec_of)))
+
+    def entries(self) -> list[ExpectedTensor]:
+        """Every entry, in order (made once, for callers that visit them all)."""
+        if self._entries is None:
+            self._entries = list(map(self.entry, range(len(self.names))))
+        return self._entries
+
+    def __getitem__(self, name: str) -> ExpectedTensor:
+        return self.entry(self.position[name])
+
+    def get(self, name: str, default: Any = None) -> Any:
+        p = self.position.get(name)
+        return default if p is None else self.entry(p)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.position
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def values(self) -> Any:  # a list: callers index and iterate it more than once
+        return self.entries()
+
+    def items(self) -> Any:
+        return list(zip(self.names, self.entries()))
 
 
 def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
     """Name -> expected tensor, in checkpoint order (embedding, layers 0..N-1, MTP layers, norm, lm_head)."""
     h, dt = cfg.hidden_size, cfg.dtype
-    out = ExpectedLayout()
+    names: list[str] = []
+    spec_of: list[int] = []
+    layer_of: list[int | None] = []
+    spec_index: dict[Spec, int] = {}
+
+    def spec(t: ExpectedTensor) -> int:
+        return spec_index.setdefault(Spec(t.dtype, t.shape, t.kind, t.component, t.block, t.nbytes), len(spec_index))
 
     def top(name: str, shape: tuple[int, ...]) -> None:
-        out[name] = _tensor(name, dt, shape, PARAMETER, name, None, None, len(out))
+        names.append(name)
+        spec_of.append(spec(_tensor(name, dt, shape, PARAMETER, name, None, None)))
+        layer_of.append(None)
 
     top("model.embed_tokens.weight", (cfg.vocab_size, h))
-    # Layers of one block kind differ only in their index: build each kind once, then stamp it out.
-    # (map/zip keep the 139,644 names and tuples of Kimi-K2 at C speed: no bytecode per tensor.)
-    templates: dict[str, tuple[list[str], tuple[list[Any], ...]]] = {}
+    # Layers of one block kind differ only in their index: build each kind once, then stamp it out
+    # (the 139,644 names of Kimi-K2 are made by map, at C speed: no bytecode per tensor).
+    templates: dict[str, tuple[list[str], list[int]]] = {}
     for layer in range(cfg.total_layers):
         block = layer_block(cfg, layer)
         template = templates.get(block)
         if template is None:
             rows = list(_decoder_layer(cfg, layer))
-            cols = tuple(list(col) for col in zip(*rows))
-            template = templates[block] = (cols[0], cols[1:5] + cols[7:8])
-        components, (dtypes, shapes, kinds, comps, nbytes) = template
-        names = list(map(f"model.layers.{layer}.".__add__, components))
-        stamped = zip(names, dtypes, shapes, kinds, comps, repeat(layer), repeat(block), nbytes,
-                      range(len(out), len(out) + len(names)))
-        out.update(zip(names, map(tuple.__new__, repeat(ExpectedTensor), stamped)))
+            template = templates[block] = ([t.name for t in rows], [spec(t) for t in rows])
+        suffixes, specs = template
+        names.extend(map(f"model.layers.{layer}.".__add__, suffixes))
+        spec_of.extend(specs)
+        layer_of.extend(repeat(layer, len(specs)))
     top("model.norm.weight", (h,))
     if not cfg.tie_word_embeddings:
         top("lm_head.weight", (cfg.vocab_size, h))
-    return out
+    return ExpectedLayout(names, spec_of, list(spec_index), layer_of)
 
 
 def layer_block(cfg: ModelConfig, layer: int) -> str:
