@@ -87,11 +87,11 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         all_findings.extend(ckpt.index.findings)
     all_findings.extend(quantization_findings(ckpt.config_raw))
     actual, duplicates = tensor_table(ckpt.headers)
-    positions = align(actual, expected)
+    aligned = align(actual, expected)
     all_findings.extend(duplicates)
-    all_findings.extend(layout_findings(actual, expected, positions))
+    all_findings.extend(layout_findings(actual, expected, aligned))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers))
-    stats = compute_stats(actual, expected, ckpt.headers, positions)
+    stats = compute_stats(actual, expected, ckpt.headers, aligned)
     shards = tuple(
         ShardSummary(name, h.file_size, h.data_start, h.tensor_count,
                      sum(1 for f in h.findings if f.severity is Severity.ERROR))

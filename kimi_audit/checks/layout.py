@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from itertools import compress, count
-from operator import ne, or_
+from operator import ne, or_, sub
+from typing import NamedTuple
 
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format.table import TensorTable
@@ -24,29 +25,50 @@ def scale_of_weight(weight_name: str) -> str:
     return weight_name[: -len(".weight")] + SCALE_SUFFIX
 
 
-def align(actual: TensorTable, expected: ExpectedLayout) -> list[int | None]:
-    """The layout position of each actual tensor, row by row (None: the layout lacks it)."""
-    return list(map(expected.position.get, actual.names))
+class Alignment(NamedTuple):
+    """The actual tensors against the layout, row by row (rows of a TensorTable)."""
+
+    positions: list[int | None]
+    """The layout position of each row (None: the layout lacks the name)."""
+    specs: list[int]
+    """The index of each row's Spec in the layout (-1 where the layout lacks the name)."""
+    odd: list[int]
+    """Rows whose name, dtype, shape or payload size the layout does not expect (Kimi-K2: the 61 buffers)."""
 
 
-def layout_findings(
-    actual: TensorTable, expected: ExpectedLayout, positions: list[int | None] | None = None
-) -> list[Finding]:
+def align(actual: TensorTable, expected: ExpectedLayout) -> Alignment:
+    """Look every actual name up in the layout, and compare whole columns against the expected Specs
+    at builtin speed: rows are visited one by one only where something differs."""
+    positions = list(map(expected.position.get, actual.names))
+    spec_of = expected.spec_of
+    if None in positions:
+        spec_rows = [-1 if p is None else spec_of[p] for p in positions]
+    else:
+        spec_rows = list(map(spec_of.__getitem__, positions))  # type: ignore[arg-type]  # no None
+    specs = expected.specs  # index -1 (an unexpected name) reads the sentinel None, equal to nothing
+    differs = map(or_, map(ne, map([*(s.dtype for s in specs), None].__getitem__, spec_rows), actual.dtypes),
+                  map(ne, map([*(s.shape for s in specs), None].__getitem__, spec_rows), actual.shapes))
+    differs = map(or_, differs, map(ne, map([*(s.nbytes for s in specs), None].__getitem__, spec_rows),
+                                    map(sub, actual.ends, actual.begins)))
+    return Alignment(positions, spec_rows, list(compress(count(), differs)))
+
+
+def layout_findings(actual: TensorTable, expected: ExpectedLayout, aligned: Alignment | None = None) -> list[Finding]:
     """Every tensor against the layout: missing, unexpected, of the wrong dtype or shape, scales apart
-    from their weights. Whole columns are compared at builtin speed; rows are visited one by one only
-    where something differs."""
+    from their weights."""
     out: list[Finding] = []
-    if positions is None:
-        positions = align(actual, expected)
+    if aligned is None:
+        aligned = align(actual, expected)
+    positions = aligned.positions
     # Every actual name expected, and as many of them as expected: then none is missing.
     if len(actual) != len(expected) or None in positions:
         out.extend(_missing(actual, expected, positions))
 
-    for row in _mismatched_rows(actual, expected, positions):
+    for row in aligned.odd:
         name, shard, p = actual.names[row], actual.shards[row], positions[row]
         if p is None:
             out.extend(_unexpected(name, actual.dtypes[row], shard, actual, expected))
-        else:
+        else:  # (a payload size alone that differs is the format's SIZE_MISMATCH)
             out.extend(mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, expected.entry(p)))
 
     out.extend(_scale_shard_findings(actual, expected, positions))
@@ -75,19 +97,6 @@ def scale_pair_finding(scale: str, weight: str, scale_shard: str, weight_shard: 
     return warning("SCALE_SHARD_SPLIT", f"{scale} is in {scale_shard} but its weight is in "
                    f"{weight_shard}; tools that convert one shard at a time miss it",
                    tensor=scale, shard=scale_shard, expected=weight_shard, actual=scale_shard)
-
-
-def _mismatched_rows(actual: TensorTable, expected: ExpectedLayout, positions: list[int | None]) -> list[int]:
-    """Rows whose name, dtype or shape the layout does not expect (on Kimi-K2: the 61 stored buffers)."""
-    specs, spec_of = expected.specs, expected.spec_of
-    if None in positions:
-        rows = zip(positions, actual.dtypes, actual.shapes)
-        return [i for i, (p, dtype, shape) in enumerate(rows)
-                if p is None or dtype != specs[spec_of[p]].dtype or shape != specs[spec_of[p]].shape]
-    spec_rows = list(map(spec_of.__getitem__, positions))  # type: ignore[arg-type]  # no None, tested above
-    dtype_differs = map(ne, map([s.dtype for s in specs].__getitem__, spec_rows), actual.dtypes)
-    shape_differs = map(ne, map([s.shape for s in specs].__getitem__, spec_rows), actual.shapes)
-    return list(compress(count(), map(or_, dtype_differs, shape_differs)))
 
 
 def _scale_shard_findings(actual: TensorTable, expected: ExpectedLayout, positions: list[int | None]) -> list[Finding]:

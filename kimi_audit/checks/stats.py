@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from math import prod
-from operator import sub
 
 from kimi_audit.format.header import ShardHeader
+from kimi_audit.checks.layout import Alignment, align
 from kimi_audit.format.table import TensorTable
 from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, ExpectedLayout, classify_name
 
@@ -44,26 +44,32 @@ class Stats:
 
 
 def compute_stats(
-    actual: TensorTable, expected: ExpectedLayout, headers: dict[str, ShardHeader],
-    positions: list[int | None] | None = None,
+    actual: TensorTable, expected: ExpectedLayout, headers: dict[str, ShardHeader], aligned: Alignment | None = None
 ) -> Stats:
-    """`positions`: the layout position of each actual tensor (checks.layout.align), if known."""
-    if positions is None:
-        positions = list(map(expected.position.get, actual.names))
-    kind_of_spec = [s.kind for s in expected.specs]
-    spec_of = expected.spec_of
-    if None in positions:
-        kinds = [kind_of_spec[spec_of[p]] if p is not None else classify_name(n) for n, p in zip(actual.names, positions)]
-    else:
-        kinds = list(map(kind_of_spec.__getitem__, map(spec_of.__getitem__, positions)))  # type: ignore[arg-type]
-    # A checkpoint repeats a few hundred (kind, dtype, shape, bytes): count those, then multiply out.
-    groups = Counter(zip(kinds, actual.dtypes, actual.shapes, map(sub, actual.ends, actual.begins)))
+    """(kind, dtype) -> tensors, elements, payload bytes: rows as the layout expects them are counted
+    by Spec and multiplied out; the odd rows (checks.layout.align) are added one by one."""
+    if aligned is None:
+        aligned = align(actual, expected)
+    spec_rows, odd = aligned.specs, aligned.odd
+    counts = Counter(spec_rows)
+    counts.subtract(spec_rows[row] for row in odd)
     acc: dict[tuple[str, str], list[int]] = {}
-    for (kind, dtype, shape, nbytes), n in groups.items():
+
+    def add(kind: str, dtype: str, n: int, elements: int, nbytes: int) -> None:
         row = acc.setdefault((kind, dtype), [0, 0, 0])
         row[0] += n
-        row[1] += n * prod(shape)
-        row[2] += n * nbytes
+        row[1] += elements
+        row[2] += nbytes
+
+    for i, n in counts.items():
+        if n:
+            s = expected.specs[i]
+            assert s.nbytes is not None  # a row of unknown width differs from its Spec: it is odd
+            add(s.kind, s.dtype, n, n * prod(s.shape), n * s.nbytes)
+    for row in odd:
+        i = spec_rows[row]
+        kind = expected.specs[i].kind if i >= 0 else classify_name(actual.names[row])
+        add(kind, actual.dtypes[row], 1, prod(actual.shapes[row]), actual.ends[row] - actual.begins[row])
     return _stats(acc, headers)
 
 
