@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from kimi_audit.errors import UnsafePathError
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.jsondup import duplicate_keys
@@ -41,33 +43,56 @@ def natural_key(name: str) -> list[Any]:
     return [(0, x) if isinstance(x, int) else (1, x) for x in out]
 
 
+class _IndexDoc(msgspec.Struct, forbid_unknown_fields=True):
+    """The common form of an index, decoded straight into a dict of str by msgspec."""
+
+    weight_map: dict[str, str]
+    metadata: dict[str, Any] | None = None
+
+
+_DECODER = msgspec.json.Decoder(_IndexDoc)
+
+
 def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> IndexFile:
     def invalid(message: str) -> IndexFile:
         return IndexFile(None, {}, (error("INDEX_INVALID", f"{name}: {message}", shard=name),))
 
-    try:
-        text = raw.decode("utf-8")
-        obj = json.loads(text)
-    except UnicodeDecodeError as e:
-        return invalid(f"not valid UTF-8 at byte {e.start}")
-    except json.JSONDecodeError as e:
-        return invalid(f"not valid JSON: {e.msg} at character {e.pos}")
-    except (ValueError, RecursionError) as e:
-        return invalid(f"not valid JSON: {e}")
-    if not isinstance(obj, dict):
-        return invalid(f"top level is a {type(obj).__name__}, not an object")
-    # A lone surrogate escape decodes to a str no report can be written with. (The one-character scan
-    # runs at memchr speed; the two-character one costs 10x more, so it runs only after a backslash.)
-    if "\\" in text and "\\u" in text:
+    # The common form is decoded by msgspec; anything it refuses or that holds a \u escape (a lone
+    # surrogate must be named) goes through json.loads, which says what is wrong.
+    doc = None
+    if b"\\u" not in raw:
         try:
-            json.dumps(obj, ensure_ascii=False).encode("utf-8")
-        except (UnicodeEncodeError, RecursionError, ValueError):
-            return invalid("not valid JSON: it holds a lone UTF-16 surrogate escape")
-    wm = obj.get("weight_map")
-    if not isinstance(wm, dict):
-        return invalid("has no weight_map object")
+            doc = _DECODER.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            doc = None
+    if doc is not None:
+        wm, meta = doc.weight_map, doc.metadata
+        pairs = 1 + len(wm) + (0 if meta is None else 1 + len(meta))
+    else:
+        try:
+            text = raw.decode("utf-8")
+            obj = json.loads(text)
+        except UnicodeDecodeError as e:
+            return invalid(f"not valid UTF-8 at byte {e.start}")
+        except json.JSONDecodeError as e:
+            return invalid(f"not valid JSON: {e.msg} at character {e.pos}")
+        except (ValueError, RecursionError) as e:
+            return invalid(f"not valid JSON: {e}")
+        if not isinstance(obj, dict):
+            return invalid(f"top level is a {type(obj).__name__}, not an object")
+        # A lone surrogate escape decodes to a str no report can be written with. (The one-character scan
+        # runs at memchr speed; the two-character one costs 10x more, so it runs only after a backslash.)
+        if "\\" in text and "\\u" in text:
+            try:
+                json.dumps(obj, ensure_ascii=False).encode("utf-8")
+            except (UnicodeEncodeError, RecursionError, ValueError):
+                return invalid("not valid JSON: it holds a lone UTF-16 surrogate escape")
+        wm = obj.get("weight_map")
+        if not isinstance(wm, dict):
+            return invalid("has no weight_map object")
+        meta = obj.get("metadata")
+        pairs = len(obj) + len(wm) + (len(meta) if isinstance(meta, dict) else 0)
     findings: list[Finding] = []
-    meta = obj.get("metadata")
     total_size = None
     if isinstance(meta, dict) and "total_size" in meta:
         ts = meta["total_size"]
@@ -76,9 +101,8 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
         else:
             findings.append(error("INDEX_INVALID", f"{name}: metadata.total_size {ts!r} is not a byte count",
                                   shard=name))
-    pairs = len(obj) + len(wm) + (len(meta) if isinstance(meta, dict) else 0)
-    if text.count(":") != pairs:
-        findings.extend(_duplicates(text, name))
+    if raw.count(b":") != pairs:  # colons in names and values too: then look for duplicates properly
+        findings.extend(_duplicates(raw.decode("utf-8"), name))
 
     try:
         distinct = set(wm.values())
