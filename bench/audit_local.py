@@ -1,121 +1,135 @@
-"""Local header audit of the full-scale Kimi-K2 replica, side by side with two baselines, in one run.
+"""Diagnosis: where the time and memory of `kimi-audit audit REPLICA --json` go, phase by phase.
 
-    python bench/audit_local.py [REPLICA_DIR] [--repeat N]
+    python bench/audit_local.py [REPLICA_DIR] [--repeats 5]
 
-Baselines on the same 61 shards (page cache warm for all, runs interleaved, best of N each):
-  (a) bare json.loads of every header (read 8 bytes, read N, json.loads), results kept in a list
-      as any reader must keep them -- and, for reference, the same with each result dropped at once;
-  (b) huggingface_hub.get_local_safetensors_metadata(dir).
-kimi-audit is timed twice: the header audit (the same work as (b): index.json and every shard header
-read, every format rule of the strict reader checked) and the full audit (plus config.json, the
-expected layout derived from it, every check and the statistics: kimi_audit.audit.audit_source).
-Peak RSS is measured in a fresh child process running the full audit.
-Targets (issue 2): header audit <= 1.5x (a), >= 2.5x faster than (b), peak RSS <= 200 MB.
+bench/cli.py measures the whole process against its peers; this splits that one process up. A child
+process does what the audit command does, with a time.perf_counter() stamp (CLOCK_MONOTONIC,
+comparable across processes on Linux) and its ru_maxrss after each phase:
+  start-up        Popen until the child's first line runs (interpreter, site, venv .pth files);
+  import the CLI  `import kimi_audit.cli`, as `python -m kimi_audit` does (the Typer app, every command);
+  import audit    what the audit command imports lazily (open_source, load, checks, render);
+  load            load_checkpoint(open_source(REPLICA)): config, index, the 61 headers, strict parse;
+  checks          audit_checkpoint: the layout, index and quantization checks, the statistics;
+  render          the JSON report, written to stdout;
+  exit            the child's last stamp until os.wait4 returns (interpreter teardown).
+It runs alternately with the real `python -m kimi_audit audit REPLICA --json`, so that the sum of the
+phases can be held against the command (Typer's argument parsing, rich and the gates are the
+difference). Medians of --repeats runs after one warm-up; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import resource
+import ast
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+MB = 1_000_000
 
-def bare_json(directory: Path, keep: bool) -> int:
-    kept = []
-    for shard in sorted(directory.glob("*.safetensors")):
-        with open(shard, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            obj = json.loads(f.read(n))
-        if keep:
-            kept.append(obj)
-    return len(kept)
+PHASES_CHILD = """\
+import time
+t0 = time.perf_counter()
+import resource
+import sys
+stamps = [("start", t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)]
 
+def mark(name):
+    stamps.append((name, time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
 
-def hf_local(directory: Path) -> int:
-    from huggingface_hub import get_local_safetensors_metadata
-
-    return len(get_local_safetensors_metadata(directory).weight_map)
-
-
-def header_audit(directory: Path) -> int:
-    """What (b) does, strictly: the index and every shard header, read and validated."""
-    from kimi_audit.model.checkpoint import load_index, read_headers, shards_to_read
-    from kimi_audit.gcpause import gc_paused
-    from kimi_audit.sources import LocalSource
-
-    src = LocalSource(directory)
-    with gc_paused():
-        files = src.list_files()
-        index, _ = load_index(src, files)
-        shards, _ = shards_to_read(files, index)
-        headers, _ = read_headers(src, shards, index)
-    return len(headers)
-
-
-def full_audit(directory: Path) -> int:
-    from kimi_audit.checks.audit import audit_source
-    from kimi_audit.sources import LocalSource
-
-    r = audit_source(LocalSource(directory))
-    assert r.errors == 0 and r.stats.parameters == 1_026_408_232_448, "replica did not audit clean"
-    return r.stats.tensors
-
-
-RSS_CHILD = """
-import resource, sys
-from kimi_audit.checks.audit import audit_source
-from kimi_audit.sources import LocalSource
-r = audit_source(LocalSource(sys.argv[1]))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, r.stats.tensors)
+import kimi_audit.cli  # noqa: E402,F401
+mark("import the CLI")
+from kimi_audit.checks.audit import audit_checkpoint  # noqa: E402
+from kimi_audit.cli.ci import render  # noqa: E402
+from kimi_audit.findings import Severity  # noqa: E402
+from kimi_audit.model.checkpoint import load_checkpoint  # noqa: E402
+from kimi_audit.report import json_report  # noqa: E402,F401
+from kimi_audit.sources.resolve import open_source  # noqa: E402
+mark("import audit")
+ckpt = load_checkpoint(open_source(sys.argv[1]))
+mark("load")
+report = audit_checkpoint(ckpt)
+mark("checks")
+sys.stdout.write(render(report, "json", Severity.ERROR, 0.0))
+sys.stdout.flush()
+mark("render")
+sys.stderr.write(repr(stamps))
 """
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run(argv: list[str], scratch: Path) -> tuple[float, float, int, str]:
+    """(perf_counter before Popen, after os.wait4, peak RSS bytes, stderr) of one whole process."""
+    with open(scratch / "out", "wb") as out, open(scratch / "err", "wb") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        t1 = time.perf_counter()
+    proc.returncode = rc = os.waitstatus_to_exitcode(status)
+    err_text = (scratch / "err").read_text(errors="replace")
+    if rc != 0:
+        raise SystemExit(f"{' '.join(argv[1:])}: exit {rc}\n{err_text[-2000:]}")
+    return t0, t1, usage.ru_maxrss * 1024, err_text
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("replica", nargs="?", type=Path, help="an existing replica (default: build one in a temp dir)")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="kimi-bench-") as tmp:
-        directory = args.replica
-        if directory is None:
+    with tempfile.TemporaryDirectory(prefix="kimi-audit-bench-phases-") as tmp_name:
+        tmp = Path(tmp_name)
+        replica = args.replica
+        if replica is None:
+            sys.path.insert(0, str(ROOT))
             from kimi_audit.model.replica import build_replica
 
-            directory = build_replica(Path(tmp) / "replica", fill_small=False)
-        cases = {
-            "json.loads, kept": lambda: bare_json(directory, True),
-            "json.loads, dropped": lambda: bare_json(directory, False),
-            "hf get_local_safetensors_metadata": lambda: hf_local(directory),
-            "kimi-audit header audit": lambda: header_audit(directory),
-            "kimi-audit full audit": lambda: full_audit(directory),
-        }
-        for fn in cases.values():  # warm the page cache and imports
-            fn()
-        best = {k: float("inf") for k in cases}
-        for _ in range(args.repeat):
-            for name, fn in cases.items():
-                t = time.perf_counter()
-                fn()
-                best[name] = min(best[name], time.perf_counter() - t)
-        out = subprocess.run([sys.executable, "-c", RSS_CHILD, str(directory)], capture_output=True, text=True,
-                             check=True).stdout.split()
-        rss_mb = int(out[0]) / 1024
+            replica = build_replica(tmp / "replica")
+        replica = str(replica.resolve())
+        child = tmp / "phases.py"
+        child.write_text(PHASES_CHILD)
+        phases: dict[str, list[float]] = {}
+        rss_after: dict[str, list[int]] = {}
+        whole_phases: list[float] = []
+        whole_cli: list[float] = []
+        rss_phases: list[int] = []
+        rss_cli: list[int] = []
+        for rnd in range(args.repeats + 1):
+            t0, t1, rss, err = run([sys.executable, str(child), replica], tmp)
+            c0, c1, crss, _ = run([sys.executable, "-m", "kimi_audit", "audit", replica, "--json"], tmp)
+            if rnd == 0:
+                continue  # warm-up
+            stamps = ast.literal_eval(err.strip().splitlines()[-1])
+            prev = t0
+            for name, t, maxrss in stamps:
+                name = "start-up" if name == "start" else name
+                phases.setdefault(name, []).append(t - prev)
+                rss_after.setdefault(name, []).append(maxrss * 1024)
+                prev = t
+            phases.setdefault("exit", []).append(t1 - prev)
+            rss_after.setdefault("exit", []).append(rss)
+            whole_phases.append(t1 - t0)
+            whole_cli.append(c1 - c0)
+            rss_phases.append(rss)
+            rss_cli.append(crss)
 
-    print(f"full-scale replica: 61 shards, {out[1]} tensors; best of {args.repeat} runs each")
-    for name, t in best.items():
-        print(f"  {name:38s} {t * 1000:8.1f} ms")
-    h, f = best["kimi-audit header audit"], best["kimi-audit full audit"]
-    a_kept, a_drop, b = best["json.loads, kept"], best["json.loads, dropped"], best["hf get_local_safetensors_metadata"]
-    print(f"header audit / (a) json.loads kept    = {h / a_kept:5.2f}x   (target <= 1.5x)")
-    print(f"header audit / (a) json.loads dropped = {h / a_drop:5.2f}x")
-    print(f"(b) hf / header audit                 = {b / h:5.2f}x faster (target >= 2.5x)")
-    print(f"full audit / (a) kept = {f / a_kept:5.2f}x; (b) hf / full audit = {b / f:5.2f}x faster")
-    print(f"peak RSS, full audit in a fresh process: {rss_mb:.0f} MB (target <= 200 MB)")
+    med = statistics.median
+    total = med(whole_phases)
+    print(f"kimi-audit audit {replica} --json, split into phases: medians of {args.repeats} runs "
+          f"(each alternating with the real command)")
+    print(f"  {'phase':18s}{'wall ms':>10s}{'share':>8s}{'peak RSS MB after':>20s}")
+    for name, walls in phases.items():
+        print(f"  {name:18s}{med(walls) * 1000:10.0f}{med(walls) / total:8.0%}{med(rss_after[name]) / MB:20.1f}")
+    print(f"  {'all phases':18s}{total * 1000:10.0f}{'':8s}{med(rss_phases) / MB:20.1f}")
+    print(f"  {'the real command':18s}{med(whole_cli) * 1000:10.0f}{'':8s}{med(rss_cli) / MB:20.1f}"
+          f"   (python -m kimi_audit audit REPLICA --json)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,422 @@
+"""Benchmark: the kimi-audit CLI against its peers, as whole processes, in one run.
+
+    python bench/cli.py [--replica DIR] [--repeats 5] [--latency-ms 20] [--only local|version|remote] [--json]
+
+Every command is a fresh process started with this Python (`sys.executable`); kimi-audit runs as
+`python -m kimi_audit ...` (not the console-script wrapper), each peer as a small script written to a
+temp dir. The commands of a group run alternately, A B C A B C ..., after one untimed warm-up run of
+each (page cache, bytecode, the hub's hashes of its small files); the medians are shown.
+  wall: time.perf_counter() around Popen .. os.wait4, start-up and interpreter exit included;
+  CPU: user + system time of that process (all its threads), from os.wait4;
+  peak RSS: ru_maxrss of that one process, from os.wait4 (MB = 10^6 bytes).
+stdout and stderr go to files (nothing to drain, no pipe to fill); a run that exits non-zero is shown.
+
+local (the full-scale replica, 61 shards; built in a temp dir unless --replica names one):
+  `kimi-audit audit REPLICA --json` against
+    the safe_open script: safetensors' safe_open on every shard, each tensor's dtype and shape;
+    the hf script: huggingface_hub.get_local_safetensors_metadata(REPLICA);
+    the json.loads script: 8 bytes, N bytes and json.loads of each of the 61 headers, kept.
+  Targets: audit <= 1.0x the safe_open script's wall and >= 3x faster than the hf script's;
+  the audit's peak RSS <= 100 MB.
+version: `kimi-audit --version` against `python -c "import typer"`. Target: <= 1.5x.
+remote: `kimi-audit audit moonshotai/Kimi-K2-Instruct --json` (the pinned revision) against a 3-line
+  huggingface_hub.get_safetensors_metadata script, both on the loopback FakeHub (tests/hub_server.py,
+  in its own process so that it takes no CPU from the client) serving the replica with --latency-ms
+  per request, each run with an empty HF_HOME; once idle and once with a CPU-bound process
+  (`while True: pass`) running beside. The hub counts requests and body bytes of each run; "needed"
+  is config.json + index + every shard's 8 + N header bytes.
+  Targets, idle and loaded: audit <= 0.5x the hf script's wall; the audit's requests and bytes as
+  today: <= 64 requests, <= 1.02x needed (the worst run of each counts).
+It is a benchmark, not a test: nothing is asserted; each target is shown PASS or MISS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPO = "moonshotai/Kimi-K2-Instruct"
+MB = 1_000_000
+
+SAFE_OPEN_SCRIPT = """\
+import sys
+from pathlib import Path
+
+from safetensors import safe_open
+
+tensors = {}
+for shard in sorted(Path(sys.argv[1]).glob("*.safetensors")):
+    with safe_open(shard, framework="numpy") as f:
+        for name in f.keys():
+            s = f.get_slice(name)
+            tensors[name] = (s.get_dtype(), s.get_shape())
+print(len(tensors))
+"""
+
+HF_LOCAL_SCRIPT = """\
+import sys
+
+from huggingface_hub import get_local_safetensors_metadata
+
+m = get_local_safetensors_metadata(sys.argv[1])
+print(sum(len(f.tensors) for f in m.files_metadata.values()))
+"""
+
+JSON_SCRIPT = """\
+import json
+import sys
+from pathlib import Path
+
+headers = []
+for shard in sorted(Path(sys.argv[1]).glob("*.safetensors")):
+    with open(shard, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        headers.append(json.loads(f.read(n)))
+print(sum(len(h) - ("__metadata__" in h) for h in headers))
+"""
+
+HF_REMOTE_SCRIPT = """\
+import sys
+from huggingface_hub import get_safetensors_metadata
+m = get_safetensors_metadata(sys.argv[1], revision=sys.argv[2])
+print(sum(len(f.tensors) for f in m.files_metadata.values()))
+"""
+
+
+# --- running a process ------------------------------------------------------------------------
+@dataclass
+class Cmd:
+    label: str
+    argv: list[str]
+    env: dict[str, str] | None = None
+    before: Callable[[], None] | None = None  # untimed, before each run
+    after: Callable[[], dict[str, int]] | None = None  # untimed, after each run: extra counters
+    walls: list[float] = field(default_factory=list)
+    rss: list[int] = field(default_factory=list)  # bytes
+    cpu: list[float] = field(default_factory=list)  # user + system s, every thread of the process
+    extra: list[dict[str, int]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    prints: str = ""
+
+    def median_wall(self) -> float:
+        return statistics.median(self.walls)
+
+    def median_rss(self) -> float:
+        return statistics.median(self.rss)
+
+    def median_cpu(self) -> float:
+        return statistics.median(self.cpu)
+
+    def extras(self, key: str) -> list[int]:
+        return [e[key] for e in self.extra]
+
+
+def run_once(cmd: Cmd, scratch: Path) -> tuple[float, int, float]:
+    """(wall s, peak RSS bytes, CPU s) of one run of `cmd` as a whole process."""
+    out_path, err_path = scratch / "stdout", scratch / "stderr"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=cmd.env, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    proc.returncode = rc = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    text = out_path.read_bytes()
+    cmd.prints = text.decode(errors="replace").strip() if len(text) <= 40 else f"{len(text):,} bytes"
+    if rc != 0:
+        tail = err_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no stderr)"]
+        cmd.failures.append(f"exit {rc}: {tail[0][:200]}")
+    return wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime  # ru_maxrss: KiB on Linux
+
+
+def alternate(cmds: list[Cmd], repeats: int, scratch: Path) -> None:
+    """One untimed warm-up run of each, then `repeats` rounds of A B C ...; results kept on each Cmd."""
+    for rnd in range(repeats + 1):
+        for cmd in cmds:
+            if cmd.before is not None:
+                cmd.before()
+            wall, rss, cpu = run_once(cmd, scratch)
+            extra = cmd.after() if cmd.after is not None else {}
+            if rnd == 0:
+                continue
+            cmd.walls.append(wall)
+            cmd.rss.append(rss)
+            cmd.cpu.append(cpu)
+            cmd.extra.append(extra)
+
+
+# --- the loopback hub in its own process ------------------------------------------------------
+def _serve(conn, replica: str, commit: str, latency_s: float) -> None:  # runs in the child process
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hub_server import FakeHub
+
+    with FakeHub() as hub:
+        hub.add_repo(REPO, replica, commit=commit)
+        hub.latency_s = latency_s
+        conn.send(hub.endpoint)
+        while True:
+            cmd = conn.recv()
+            if cmd == "reset":
+                hub.reset_stats()
+                conn.send(None)
+            elif cmd == "stats":
+                s = hub.stats()
+                conn.send((s.requests, s.bytes_sent))
+            else:
+                break
+
+
+class RemoteHub:
+    def __init__(self, replica: Path, commit: str, latency_s: float) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, str(replica), commit, latency_s), daemon=True)
+        self._proc.start()
+        if not self._conn.poll(60):
+            raise RuntimeError("hub process did not start")
+        self.endpoint: str = self._conn.recv()
+
+    def reset(self) -> None:
+        self._conn.send("reset")
+        self._conn.recv()
+
+    def stats(self) -> dict[str, int]:
+        self._conn.send("stats")
+        requests, nbytes = self._conn.recv()
+        return {"requests": requests, "bytes": nbytes}
+
+    def close(self) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self._conn.send("stop")
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+
+
+def needed_bytes(directory: Path) -> int:
+    """config.json + index + every shard's 8 + N header bytes: what a header-only audit must read."""
+    total = (directory / "config.json").stat().st_size + (directory / "model.safetensors.index.json").stat().st_size
+    for shard in directory.glob("*.safetensors"):
+        with open(shard, "rb") as f:
+            total += 8 + struct.unpack("<Q", f.read(8))[0]
+    return total
+
+
+# --- reporting --------------------------------------------------------------------------------
+@dataclass
+class Target:
+    text: str
+    value: str
+    ok: bool
+
+
+def _row(cmd: Cmd, extra_cols: list[tuple[str, Callable[[Cmd], str]]]) -> str:
+    cols = "".join(f"{fn(cmd):>16s}" for _, fn in extra_cols)
+    runs = " ".join(f"{w * 1000:.0f}" for w in cmd.walls)
+    wall, cpu, rss = cmd.median_wall() * 1000, cmd.median_cpu() * 1000, cmd.median_rss() / MB
+    return f"  {cmd.label:34s}{wall:10.0f}{cpu:10.0f}{rss:10.1f}{cols}  {cmd.prints:>16s}  [{runs}]"
+
+
+def table(title: str, cmds: list[Cmd], targets: list[Target],
+          extra_cols: list[tuple[str, Callable[[Cmd], str]]] = ()) -> list[str]:
+    lines = [title]
+    heads = "".join(f"{h:>16s}" for h, _ in extra_cols)
+    lines.append(f"  {'':34s}{'wall ms':>10s}{'CPU ms':>10s}{'RSS MB':>10s}{heads}  {'prints':>16s}"
+                 "  [each run's wall ms]")
+    lines += [_row(c, list(extra_cols)) for c in cmds]
+    for c in cmds:
+        for f in dict.fromkeys(c.failures):
+            lines.append(f"  !! {c.label}: {f}")
+    lines += [f"  {'PASS' if t.ok else 'MISS'}  {t.text}: {t.value}" for t in targets]
+    return lines
+
+
+def _json_group(cmds: list[Cmd], targets: list[Target]) -> dict[str, object]:
+    return {
+        "commands": {
+            c.label: {
+                "argv": c.argv[1:], "wall_s": c.walls, "median_wall_s": c.median_wall(), "cpu_s": c.cpu,
+                "median_cpu_s": c.median_cpu(), "peak_rss_bytes": c.rss,
+                "median_peak_rss_bytes": c.median_rss(), "counters": c.extra, "failures": c.failures,
+            }
+            for c in cmds
+        },
+        "targets": [{"target": t.text, "value": t.value, "pass": t.ok} for t in targets],
+    }
+
+
+# --- the groups -------------------------------------------------------------------------------
+def base_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "KIMI_AUDIT_HEADER_WORKER"):
+        env.pop(k, None)
+    env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+    return env
+
+
+def script(tmp: Path, name: str, text: str) -> str:
+    path = tmp / name
+    path.write_text(text)
+    return str(path)
+
+
+def bench_local(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
+    env = base_env()
+    py = sys.executable
+    kimi = Cmd("kimi-audit audit --json", [py, "-m", "kimi_audit", "audit", str(replica), "--json"], env)
+    safe = Cmd("safe_open script", [py, script(tmp, "safe_open_meta.py", SAFE_OPEN_SCRIPT), str(replica)], env)
+    hf = Cmd("hf get_local_safetensors_metadata",
+             [py, script(tmp, "hf_local_meta.py", HF_LOCAL_SCRIPT), str(replica)], env)
+    js = Cmd("json.loads script", [py, script(tmp, "json_headers.py", JSON_SCRIPT), str(replica)], env)
+    cmds = [kimi, safe, hf, js]
+    alternate(cmds, repeats, tmp)
+    k = kimi.median_wall()
+    targets = [
+        Target("audit wall <= 1.0x the safe_open script's", f"{k / safe.median_wall():.2f}x", k <= safe.median_wall()),
+        Target("audit >= 3x faster than the hf script", f"{hf.median_wall() / k:.2f}x", hf.median_wall() >= 3 * k),
+        Target("audit peak RSS <= 100 MB", f"{kimi.median_rss() / MB:.1f} MB (max {max(kimi.rss) / MB:.1f})",
+               kimi.median_rss() <= 100 * MB),
+    ]
+    lines = table(f"local, full-scale replica {replica}: medians of {repeats} alternating runs", cmds, targets)
+    lines.append(f"  ratios kimi-audit / peer, wall: safe_open {k / safe.median_wall():.2f}x, "
+                 f"hf {k / hf.median_wall():.2f}x, json.loads {k / js.median_wall():.2f}x; "
+                 f"RSS: safe_open {kimi.median_rss() / safe.median_rss():.2f}x, "
+                 f"hf {kimi.median_rss() / hf.median_rss():.2f}x, "
+                 f"json.loads {kimi.median_rss() / js.median_rss():.2f}x")
+    return lines, _json_group(cmds, targets)
+
+
+def bench_version(repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
+    env = base_env()
+    kimi = Cmd("kimi-audit --version", [sys.executable, "-m", "kimi_audit", "--version"], env)
+    typer = Cmd('python -c "import typer"', [sys.executable, "-c", "import typer"], env)
+    cmds = [kimi, typer]
+    alternate(cmds, repeats, tmp)
+    r = kimi.median_wall() / typer.median_wall()
+    targets = [Target('--version wall <= 1.5x python -c "import typer"', f"{r:.2f}x", r <= 1.5)]
+    return table(f"version: medians of {repeats} alternating runs", cmds, targets), _json_group(cmds, targets)
+
+
+def bench_remote(replica: Path, repeats: int, latency_ms: float, tmp: Path) -> tuple[list[str], dict[str, object]]:
+    from kimi_audit.constants import PINNED_REVISION
+
+    need = needed_bytes(replica)
+    hf_home = tmp / "hf_home"
+    lines: list[str] = []
+    out: dict[str, object] = {"needed_bytes": need}
+    hub = RemoteHub(replica, PINNED_REVISION, latency_ms / 1000)
+    try:
+        env = base_env()
+        env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(hf_home), NO_PROXY="127.0.0.1,localhost",
+                   no_proxy="127.0.0.1,localhost")
+
+        def fresh() -> None:  # an empty HF cache for every run, and the hub's counters at 0
+            shutil.rmtree(hf_home, ignore_errors=True)
+            hf_home.mkdir()
+            hub.reset()
+
+        hf_script = script(tmp, "hf_remote_meta.py", HF_REMOTE_SCRIPT)
+        cols = [
+            ("requests", lambda c: f"{statistics.median(c.extras('requests')):.0f}"),
+            ("bytes", lambda c: f"{statistics.median(c.extras('bytes')):,.0f}"),
+            ("bytes/needed", lambda c: f"{statistics.median(c.extras('bytes')) / need:.4f}"),
+        ]
+        for load in ("idle", "loaded"):
+            kimi = Cmd("kimi-audit audit REPO --json", [sys.executable, "-m", "kimi_audit", "audit", REPO, "--json"],
+                       env, fresh, hub.stats)
+            hf = Cmd("hf get_safetensors_metadata", [sys.executable, hf_script, REPO, PINNED_REVISION],
+                     env, fresh, hub.stats)
+            cmds = [kimi, hf]
+            burner = None
+            if load == "loaded":
+                burner = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+            try:
+                alternate(cmds, repeats, tmp)
+            finally:
+                if burner is not None:
+                    burner.kill()
+                    burner.wait()
+            r = kimi.median_wall() / hf.median_wall()
+            req, nb = max(kimi.extras("requests")), max(kimi.extras("bytes"))
+            targets = [
+                Target("audit wall <= 0.5x the hf script's", f"{r:.2f}x", r <= 0.5),
+                Target("audit requests <= 64 (worst run)", f"{req}", req <= 64),
+                Target("audit bytes <= 1.02x needed (worst run)", f"{nb:,} = {nb / need:.4f}x", nb <= 1.02 * need),
+            ]
+            what = "idle" if load == "idle" else "loaded: a CPU-bound process running beside"
+            lines += table(f"remote, loopback FakeHub at {latency_ms:g} ms per request, {what}: medians of {repeats} "
+                           f"alternating runs; needed {need:,} bytes", cmds, targets, cols)
+            k_req, h_req = (statistics.median(c.extras("requests")) for c in cmds)
+            k_b, h_b = (statistics.median(c.extras("bytes")) for c in cmds)
+            lines.append(f"  ratios kimi-audit / hf: wall {r:.2f}x, RSS {kimi.median_rss() / hf.median_rss():.2f}x, "
+                         f"requests {k_req / h_req:.2f}x, bytes {k_b / h_b:.2f}x")
+            out[load] = _json_group(cmds, targets)
+            if load == "idle":
+                lines.append("")
+    finally:
+        hub.close()
+    return lines, out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replica", type=Path, default=None, help="an existing replica directory (default: build one)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs of each command (default 5)")
+    ap.add_argument("--latency-ms", type=float, default=20.0, help="the hub's latency per request (default 20)")
+    ap.add_argument("--only", action="append", choices=("local", "version", "remote"),
+                    help="run only this part (repeatable; default: all)")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
+    args = ap.parse_args()
+    parts = args.only or ["local", "version", "remote"]
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
+
+    sys.path.insert(0, str(ROOT))
+    lines: list[str] = []
+    results: dict[str, object] = {"python": sys.executable, "repeats": args.repeats}
+    with tempfile.TemporaryDirectory(prefix="kimi-audit-bench-cli-") as tmp_name:
+        tmp = Path(tmp_name)
+        replica = args.replica
+        if replica is None and ("local" in parts or "remote" in parts):
+            from kimi_audit.model.replica import build_replica
+
+            t0 = time.perf_counter()
+            replica = build_replica(tmp / "replica")
+            lines.append(f"built the replica in {time.perf_counter() - t0:.0f} s: {replica}")
+        if replica is not None:
+            replica = replica.resolve()
+        lines.append(f"whole processes with {sys.executable}; wall = Popen .. os.wait4; CPU = user + system "
+                     "and RSS = ru_maxrss of that process, from os.wait4")
+        if "local" in parts:
+            lines.append("")
+            text, results["local"] = bench_local(replica, args.repeats, tmp)
+            lines += text
+        if "version" in parts:
+            lines.append("")
+            text, results["version"] = bench_version(args.repeats, tmp)
+            lines += text
+        if "remote" in parts:
+            lines.append("")
+            text, results["remote"] = bench_remote(replica, args.repeats, args.latency_ms, tmp)
+            lines += text
+    print(json.dumps(results, indent=2) if args.json else "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
