@@ -7,8 +7,8 @@ rescan the growing heap again and again, which costs more than the audit itself.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 @contextmanager

@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import random
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from kimi_audit.constants import DTYPE_BITS
 
@@ -203,7 +204,7 @@ def m_offset_shift(rng: random.Random) -> bytes:
 def m_dtype_swap(rng: random.Random) -> bytes:
     spec = valid_spec(rng)
     e = _pick_entry(rng, spec)
-    _set_field(e, "dtype", rng.choice(DTYPES + ["f32", "F8_E4M3FN", "FP8", "", "BF16 ", "bf16", 5, None, ["F32"]]))
+    _set_field(e, "dtype", rng.choice([*DTYPES, "f32", "F8_E4M3FN", "FP8", "", "BF16 ", "bf16", 5, None, ["F32"]]))
     return spec.to_bytes()
 
 
@@ -326,7 +327,9 @@ def m_duplicate_key(rng: random.Random) -> bytes:
     return spec.to_bytes()
 
 
-BAD_UTF8 = [b"\xff", b"\xfe", b"\xc0\x80", b"\xed\xa0\x80", b"\xe2\x82", b"\x80", b"\xf8\x88\x80\x80\x80", b"\xf4\x90\x80\x80"]
+BAD_UTF8 = [
+    b"\xff", b"\xfe", b"\xc0\x80", b"\xed\xa0\x80", b"\xe2\x82", b"\x80", b"\xf8\x88\x80\x80\x80", b"\xf4\x90\x80\x80",
+]
 
 
 def m_non_utf8_name(rng: random.Random) -> bytes:
@@ -344,7 +347,9 @@ def m_non_utf8_name(rng: random.Random) -> bytes:
 
 def m_surrogate_escape(rng: random.Random) -> bytes:
     spec = valid_spec(rng)
-    lit = rng.choice(["\\ud800", "\\udc00", "\\udbff\\udfff", "\\ud83d\\ude00", "a\\ud800b", "\\ud800\\ud800", "\\u0041"])
+    lit = rng.choice(
+        ["\\ud800", "\\udc00", "\\udbff\\udfff", "\\ud83d\\ude00", "a\\ud800b", "\\ud800\\ud800", "\\u0041"]
+    )
     where = rng.choice(["name", "metadata", "extra", "dtype"])
     if where == "name":
         spec.entries.append([RawKey(f'"{lit}"'), entry("U8", [0], 0, 0)])
@@ -379,7 +384,8 @@ def m_wrong_type(rng: random.Random) -> bytes:
     elif how == "shape":
         _set_field(e, "shape", rng.choice(["2", {}, None, [True], [[2]], [2.0], 3, [-1], [None]]))
     elif how == "offsets":
-        _set_field(e, "data_offsets", rng.choice([[0], [0, 1, 2], "0,1", {"b": 0}, [0.0, 4], [None, 0], [-1, 0], [], [True, 1]]))
+        bad_offsets = [[0], [0, 1, 2], "0,1", {"b": 0}, [0.0, 4], [None, 0], [-1, 0], [], [True, 1]]
+        _set_field(e, "data_offsets", rng.choice(bad_offsets))
     elif how == "metadata":
         spec.has_metadata = True
         spec.metadata = rng.choice([[], "x", 5, {"a": 1}, {"a": None}, {"a": ["b"]}, {"a": {"b": "c"}}, True])

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from hub_server import FakeHub
-
 from kimi_audit.constants import PINNED_REPO_ID, PINNED_REVISION
 
 TINY_REPO = "test-org/tiny-kimi"

@@ -28,6 +28,7 @@ Every wait is bounded and is cut short by :meth:`FakeHub.stop`, so teardown neve
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -385,7 +386,7 @@ class _Handler(BaseHTTPRequestHandler):
                 )
                 return
             self._route(fault)
-        except (BrokenPipeError, ConnectionResetError, socket.timeout, TimeoutError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
 
     def _route(self, fault: Fault | None) -> None:
@@ -425,7 +426,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(
                     401,
                     "GatedRepo",
-                    f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it. Please log in.",
+                    f"Access to model {repo_id} is restricted. You must have access to it "
+                    "and be authenticated to access it. Please log in.",
                 )
                 return None
             if auth != f"Bearer {repo.token}":
@@ -561,11 +563,9 @@ class _Handler(BaseHTTPRequestHandler):
             if sent < length:
                 self.close_connection = True
                 self.wfile.flush()
-                try:
+                with contextlib.suppress(OSError):
                     self.connection.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-        except (BrokenPipeError, ConnectionResetError, socket.timeout, TimeoutError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
 
 

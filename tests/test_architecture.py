@@ -44,8 +44,8 @@ def imported(path: Path) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.append((node.lineno, node.module))
-            out.extend((node.lineno, f"{node.module}.{a.name}") for a in node.names
-                       if (PACKAGE / node.module.replace("kimi_audit", "").strip(".").replace(".", "/") / a.name).exists())
+            pkg_dir = PACKAGE / node.module.replace("kimi_audit", "").strip(".").replace(".", "/")
+            out.extend((node.lineno, f"{node.module}.{a.name}") for a in node.names if (pkg_dir / a.name).exists())
         elif isinstance(node, ast.Import):
             out.extend((node.lineno, a.name) for a in node.names)
     return [(line, m) for line, m in out if m.split(".")[0] == "kimi_audit"]

@@ -73,7 +73,7 @@ def run_differential(tmp: Path, per_class: int, seed0: int = 0):
     for cls in CLASSES:
         for seed in range(seed0, seed0 + per_class):
             data = generate(cls, seed)
-            k_ok, k_codes = kimi_verdict(data)
+            k_ok, _k_codes = kimi_verdict(data)
             path.write_bytes(data)
             l_ok, l_msg = library_verdict(str(path))
             assert library_deserialize_verdict(data) == l_ok, (cls, seed, "safe_open and deserialize disagree")
@@ -95,8 +95,8 @@ def test_verdicts_agree_with_safetensors_on_10k_inputs(tmp_path: Path) -> None:
     undocumented = [d for d in dis if not set(d[4]) <= STRICTER.keys()]
     assert not undocumented, f"undocumented disagreements: {undocumented[:5]}"
     # Both verdicts occur a lot: the corpus is neither all-valid nor all-garbage.
-    accepted = sum(n for (c, k, l), n in counts.items() if k and l)
-    rejected = sum(n for (c, k, l), n in counts.items() if not k and not l)
+    accepted = sum(n for (_c, k, lib), n in counts.items() if k and lib)
+    rejected = sum(n for (_c, k, lib), n in counts.items() if not k and not lib)
     assert accepted > 1000 and rejected > 3000, (accepted, rejected)
     by_rule = collections.Counter(r for d in dis for r in d[4])
     print(f"\ndifferential: {total} inputs, {agreed} agree ({accepted} both accept, {rejected} both reject), "
@@ -141,7 +141,10 @@ def test_duplicates_the_library_refuses_too(tmp_path: Path, raw: bytes) -> None:
     "raw, why",
     [
         (b'{"a":{"dtype":"F64","shape":[288230376151711744],"data_offsets":[0,0]}}', "2^58 x 64 bits wraps int64 to 0"),
-        (b'{"a":{"dtype":"U8","shape":[1099511627776,1099511627776,0],"data_offsets":[0,0]}}', "running product overflows"),
+        (
+            b'{"a":{"dtype":"U8","shape":[1099511627776,1099511627776,0],"data_offsets":[0,0]}}',
+            "running product overflows",
+        ),
         (b'{"a":{"dtype":"U8","shape":[0,18446744073709551616],"data_offsets":[0,0]}}', "a dim over u64"),
         (b'{"a":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}}', "-0 is a float to serde_json"),
         (b'{"\\ud800":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}}', "lone surrogate"),

@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 from hub_fixtures import *  # noqa: F403
 from hub_fixtures import GATED_REPO, REPLICA_COMMIT, REPLICA_REPO, TINY_REPO, needed_bytes, shard_count
 from hub_server import FakeHub
-
 from kimi_audit.checks.audit import audit_source
 from kimi_audit.cli import app
 from kimi_audit.model.download import download, select_files, sha256_file, verify_files

@@ -7,10 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from kimi_audit.model.accounting import accounting_of_checkpoint
-from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.cli import app
 from kimi_audit.errors import KimiAuditError
+from kimi_audit.model.accounting import accounting_of_checkpoint
+from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.explain import DOCS, build_card, card_text, find_nodes
 from kimi_audit.sources import LocalSource
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny

@@ -83,7 +83,8 @@ def test_header_too_large_is_refused_from_the_prefix_alone():
 
 
 def test_duplicate_keys_are_found_even_though_json_keeps_the_last():
-    raw = b'{"a":' + json.dumps(entry("U8", [1], 0, 1)).encode() + b',"a":' + json.dumps(entry("U8", [1], 0, 1)).encode() + b"}"
+    one = json.dumps(entry("U8", [1], 0, 1)).encode()
+    raw = b'{"a":' + one + b',"a":' + one + b"}"
     h = parse(shard_bytes(raw, 1))
     assert "HEADER_DUPLICATE_KEY" in error_codes(h)
     assert [f.tensor for f in h.findings if f.code == "HEADER_DUPLICATE_KEY"] == ["a"]

@@ -18,6 +18,7 @@ import re
 import struct
 import tempfile
 import tracemalloc
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -84,12 +85,15 @@ def test_arbitrary_bytes_behind_a_consistent_length(payload: bytes, data_len: in
     parse_bytes(struct.pack("<Q", len(payload)) + payload + b"\0" * data_len)
 
 
-JSON_SCALARS = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8)
-JSON_VALUES = st.recursive(JSON_SCALARS, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
-                           max_leaves=20)
+JSON_SCALARS = (
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8)
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4), max_leaves=20
+)
 FIELDS = st.sampled_from(["dtype", "shape", "data_offsets", "extra"])
 ENTRY = st.dictionaries(FIELDS, st.one_of(
-    st.sampled_from(sorted(DTYPE_BITS) + ["X"]),
+    st.sampled_from([*sorted(DTYPE_BITS), "X"]),
     st.lists(st.integers(-2, 2**65), max_size=4),
     JSON_VALUES,
 ), max_size=4)
@@ -169,7 +173,7 @@ def test_claimed_sizes_allocate_nothing() -> None:
     raw = json.dumps({"t": {"dtype": "F64", "shape": [2**40, 2**20], "data_offsets": [0, 2**63]}}).encode()
     claims.append(struct.pack("<Q", len(raw)) + raw)
     for data in claims:
-        assert peak_bytes(lambda: parse_shard_prefix(data, shard="f", file_size=2**50)) < (1 << 20)
+        assert peak_bytes(partial(parse_shard_prefix, data, shard="f", file_size=2**50)) < (1 << 20)
 
 
 def test_a_million_unit_dims_do_not_hang() -> None:
@@ -218,7 +222,7 @@ def fuzz_dir():
 
 def assert_reads_within_header(src: CountingSource, data: bytes, first_read: int) -> None:
     assert 1 <= len(src.reads) <= 2, src.reads
-    name, start, asked, got = src.reads[0]
+    _name, start, asked, got = src.reads[0]
     assert start == 0 and asked == max(first_read, HEADER_LENGTH_BYTES)
     n = struct.unpack("<Q", data[:8])[0] if len(data) >= 8 else None
     if len(src.reads) == 2:

@@ -6,8 +6,6 @@ import json
 import struct
 from pathlib import Path
 
-from kimi_audit.model.config import parse_config_bytes
-from kimi_audit.format.header import read_shard_header
 from kimi_audit.format.estimate import (
     _json_len,
     _names_len,
@@ -18,6 +16,8 @@ from kimi_audit.format.estimate import (
     names_lower_bound,
     shard_first_reads,
 )
+from kimi_audit.format.header import read_shard_header
+from kimi_audit.model.config import parse_config_bytes
 from kimi_audit.model.layout import ExpectedTensor, expected_layout, payload_bytes
 from kimi_audit.sources.local import LocalSource
 
@@ -63,7 +63,7 @@ def _reshaped(t: ExpectedTensor, shape: tuple[int, ...]) -> ExpectedTensor:
 
 
 def test_config_that_does_not_match_falls_back_to_the_bound(replica_dir: Path) -> None:
-    wm, expected, sizes, actual = _facts(replica_dir)
+    wm, expected, sizes, _actual = _facts(replica_dir)
     shard = "model-5-of-61.safetensors"
     names = [n for n, s in wm.items() if s == shard]
     upper = header_upper_bound(names, expected, file_size=sizes[shard])

@@ -11,7 +11,6 @@ import pytest
 from hub_fixtures import *  # noqa: F403
 from hub_fixtures import GATED_REPO, GATED_TOKEN, REPLICA_COMMIT, REPLICA_REPO, TINY_REPO
 from hub_server import FakeHub
-
 from kimi_audit.errors import FileMissingError, FileTooLargeError, KimiAuditError, ShortReadError
 from kimi_audit.sources.base import Source
 from kimi_audit.sources.hub import (

@@ -27,12 +27,12 @@ import pytest
 
 from hub_fixtures import *  # noqa: F403
 from hub_server import FakeHub
-from kimi_audit.model import checkpoint
 from kimi_audit.checks.audit import audit_source
-from kimi_audit.model.checkpoint import load_checkpoint, load_index
 from kimi_audit.constants import CONFIG_FILE, INDEX_FILE, MAX_CONFIG_BYTES, MAX_HEADER_BYTES, MAX_INDEX_BYTES
 from kimi_audit.errors import ConfigError
 from kimi_audit.format.header import read_shard_header
+from kimi_audit.model import checkpoint
+from kimi_audit.model.checkpoint import load_checkpoint, load_index
 from kimi_audit.sources.base import RangeRead
 from kimi_audit.sources.local import LocalSource
 
@@ -214,7 +214,9 @@ def _shard_file(path: Path, n: int) -> None:
 
 
 @pytest.mark.parametrize("parallel", [1, 4])
-def test_many_big_shards_stop_at_the_total_header_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: int) -> None:
+def test_many_big_shards_stop_at_the_total_header_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: int
+) -> None:
     """The shards' headers together are capped: past MAX_TOTAL_HEADER_BYTES no further shard is read."""
     d = tmp_path / "many"
     d.mkdir()

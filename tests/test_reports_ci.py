@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from hub_fixtures import *  # noqa: F403
 from hub_fixtures import TINY_REPO
 from kimi_audit.checks.audit import audit_source
+from kimi_audit.checks.gates import apply_gates, revision_gate
 from kimi_audit.cli import app
 from kimi_audit.findings import Severity
-from kimi_audit.checks.gates import apply_gates, revision_gate
 from kimi_audit.report.grouping import group_findings
 from kimi_audit.report.junit import CHECKS, junit_tree, render_junit
 from kimi_audit.report.markdown import render_markdown
@@ -44,7 +44,7 @@ def validate_junit(xml_text: str) -> ET.Element:
     suites = list(root)
     assert suites and all(s.tag == "testsuite" for s in suites)
     for suite in suites:
-        assert SUITE_REQUIRED <= suite.attrib.keys()
+        assert suite.attrib.keys() >= SUITE_REQUIRED
         assert ISO8601_NO_TZ.match(suite.get("timestamp"))
         assert DECIMAL.match(suite.get("time"))
         tags = [c.tag for c in suite]
@@ -57,12 +57,12 @@ def validate_junit(xml_text: str) -> ET.Element:
         assert int(suite.get("tests")) == len(cases)
         failing = 0
         for case in cases:
-            assert CASE_REQUIRED <= case.attrib.keys() and DECIMAL.match(case.get("time"))
+            assert case.attrib.keys() >= CASE_REQUIRED and DECIMAL.match(case.get("time"))
             kids = [c.tag for c in case]
             assert set(kids) <= {"failure", "error", "skipped", "system-out", "system-err"}
             assert kids.count("failure") + kids.count("error") <= 1  # the schema's choice
             for f in case.findall("failure"):
-                assert FAILURE_REQUIRED <= f.attrib.keys()
+                assert f.attrib.keys() >= FAILURE_REQUIRED
             failing += "failure" in kids
         assert int(suite.get("failures")) == failing
         assert int(suite.get("errors")) == sum("error" in [c.tag for c in case] for case in cases)

@@ -27,9 +27,9 @@ from hub_fixtures import *  # noqa: F403
 from hub_fixtures import GATED_REPO, GATED_TOKEN, TINY_REPO
 from hub_server import FakeHub
 from kimi_audit.checks.audit import audit_source
-from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.constants import INDEX_FILE
 from kimi_audit.errors import KimiAuditError
+from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.sources.local import LocalSource
 
 CLI = [sys.executable, "-m", "kimi_audit"]
@@ -76,7 +76,9 @@ def _add_to_index(ckpt: Path, entries: dict[str, str]) -> None:
 
 # --- index.json shard names -----------------------------------------------------------------------
 
-def test_unsafe_index_shard_names_are_refused_and_never_opened(tiny_copy: Path, tmp_path: Path, opened: list[str]) -> None:
+def test_unsafe_index_shard_names_are_refused_and_never_opened(
+    tiny_copy: Path, tmp_path: Path, opened: list[str]
+) -> None:
     canary = _canary(tmp_path)
     rel = os.path.relpath(canary, tiny_copy)
     hostile = {
@@ -103,7 +105,9 @@ def test_unsafe_index_shard_names_are_refused_and_never_opened(tiny_copy: Path, 
 def test_unsafe_index_through_the_cli_is_one_finding_per_name(tiny_copy: Path, tmp_path: Path) -> None:
     canary = _canary(tmp_path)
     _add_to_index(tiny_copy, {"t.abs": str(canary), "t.up": "../outside/canary.safetensors"})
-    r = subprocess.run([*CLI, "audit", str(tiny_copy), "--json", "--no-progress"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [*CLI, "audit", str(tiny_copy), "--json", "--no-progress"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr
     codes = [f["code"] for f in json.loads(r.stdout)["findings"]]
     assert codes.count("INDEX_UNSAFE_PATH") == 2 and "CANARY" not in r.stdout
@@ -111,7 +115,9 @@ def test_unsafe_index_through_the_cli_is_one_finding_per_name(tiny_copy: Path, t
 
 # --- symlinks -------------------------------------------------------------------------------------
 
-def test_symlinks_leaving_the_directory_are_reported_and_never_opened(tiny_copy: Path, tmp_path: Path, opened: list[str]) -> None:
+def test_symlinks_leaving_the_directory_are_reported_and_never_opened(
+    tiny_copy: Path, tmp_path: Path, opened: list[str]
+) -> None:
     canary = _canary(tmp_path)
     (tiny_copy / "evil.safetensors").symlink_to(canary)
     (tiny_copy / "linkdir").symlink_to(canary.parent, target_is_directory=True)
@@ -177,7 +183,9 @@ def test_pickle_checkpoint_is_reported_and_never_unpickled(tiny_copy: Path, tmp_
     payload = pickle.dumps(_Payload(str(canary)))
     for name in ("pytorch_model.bin", "training_args.bin", "model.pt", "optimizer.pth", "x.ckpt", "y.pkl"):
         (tiny_copy / name).write_bytes(payload)
-    r = subprocess.run([*CLI, "audit", str(tiny_copy), "--json", "--no-progress"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [*CLI, "audit", str(tiny_copy), "--json", "--no-progress"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr  # warnings only
     found = [f for f in json.loads(r.stdout)["findings"] if f["code"] == "PICKLE_NOT_INSPECTED"]
     assert sorted(f["shard"] for f in found) == sorted(
@@ -266,7 +274,9 @@ class _Interrupt(BaseException):
     pass
 
 
-def test_interrupted_headers_only_download_leaves_no_half_file(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_headers_only_download_leaves_no_half_file(
+    hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from kimi_audit.model import download as dl
     from kimi_audit.sources.hub import HubSource
 
@@ -340,7 +350,9 @@ def _hostile_dir(tiny_dir: Path, d: Path) -> Path:
             name = f"model-{cls}-{seed}.safetensors"
             (d / name).write_bytes(generate(cls, seed))
             weight_map[f"{cls}.{seed}"] = name
-    weight_map.update({"u1": "/etc/passwd", "u2": "../x.safetensors", "u3": "a/../../b", "[/]\n\x1b[2J": "[/].safetensors"})
+    weight_map.update(
+        {"u1": "/etc/passwd", "u2": "../x.safetensors", "u3": "a/../../b", "[/]\n\x1b[2J": "[/].safetensors"}
+    )
     (d / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": "many"}, "weight_map": weight_map}))
     (d / "[red]\x1b[2J.safetensors").write_bytes(generate("valid", 1))
     (d / "pytorch_model.bin").write_bytes(b"\x80\x04garbage")

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
+from kimi_audit.format.table import Located, locate_tensors
 from kimi_audit.model.accounting import Accounting, accounting_of_checkpoint, collapse
 from kimi_audit.model.checkpoint import Checkpoint
-from kimi_audit.format.table import Located, locate_tensors
-from kimi_audit.sources.base import Source
 from kimi_audit.numerics.tensor_io import read_exact, windowed_map
+from kimi_audit.sources.base import Source
 
 CHUNK_BYTES = 16 << 20
 """Largest single range read. A comparison holds one per read in flight (16 over the Hub: 256 MiB)."""
@@ -197,7 +198,7 @@ def hash_tensors(source: Source, items: list[_Item], chunk: int = CHUNK_BYTES,
     plan = plan_hash_reads([it for it in items if it.length], chunk)
     read_bytes = 0
     hashers: dict[str, Any] = {}
-    for r, data in zip(plan, _in_order(source, plan)):
+    for r, data in zip(plan, _in_order(source, plan), strict=True):
         read_bytes += r.length
         if progress:
             progress(r.length)

@@ -7,8 +7,9 @@ the input unusable are KimiAuditError: one line on stderr, exit code 2. Findings
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console

@@ -11,16 +11,16 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from kimi_audit.model.checkpoint import load_checkpoint
-from kimi_audit.cli.app import app, shard_progress, stderr, stdout, user_errors
 from kimi_audit.checks.diff import Change, ContentDiff, HeaderDiff, content_diff, diff_dict, header_diff, summarize
+from kimi_audit.cli.app import app, shard_progress, stderr, stdout, user_errors
 from kimi_audit.errors import KimiAuditError
+from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
 
@@ -62,7 +62,8 @@ def parse_size(text: str) -> int:
     unit = (m.group(2) or "b").rstrip("b") or "b"
     base = 1024 if unit.endswith("i") else 1000
     power = {"b": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[0]]
-    return int(m.group(1)) * base ** power
+    multiplier: int = base ** power  # int ** int is typed Any (a negative power is a float); power >= 0 here
+    return int(m.group(1)) * multiplier
 
 
 def _list(title: str, changes: tuple[Change, ...], show: Any) -> None:
@@ -98,8 +99,8 @@ def render_diff(d: HeaderDiff, c: ContentDiff | None) -> None:
         ct = Table(title="Parameter delta per component (found in the headers)", title_justify="left")
         for col in ("component", "A", "B", "delta"):
             ct.add_column(col, justify="left" if col == "component" else "right")
-        for x in d.components:
-            ct.add_row(Text(f"{x.title} ({x.key})"), f"{x.a:,}", f"{x.b:,}", f"{x.delta:+,}")
+        for comp in d.components:
+            ct.add_row(Text(f"{comp.title} ({comp.key})"), f"{comp.a:,}", f"{comp.b:,}", f"{comp.delta:+,}")
         stdout.print(ct)
     if c is not None:
         stdout.print(Text("content", style="bold") + Text(
@@ -121,9 +122,9 @@ def diff(
     b: str = typer.Argument(..., help="The other checkpoint, same forms."),
     content: bool = typer.Option(False, "--content", help="Also compare the bytes of the tensors both hold "
                                  "(ranged SHA-256; shards that are the same file on both sides are not read)."),
-    tensors: Optional[list[str]] = typer.Option(None, "--tensors", help="With --content: only tensors whose "
+    tensors: list[str] | None = typer.Option(None, "--tensors", help="With --content: only tensors whose "
                                                 "name matches this glob (repeatable)."),
-    max_read: Optional[str] = typer.Option(None, "--max-read", help="With --content: read at most this much per "
+    max_read: str | None = typer.Option(None, "--max-read", help="With --content: read at most this much per "
                                            "side (e.g. 4GiB), smallest tensors first; the rest is reported "
                                            "unchecked (exit 1)."),
     as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON (schema kimi-audit/diff/1)."),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -17,14 +16,14 @@ from kimi_audit.constants import PINNED_REPO_ID
 @user_errors
 def download_command(
     repo_id: str = typer.Argument(PINNED_REPO_ID, help="Hub repo id (owner/name)."),
-    revision: Optional[str] = typer.Option(
+    revision: str | None = typer.Option(
         None, "--revision", "-r",
         help="Branch, tag or commit (full or short); default: the pinned commit for Kimi-K2-Instruct, else main."),
-    local_dir: Optional[Path] = typer.Option(
+    local_dir: Path | None = typer.Option(
         None, "--local-dir", help="Download into this directory instead of the HF cache."),
-    cache_dir: Optional[Path] = typer.Option(
+    cache_dir: Path | None = typer.Option(
         None, "--cache-dir", help="HF cache directory (default: HF_HUB_CACHE)."),
-    include: Optional[list[str]] = typer.Option(
+    include: list[str] | None = typer.Option(
         None, "--include", help="Only files matching this glob (repeatable), e.g. '*.json'."),
     headers_only: bool = typer.Option(
         False, "--headers-only",

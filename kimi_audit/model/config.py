@@ -66,7 +66,8 @@ class ModelConfig:
 
 
 MAX_LAYOUT_TENSORS = 2_000_000
-"""Kimi-K2-Instruct implies 139,644 tensors; a config implying 14x that is not a real checkpoint (and its layout would take GBs)."""
+"""Kimi-K2-Instruct implies 139,644 tensors; a config implying 14x that is not a real checkpoint (and its
+layout would take GBs)."""
 
 
 def _int(cfg: dict[str, Any], key: str, default: Any = ..., *, optional: bool = False) -> Any:

@@ -189,7 +189,7 @@ def download_headers_only(
         return shard
 
     with ThreadPoolExecutor(max_workers=max(1, source.parallel_reads)) as pool:
-        for shard, done in zip(shards, pool.map(one, shards)):
+        for shard, done in zip(shards, pool.map(one, shards), strict=True):
             if done is None:
                 result.skipped.append(shard)
             else:

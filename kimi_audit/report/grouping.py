@@ -47,7 +47,7 @@ def _pattern(shape: str, members: list[Finding]) -> str:
             columns[i].append(int(m))
     pieces = shape.split("#")
     out = pieces[0]
-    for col, rest in zip(columns, pieces[1:]):
+    for col, rest in zip(columns, pieces[1:], strict=True):
         r = ranges(col)
         out += r if "," not in r and "-" not in r else "{" + r + "}"
         out += rest

@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 import socket
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Callable
+from datetime import UTC, datetime
 
 from kimi_audit import __version__
 from kimi_audit.checks.audit import AuditReport
@@ -96,7 +96,7 @@ def junit_tree(report: AuditReport, *, fail_on: Severity = Severity.ERROR, elaps
     for f in report.findings:
         by_check.setdefault(check_of(f.code).name, []).append(f)
     checks = list(CHECKS) + ([OTHER] if OTHER.name in by_check else [])
-    ts = (timestamp or datetime.now(timezone.utc)).astimezone(timezone.utc).replace(tzinfo=None, microsecond=0)
+    ts = (timestamp or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None, microsecond=0)
 
     root = ET.Element("testsuites", name="kimi-audit")
     suite = ET.SubElement(root, "testsuite", name=xml_safe(f"kimi-audit {report.source}"))

@@ -40,8 +40,8 @@ def render_table(report: AuditReport, console: Console) -> None:
     classes = Table(title="Tensors by class and dtype", title_justify="left")
     for col in ("class", "dtype", "tensors", "elements", "bytes"):
         classes.add_column(col, justify="left" if col in ("class", "dtype") else "right")
-    for r in s.rows:
-        classes.add_row(r.kind, r.dtype, _n(r.tensors), _n(r.elements), _n(r.bytes))
+    for row in s.rows:
+        classes.add_row(row.kind, row.dtype, _n(row.tensors), _n(row.elements), _n(row.bytes))
     classes.add_section()
     classes.add_row("all", "", _n(s.tensors), _n(s.elements), _n(s.payload_bytes), style="bold")
     console.print(classes)

@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -158,7 +158,8 @@ class HubSource:
             ) from None
         except hf_errors.RepositoryNotFoundError:
             raise RepoNotFoundError(
-                f"repository {self.repo_id!r} not found on {self._where()} (or it is private and no valid token was given)"
+                f"repository {self.repo_id!r} not found on {self._where()} "
+                "(or it is private and no valid token was given)"
             ) from None
         except hf_errors.RevisionNotFoundError:
             raise RevisionNotFoundError(f"revision {rev!r} not found in {self.repo_id} on {self._where()}") from None
@@ -167,7 +168,8 @@ class HubSource:
         except hf_errors.HfHubHTTPError as e:
             status = e.response.status_code if e.response is not None else "?"
             raise HubError(
-                f"{what}: HTTP {status} from {self._where()} for {self.repo_id}@{rev} (after {self.max_retries} retries)"
+                f"{what}: HTTP {status} from {self._where()} for {self.repo_id}@{rev} "
+                f"(after {self.max_retries} retries)"
             ) from None
         except httpx2.TimeoutException:
             raise HubTimeoutError(
@@ -198,11 +200,9 @@ class HubSource:
         commit = self.requested_revision
 
         def fetch() -> None:
-            try:
+            with suppress(Exception):  # any failure: read_file asks again, and says what is wrong
                 self._early[CONFIG_FILE] = self._ranged_get(
                     CONFIG_FILE, 0, EARLY_CONFIG_BYTES - 1, commit=commit, retry=False)[0]
-            except Exception:  # noqa: BLE001 - read_file asks again, and says what is wrong
-                pass
 
         thread = threading.Thread(target=fetch, name="kimi-audit-early-config", daemon=True)
         thread.start()
@@ -225,10 +225,14 @@ class HubSource:
             try:
                 info = ModelInfo(**response.json())
             except (ValueError, TypeError, KeyError) as e:
-                raise HubError(f"{self._where()} answered the model info call with unusable JSON: {_first_line(e)}") from None
+                raise HubError(
+                    f"{self._where()} answered the model info call with unusable JSON: {_first_line(e)}"
+                ) from None
         sha = info.sha
         if not isinstance(sha, str) or not _COMMIT_RE.match(sha):
-            raise HubError(f"{self._where()} did not resolve {self.requested_revision!r} to a full commit hash (got {sha!r})")
+            raise HubError(
+                f"{self._where()} did not resolve {self.requested_revision!r} to a full commit hash (got {sha!r})"
+            )
         if _COMMIT_RE.match(self.requested_revision) and sha != self.requested_revision:
             raise HubError(
                 f"{self._where()} answered commit {sha} for the requested commit {self.requested_revision}"
@@ -341,10 +345,11 @@ class HubSource:
         while True:
             attempt += 1
             try:
-                with self._translate_errors(name):
-                    with http_stream_backoff("GET", url, headers=headers, **backoff) as response:
-                        hf_raise_for_status(response)
-                        return self._take_body(name, response, start, last)
+                with self._translate_errors(name), http_stream_backoff(
+                    "GET", url, headers=headers, **backoff
+                ) as response:
+                    hf_raise_for_status(response)
+                    return self._take_body(name, response, start, last)
             except _BodyError as e:
                 if not retry or attempt > self.max_retries:
                     raise ShortReadError(f"{name}: {e} ({attempt} attempts)") from None
@@ -364,7 +369,8 @@ class HubSource:
             raise HubError(f"{name}: {e} in the answer to bytes={start}-{last}") from None
         if first != start or end > last:
             raise HubError(
-                f"{name}: asked for bytes={start}-{last}, {self._where()} sent {response.headers.get('Content-Range')!r}"
+                f"{name}: asked for bytes={start}-{last}, "
+                f"{self._where()} sent {response.headers.get('Content-Range')!r}"
             )
         want = end - first + 1
         parts: list[bytes] = []
