@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from kimi_audit.checks.audit import audit_checkpoint, audit_source
-from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.findings import Severity
+from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.sources import LocalSource
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import numpy as np
 import pytest
 
-from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
 from kimi_audit.errors import ConfigError
+from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
 from kimi_audit.model.layout import BUFFER, DENSE, MOE, MTP, PARAMETER, SCALE, expected_layout, scale_shape
 
 
@@ -39,7 +38,7 @@ def test_kimi_totals_match_the_published_inspection(kimi):
 
 
 def test_q_a_layernorm_in_every_block(kimi):
-    _, cfg, layout = kimi
+    _, _cfg, layout = kimi
     gains = [t for t in layout.values() if t.component == "self_attn.q_a_layernorm.weight"]
     assert len(gains) == 61
     assert all(t.dtype == "BF16" and t.shape == (1536,) for t in gains)

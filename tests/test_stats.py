@@ -6,12 +6,12 @@ from collections import defaultdict
 from math import prod
 from pathlib import Path
 
-from kimi_audit.model.checkpoint import load_checkpoint
-from kimi_audit.format.table import TensorTable, tensor_table
+from kimi_audit.checks.stats import compute_stats
 from kimi_audit.format.header import TensorInfo
+from kimi_audit.format.table import TensorTable, tensor_table
+from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.layout import PARAMETER, ExpectedLayout, classify_name
 from kimi_audit.sources import LocalSource
-from kimi_audit.checks.stats import compute_stats
 
 
 def recount(actual: TensorTable, expected) -> dict[tuple[str, str], list[int]]:

@@ -5,17 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
 from kimi_audit.checks.index import index_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
-from kimi_audit.format.table import tensor_table
+from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import Finding, Severity
+from kimi_audit.format.table import tensor_table
 from kimi_audit.gcpause import gc_paused
+from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
 from kimi_audit.model.layout import DENSE, MOE, MTP, layer_block
 from kimi_audit.sources.base import Source
-from kimi_audit.checks.stats import Stats, compute_stats
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from kimi_audit.format.table import TensorTable
 from kimi_audit.constants import INDEX_FILE
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.format.index import IndexFile
+from kimi_audit.format.table import TensorTable
 
 
 def index_findings(actual: TensorTable, index: IndexFile | None, headers: dict[str, ShardHeader]) -> list[Finding]:

@@ -6,8 +6,8 @@ from collections import Counter
 from dataclasses import dataclass
 from math import prod
 
-from kimi_audit.format.header import ShardHeader
 from kimi_audit.checks.layout import Alignment, align
+from kimi_audit.format.header import ShardHeader
 from kimi_audit.format.table import TensorTable
 from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, ExpectedLayout, classify_name
 

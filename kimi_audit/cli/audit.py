@@ -6,7 +6,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -33,20 +32,21 @@ def audit(
         PINNED_REPO_ID,
         help="A local checkpoint directory (or .safetensors file), or a Hub repo id `owner/name[@revision]`.",
     ),
-    revision: Optional[str] = typer.Option(
+    revision: str | None = typer.Option(
         None, "--revision", "-r", help="Hub revision: commit hash (full or short), branch or tag."),
     as_json: bool = typer.Option(False, "--json", help="Alias for --format json."),
-    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="table (default), json, junit or markdown."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
+    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json, junit or markdown."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
     fail_on: str = typer.Option("error", "--fail-on", help="Exit 1 on findings of this severity or worse: "
                                 "error or warning."),
-    expect_params: Optional[str] = typer.Option(None, "--expect-params", metavar="N", help="Gate: PARAMS_GATE "
+    expect_params: str | None = typer.Option(None, "--expect-params", metavar="N", help="Gate: PARAMS_GATE "
                                                 "error unless the parameter count is exactly N."),
-    expect_revision: Optional[str] = typer.Option(None, "--expect-revision", metavar="SHA", help="Gate: "
+    expect_revision: str | None = typer.Option(None, "--expect-revision", metavar="SHA", help="Gate: "
                                                   "REVISION_GATE error unless the resolved commit starts with SHA."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
     values: bool = typer.Option(False, "--values", help="Also fetch every small tensor (norm gains, router "
-                                "biases, FP8 scales: ~250 MB for Kimi-K2) and report NaN/Inf, scales <= 0, zero gains."),
+                                "biases, FP8 scales: ~250 MB for Kimi-K2) and report NaN/Inf, scales <= 0, "
+                                "zero gains."),
 ) -> None:
     """Check every tensor of a checkpoint against the layout its config.json implies.
 
@@ -54,8 +54,8 @@ def audit(
     Over the Hub, a checkpoint of 16 shards or more has 40% of its headers read and parsed by a second
     process (set KIMI_AUDIT_HEADER_WORKER=0 to keep it all in one).
     """
-    from kimi_audit.cli.ci import deliver, resolve_fail_on, resolve_format
     from kimi_audit.checks.gates import apply_gates, check_sha, parse_count
+    from kimi_audit.cli.ci import deliver, resolve_fail_on, resolve_format
 
     out_format, severity = resolve_format(fmt, as_json), resolve_fail_on(fail_on)
     for validate, value in ((parse_count, expect_params), (check_sha, expect_revision)):
@@ -77,7 +77,7 @@ def audit(
 @app.command()
 @user_errors
 def demo(
-    directory: Optional[Path] = typer.Argument(
+    directory: Path | None = typer.Argument(
         None, help="Where to build the replica (default: a temporary directory, removed afterwards)."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report on stdout."),
 ) -> None:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from operator import attrgetter
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 from typing import Any, Protocol
 
 from kimi_audit.constants import DTYPE_BITS, HEADER_LENGTH_BYTES, MAX_HEADER_BYTES
@@ -141,7 +141,8 @@ def estimate_first_read(
         # Plausible at a glance: no longer than entries of the widest dtype name and two-dimensional
         # shapes of the widest dims would make it. Past that, the bound from the entries' own text.
         per_entry = ENTRY_PUNCTUATION + 2 * digits + MAX_DTYPE_TEXT + len("[,]") + 2 * (digits + 1)
-        if lower <= exact <= HEADER_LENGTH_BYTES + 2 + METADATA_ALLOWANCE + PADDING + names_len + len(names) * per_entry:
+        bound = HEADER_LENGTH_BYTES + 2 + METADATA_ALLOWANCE + PADDING + names_len + len(names) * per_entry
+        if lower <= exact <= bound:
             return max(min(exact, cap), HEADER_LENGTH_BYTES)
     upper = HEADER_LENGTH_BYTES + 2 + METADATA_ALLOWANCE + PADDING
     upper += names_len + len(names) * (ENTRY_PUNCTUATION + 2 * digits)
@@ -190,7 +191,7 @@ def source_file_size(source: object, name: str) -> int | None:
         return None
     try:
         size = getter(name)
-    except Exception:  # noqa: BLE001 - an optional hint, never a failure
+    except Exception:
         return None
     return size if isinstance(size, int) and size >= 0 else None
 

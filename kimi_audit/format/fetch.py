@@ -9,8 +9,8 @@ from typing import Any
 from kimi_audit.constants import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES
 from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding, error
-from kimi_audit.format.header import ShardHeader, parse_shard_prefix
 from kimi_audit.format.estimate import fetch_shard_prefix
+from kimi_audit.format.header import ShardHeader, parse_shard_prefix
 
 SKIPPED = "skipped"
 """A shard's result when the header budget was spent before it was read."""

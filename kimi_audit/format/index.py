@@ -60,6 +60,8 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
     # The common form is decoded by msgspec; anything it refuses or that holds a \u escape (a lone
     # surrogate must be named) goes through json.loads, which says what is wrong.
     doc = None
+    wm: dict[str, Any]
+    meta: Any
     if b"\\u" not in raw:
         try:
             doc = _DECODER.decode(raw)
@@ -87,10 +89,10 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
                 json.dumps(obj, ensure_ascii=False).encode("utf-8")
             except (UnicodeEncodeError, RecursionError, ValueError):
                 return invalid("not valid JSON: it holds a lone UTF-16 surrogate escape")
-        wm = obj.get("weight_map")
-        if not isinstance(wm, dict):
+        listed = obj.get("weight_map")
+        if not isinstance(listed, dict):
             return invalid("has no weight_map object")
-        meta = obj.get("metadata")
+        wm, meta = listed, obj.get("metadata")
         pairs = len(obj) + len(wm) + (len(meta) if isinstance(meta, dict) else 0)
     findings: list[Finding] = []
     total_size = None

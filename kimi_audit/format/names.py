@@ -7,7 +7,7 @@ def ranges(numbers: list[int]) -> str:
     nums = sorted(set(numbers))
     parts: list[str] = []
     start = prev = nums[0]
-    for n in nums[1:] + [None]:  # type: ignore[list-item]
+    for n in [*nums[1:], None]:
         if n is not None and n == prev + 1:
             prev = n
             continue

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.header import ShardHeader, TensorInfo
 
+T = TypeVar("T")
 Located = dict[str, tuple[TensorInfo, str]]
 """Tensor name -> (its header entry, the shard holding it)."""
 
@@ -59,7 +60,10 @@ def tensor_table(headers: dict[str, ShardHeader]) -> tuple[TensorTable, list[Fin
     cols = [h.columns for h in headers.values()]
     names = list(chain.from_iterable(c.names for c in cols))
     shards = list(chain.from_iterable(repeat(s, h.tensor_count) for s, h in headers.items()))
-    columns = [names, shards] + [list(chain.from_iterable(c[k] for c in cols)) for k in (1, 2, 3, 4)]
+    dtypes = list(chain.from_iterable(c.dtypes for c in cols))
+    shapes = list(chain.from_iterable(c.shapes for c in cols))
+    begins = list(chain.from_iterable(c.begins for c in cols))
+    ends = list(chain.from_iterable(c.ends for c in cols))
     row_of = dict(zip(names, range(len(names))))
     findings: list[Finding] = []
     if len(row_of) != len(names):
@@ -72,6 +76,11 @@ def tensor_table(headers: dict[str, ShardHeader]) -> tuple[TensorTable, list[Fin
                                       tensor=name, shard=shard, expected=prev, actual=shard))
             else:
                 keep.append(row)
-        columns = [[col[row] for row in keep] for col in columns]
-        row_of = dict(zip(columns[0], range(len(keep))))
-    return TensorTable(*columns, row_of), findings
+        names, shards, dtypes = _rows(names, keep), _rows(shards, keep), _rows(dtypes, keep)
+        shapes, begins, ends = _rows(shapes, keep), _rows(begins, keep), _rows(ends, keep)
+        row_of = dict(zip(names, range(len(keep))))
+    return TensorTable(names, shards, dtypes, shapes, begins, ends, row_of), findings
+
+
+def _rows(column: list[T], keep: list[int]) -> list[T]:
+    return [column[row] for row in keep]

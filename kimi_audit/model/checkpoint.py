@@ -8,27 +8,28 @@ size and the expected layout) and parsed here, one after another, as they arrive
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from kimi_audit.model.config import ModelConfig, parse_config_bytes
 from kimi_audit.constants import (
     CONFIG_FILE,
     INDEX_FILE,
     MAX_CONFIG_BYTES,
-    MAX_INDEX_BYTES,
     MAX_HEADER_BYTES,
+    MAX_INDEX_BYTES,
     SAFETENSORS_SUFFIX,
 )
 from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError, UnsafePathError
 from kimi_audit.findings import Finding, error, warning
-from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.estimate import first_read_bytes, source_file_size
 from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header, parse_fetched
+from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, natural_key, parse_index
 from kimi_audit.gcpause import gc_paused
-from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, expected_layout
+from kimi_audit.model.config import ModelConfig, parse_config_bytes
+from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.sources.base import Source
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -46,7 +47,7 @@ class Checkpoint:
     config_raw: dict[str, Any]
     config: ModelConfig
     index: IndexFile | None
-    expected: dict[str, ExpectedTensor]
+    expected: ExpectedLayout
     """The layout config.json implies (layout.expected_layout)."""
     headers: dict[str, ShardHeader]
     """Shard name -> parsed header, for every shard that could be read, in natural order."""

@@ -8,12 +8,12 @@ multi-token-prediction layers stored after the main stack (DeepSeek-V3's `model.
 from __future__ import annotations
 
 import math
-from itertools import compress, repeat
 from collections.abc import Iterator, Mapping
+from itertools import compress, repeat
 from typing import Any, NamedTuple
 
-from kimi_audit.model.config import ModelConfig
 from kimi_audit.constants import DTYPE_BITS
+from kimi_audit.model.config import ModelConfig
 
 PARAMETER = "parameter"
 SCALE = "scale"
@@ -92,7 +92,7 @@ class ExpectedLayout(Mapping[str, ExpectedTensor]):
     dict, not an object per tensor.
     """
 
-    __slots__ = ("names", "position", "spec_of", "specs", "layer_of", "_entries")
+    __slots__ = ("_entries", "layer_of", "names", "position", "spec_of", "specs")
 
     def __init__(self, names: list[str], spec_of: list[int], specs: list[Spec], layer_of: list[int | None]):
         self.names = names
