@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from kimi_audit.numerics import kernels as nm  # noqa: E402
+from kimi_audit.numerics import kernels as nm
 
 try:
     import torch

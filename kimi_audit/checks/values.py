@@ -5,23 +5,25 @@ Small tensors are the RMSNorm gains (`*norm.weight`), the router biases
 of Kimi-K2's 959 GB.  Each is fetched by byte range (neighbours in a shard coalesced into one read
 when the gap between them is small), decoded with kimi_audit.numerics.kernels, and reported when it holds
 NaN or Inf, when a scale is not > 0, or when a gain is all zeros.  No big weight is ever read.
+numpy and the kernels are imported by the functions that decode (only `audit --values` runs them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding, error, info
 from kimi_audit.format.header import ShardHeader, TensorInfo
 from kimi_audit.model.layout import SCALE_SUFFIX
-from kimi_audit.numerics.kernels import NumericsError, decode, to_float32
-from kimi_audit.sources.base import Source
 from kimi_audit.numerics.tensor_io import read_exact, windowed_map
+from kimi_audit.sources.base import Source
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GAIN = "gain"
 ROUTER_BIAS = "router_bias"
@@ -100,6 +102,10 @@ def read_tensors(
 
 def check_values(name: str, kind: str, values: np.ndarray) -> list[tuple[str, str, int]]:
     """(code, message, count) for what is wrong with one small tensor's values."""
+    import numpy as np
+
+    from kimi_audit.numerics.dtypes import to_float32
+
     f = to_float32(values).reshape(-1)
     n = f.size
     out: list[tuple[str, str, int]] = []
@@ -130,6 +136,8 @@ def value_findings(
     max_gap: int = MAX_GAP,
 ) -> list[Finding]:
     """Fetch every small tensor (gains, router biases, FP8 scales) and report bad values."""
+    from kimi_audit.numerics.dtypes import NumericsError, decode
+
     todo = small_tensors(headers)
     kinds = {(s, t.name): k for s, t, k in todo}
     skipped: list[Finding] = []

@@ -1,7 +1,8 @@
 """The `rmsnorm` and `tensor` commands: numpy numerics on the real weights, fetched by byte range.
 
 Imported by cli.py, they register themselves on its `app`. Every tensor is read with range reads
-through the Source interface (local directory or Hub): a 3 KB gain is 3 KB on the wire.
+through the Source interface (local directory or Hub): a 3 KB gain is 3 KB on the wire. The numerics
+(numpy, ml_dtypes) are imported inside the commands, so `--help` and the other commands never load them.
 """
 
 from __future__ import annotations
@@ -9,110 +10,28 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import numpy as np
 import typer
 from rich.table import Table
 
-from kimi_audit.model.checkpoint import load_config
 from kimi_audit.cli.app import app, stderr, stdout, user_errors
-from kimi_audit.model.config import ModelConfig
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import KimiAuditError
+from kimi_audit.model.checkpoint import load_config
+from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.layout import FP8_DTYPE, SCALE_SUFFIX, layer_block
-from kimi_audit.numerics.kernels import (
-    TensorStats,
-    bfloat16,
-    dequantize_fp8,
-    f32_to_bf16,
-    rms_norm,
-    tensor_stats,
-    to_float32,
-)
+from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
-from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher
 
-Q_A_LAYERNORM = "self_attn.q_a_layernorm.weight"
-INPUT_LAYERNORM = "input_layernorm.weight"
-Q_A_PROJ = "self_attn.q_a_proj.weight"
-EMBED = "model.embed_tokens.weight"
+if TYPE_CHECKING:
+    from kimi_audit.numerics.kernels import TensorStats
+    from kimi_audit.numerics.rmsnorm_check import LayerResult
 
 
 # ------------------------------------------------------------------ rmsnorm
-
-
-@dataclass(frozen=True)
-class LayerResult:
-    layer: int
-    block: str
-    tensor: str
-    shard: str
-    gain: TensorStats
-    output: TensorStats
-    output_rms: tuple[float, ...]
-    """RMS of the normalized output y over the hidden axis, per position (B*T positions)."""
-    unit_deviation: tuple[float | None, ...]
-    """RMS(y / gain) - 1 per position (elements with gain == 0 left out)."""
-    problems: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "layer": self.layer,
-            "block": self.block,
-            "tensor": self.tensor,
-            "shard": self.shard,
-            "gain": self.gain.to_json(),
-            "output": self.output.to_json(),
-            "output_rms": list(self.output_rms),
-            "rms_y_over_gain_minus_1": list(self.unit_deviation),
-            "max_abs_deviation": _max_abs(self.unit_deviation),
-            "ok": self.ok,
-            "problems": list(self.problems),
-        }
-
-
-def _max_abs(vals: tuple[float | None, ...]) -> float | None:
-    finite = [abs(v) for v in vals if v is not None and math.isfinite(v)]
-    return max(finite) if finite else None
-
-
-def position_stats(y: np.ndarray, gain: np.ndarray) -> tuple[tuple[float, ...], tuple[float | None, ...]]:
-    """Per position: RMS(y) and RMS(y / gain) - 1 (float64; zero gains excluded)."""
-    d = y.shape[-1]
-    y64 = to_float32(y).astype(np.float64).reshape(-1, d)
-    g64 = to_float32(gain).astype(np.float64)
-    with np.errstate(all="ignore"):
-        rms = np.sqrt(np.mean(y64 * y64, axis=-1))
-        nz = g64 != 0
-        if nz.any():
-            ratio = y64[:, nz] / g64[nz]
-            dev = np.sqrt(np.mean(ratio * ratio, axis=-1)) - 1.0
-            devs: tuple[float | None, ...] = tuple(float(v) for v in dev)
-        else:
-            devs = tuple(None for _ in range(y64.shape[0]))
-    return tuple(float(v) for v in rms), devs
-
-
-def check_layer(layer: int, block: str, tensor: str, shard: str, gain: np.ndarray, y: np.ndarray) -> LayerResult:
-    gs = tensor_stats(gain)
-    ys = tensor_stats(y)
-    problems = []
-    if gs.nan or gs.inf:
-        problems.append(f"gain has {gs.nan} NaN and {gs.inf} Inf values")
-    if gs.all_zero:
-        problems.append("gain is all zeros: the output is identically zero")
-    if ys.nan or ys.inf:
-        problems.append(f"output has {ys.nan:,} NaN and {ys.inf:,} Inf values")
-    rms, dev = position_stats(y, gain)
-    return LayerResult(layer, block, tensor, shard, gs, ys, rms, dev, tuple(problems))
 
 
 def _parse_token_ids(text: str) -> list[int]:
@@ -124,41 +43,6 @@ def _parse_token_ids(text: str) -> list[int]:
     if not ids:
         raise KimiAuditError("--from-embeddings needs at least one token id")
     return ids
-
-
-def _load_input(path: Path, width: int) -> np.ndarray:
-    try:
-        a = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise KimiAuditError(f"--input: no such file {path}") from None
-    except (ValueError, OSError) as e:
-        raise KimiAuditError(f"--input {path}: not a readable .npy array ({e})") from None
-    if a.dtype != bfloat16 and a.dtype.kind != "f":
-        raise KimiAuditError(f"--input {path}: dtype {a.dtype} is not a float type")
-    if a.ndim == 1:
-        a = a[None, None, :]
-    elif a.ndim == 2:
-        a = a[None]
-    if a.ndim != 3 or a.shape[-1] != width:
-        raise KimiAuditError(f"--input {path}: shape {list(a.shape)} is not [B, T, {width}]")
-    if a.dtype != bfloat16:
-        a = f32_to_bf16(a.astype(np.float32))  # the model's activations are bf16
-    return a
-
-
-def _query_latent(fetch: TensorFetcher, cfg: ModelConfig, layer: int, emb: np.ndarray) -> np.ndarray:
-    """embedding rows -> layer's input_layernorm -> q_a_proj (dequantized), bf16 [1, T, q_lora_rank]."""
-    p = f"model.layers.{layer}."
-    g_in, _, _ = fetch.read(p + INPUT_LAYERNORM)
-    h = rms_norm(emb, g_in, cfg.rms_norm_eps)
-    w, wt, _ = fetch.read(p + Q_A_PROJ)
-    if wt.dtype == FP8_DTYPE:
-        s, _, _ = fetch.read(p + Q_A_PROJ[: -len(".weight")] + SCALE_SUFFIX)
-        block = cfg.quantization.block if cfg.quantization else (128, 128)
-        w = dequantize_fp8(w, s, block)
-    # F.linear: float32 accumulation, one rounding to bf16 (not bit-matched to a particular GEMM)
-    q = to_float32(h) @ to_float32(w).T
-    return f32_to_bf16(q)[None]
 
 
 def _layers(cfg: ModelConfig, layers: list[int] | None, all_layers: bool) -> list[int]:
@@ -198,6 +82,16 @@ def rmsnorm(
 
     Fails (exit 1) when a gain or an output holds NaN/Inf, or a gain is all zeros.
     """
+    from kimi_audit.numerics.kernels import rms_norm
+    from kimi_audit.numerics.rmsnorm_check import (
+        EMBED,
+        Q_A_LAYERNORM,
+        check_layer,
+        load_input,
+        query_latent,
+        random_input,
+    )
+
     if input_file is not None and from_embeddings is not None:
         raise KimiAuditError("--input and --from-embeddings are exclusive")
     src = open_source(source, revision)
@@ -215,11 +109,10 @@ def rmsnorm(
         shared_x = None
         input_desc: dict[str, Any] = {"kind": "embeddings", "token_ids": ids, "shape": [1, len(ids), width]}
     elif input_file is not None:
-        shared_x = _load_input(input_file, width)
+        shared_x = load_input(input_file, width)
         input_desc = {"kind": "file", "path": str(input_file), "shape": list(shared_x.shape)}
     else:
-        rng = np.random.default_rng(seed)
-        shared_x = f32_to_bf16(rng.standard_normal((batch, tokens, width), dtype=np.float32))
+        shared_x = random_input(seed, batch, tokens, width)
         input_desc = {"kind": "random", "seed": seed, "shape": [batch, tokens, width], "dtype": "BF16"}
 
     results: list[LayerResult] = []
@@ -228,7 +121,7 @@ def rmsnorm(
         gain, t, shard = fetch.read(name)
         if t.shape != (width,):
             raise KimiAuditError(f"{name} has shape {list(t.shape)}, expected [{width}]")
-        x = shared_x if emb is None else _query_latent(fetch, cfg, n, emb)
+        x = shared_x if emb is None else query_latent(fetch, cfg, n, emb)
         y = rms_norm(x, gain, cfg.rms_norm_eps)
         results.append(check_layer(n, layer_block(cfg, n), name, shard, gain, y))
 
@@ -264,8 +157,10 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def _render_rmsnorm(src: Source, cfg: ModelConfig, input_desc: dict, results: list[LayerResult], show: int,
+def _render_rmsnorm(src: Source, cfg: ModelConfig, input_desc: dict[str, Any], results: list[LayerResult], show: int,
                     bytes_read: int) -> None:
+    from kimi_audit.numerics.rmsnorm_check import max_abs
+
     rev = f" @ {src.revision}" if src.revision else ""
     shape = "×".join(str(d) for d in input_desc["shape"])
     what = {"random": f"seeded bf16 N(0,1), seed {input_desc.get('seed')}", "file": input_desc.get("path"),
@@ -283,7 +178,7 @@ def _render_rmsnorm(src: Source, cfg: ModelConfig, input_desc: dict, results: li
         span = f"{min(fin):.4f}–{max(fin):.4f}" if fin else "-"
         check = "[green]ok[/green]" if r.ok else "[red]" + "; ".join(r.problems) + "[/red]"
         table.add_row(str(r.layer), r.block, _fmt(r.gain.min), _fmt(r.gain.max), _fmt(r.gain.mean),
-                      span, _fmt(_max_abs(r.unit_deviation), ".3g"), check)
+                      span, _fmt(max_abs(r.unit_deviation), ".3g"), check)
     stdout.print(table)
     if show:
         for r in results:
@@ -325,6 +220,10 @@ def tensor(
 
     Fails (exit 1) on NaN/Inf values, or FP8 scales that are not finite and > 0.
     """
+    import numpy as np
+
+    from kimi_audit.numerics.kernels import dequantize_fp8, tensor_stats, to_float32
+
     src = open_source(source, revision)
     fetch = TensorFetcher(src)
     arr, t, shard = fetch.read(name, max_bytes)

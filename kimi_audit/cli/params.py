@@ -12,10 +12,10 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from kimi_audit.model.accounting import Accounting, Node, accounting_dict, accounting_of_checkpoint
-from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.cli.app import app, shard_progress, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
+from kimi_audit.model.accounting import Accounting, Node, accounting_dict, accounting_of_checkpoint
+from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.explain import build_card, card_dict, card_text, find_nodes
 from kimi_audit.sources import open_source
 
@@ -83,11 +83,11 @@ def render_params(acc: Accounting, console: Console, depth: int | None = None) -
     ex.add_column("tensors", overflow="fold", ratio=1)
     ex.add_column("count", justify="right", no_wrap=True)
     ex.add_column("elements", justify="right", no_wrap=True)
-    for r in acc.excluded:
-        ok = r.derived_tensors == r.found_tensors
-        count = f"{r.found_tensors:,}" if ok else f"{r.found_tensors:,} (derived {r.derived_tensors:,})"
-        ex.add_row(Text(f"{r.kind} {r.dtype}"), Text(r.pattern), Text(count, style="" if ok else "bold red"),
-                   f"{r.found_elements:,}")
+    for x in acc.excluded:
+        ok = x.derived_tensors == x.found_tensors
+        count = f"{x.found_tensors:,}" if ok else f"{x.found_tensors:,} (derived {x.derived_tensors:,})"
+        ex.add_row(Text(f"{x.kind} {x.dtype}"), Text(x.pattern), Text(count, style="" if ok else "bold red"),
+                   f"{x.found_elements:,}")
     for kind in ("scale", "buffer"):
         rows = [r for r in acc.excluded if r.kind == kind]
         if rows:
@@ -106,9 +106,9 @@ def render_params(acc: Accounting, console: Console, depth: int | None = None) -
         ct = Table(title="Against the published figures (reference constants)", title_justify="left")
         for col in ("source", "total", "computed / published", "activated", "computed / published"):
             ct.add_column(col, justify="left" if col == "source" else "right")
-        for c in acc.comparisons:
-            ct.add_row(c.source, f"{c.published_total / 1e12:g}T", _ratio(c.total_ratio, c.total_consistent),
-                       f"{c.published_activated / 1e9:g}B", _ratio(c.activated_ratio, c.activated_consistent))
+        for cmp in acc.comparisons:
+            ct.add_row(cmp.source, f"{cmp.published_total / 1e12:g}T", _ratio(cmp.total_ratio, cmp.total_consistent),
+                       f"{cmp.published_activated / 1e9:g}B", _ratio(cmp.activated_ratio, cmp.activated_consistent))
         console.print(ct)
     verdict = Text("MISMATCH", style="bold red") if acc.mismatch else Text("MATCH", style="bold green")
     console.print(Text.assemble(verdict, f"  total derived {acc.derived:,} · found {acc.found:,}"))

@@ -3,7 +3,8 @@
 61 sparse shards `model-{i}-of-61.safetensors` whose headers hold every tensor of the published layout,
 plus `config.json` (the pinned one) and `model.safetensors.index.json`. Big tensors are holes: the files
 are ~959 GB apparent and a few hundred MB on disk. Small tensors (norm gains, router biases, FP8 scales,
-rotary buffers) get deterministic synthetic values so the numeric commands have something real to read.
+rotary buffers) get deterministic synthetic values so the numeric commands have something real to read;
+numpy and ml_dtypes are imported by the functions that make them.
 
 Shard assignment follows the published description: shard 1 holds the embedding and layer 0,
 shard i holds layer i-1, shard 61 also holds `model.norm.weight` and `lm_head.weight`.
@@ -13,16 +14,17 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING
 
-import ml_dtypes
-import numpy as np
-
-from kimi_audit.model.config import ModelConfig, parse_config_bytes, pinned_config_bytes
 from kimi_audit.constants import CONFIG_FILE, DTYPE_BITS, INDEX_FILE
+from kimi_audit.model.config import ModelConfig, parse_config_bytes, pinned_config_bytes
 from kimi_audit.model.layout import BUFFER, expected_layout
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Published fact: the checkpoint stores rotary_emb.inv_freq as BF16 [56], not [qk_rope_head_dim / 2].
 PUBLISHED_INV_FREQ_SHAPE = (56,)
@@ -84,6 +86,9 @@ def header_bytes(tensors: Iterable[ReplicaTensor], metadata: dict[str, str] | No
 
 def synthetic_values(t: ReplicaTensor, rng: np.random.Generator) -> np.ndarray:
     """Plausible values for a small tensor: gains near 1, small biases, positive scales, rotary frequencies."""
+    import ml_dtypes
+    import numpy as np
+
     n = t.nbytes * 8 // DTYPE_BITS[t.dtype]
     if t.name.endswith(".inv_freq"):
         v = 1.0 / (50000.0 ** (np.arange(n, dtype=np.float64) * 2 / (2 * n)))
@@ -99,6 +104,8 @@ def synthetic_values(t: ReplicaTensor, rng: np.random.Generator) -> np.ndarray:
 
 def write_shard(path: Path, tensors: list[ReplicaTensor], *, seed: int, fill_small: bool = True) -> int:
     """Write one sparse shard; returns the payload size."""
+    import numpy as np
+
     head, payload = header_bytes(tensors, {"format": "pt"})
     rng = np.random.default_rng(seed)
     tmp = path.with_name(path.name + ".partial")

@@ -2,6 +2,9 @@
 
 A 3 KB q_a_layernorm gain costs one header read (cached per shard) and one 3 KB range read; a 17 MB
 q_a_proj weight one 17 MB range read. Nothing else of the shard is touched.
+
+Importing this module loads no numpy: `audit` and `diff` use its byte-range helpers on headers alone;
+the decoding kernels are imported by the methods that return values.
 """
 
 from __future__ import annotations
@@ -9,18 +12,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import numpy as np
-
-from kimi_audit.model.checkpoint import load_index
 from kimi_audit.constants import HEADER_LENGTH_BYTES, SAFETENSORS_SUFFIX
 from kimi_audit.errors import KimiAuditError, ShortReadError, SourceError
-from kimi_audit.format.header import ShardHeader, TensorInfo, read_shard_header
 from kimi_audit.format.estimate import first_read_bytes, source_file_size
+from kimi_audit.format.header import ShardHeader, TensorInfo, read_shard_header
 from kimi_audit.format.index import IndexFile, natural_key
-from kimi_audit.numerics.kernels import decode
+from kimi_audit.model.checkpoint import load_index
 from kimi_audit.sources.base import Source
+
+if TYPE_CHECKING:
+    import numpy as np
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -119,6 +122,8 @@ class TensorFetcher:
         return data
 
     def read(self, name: str, max_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> tuple[np.ndarray, TensorInfo, str]:
+        from kimi_audit.numerics.dtypes import decode
+
         shard, t, h = self.locate(name)
         if t.nbytes > max_bytes:
             raise KimiAuditError(
@@ -129,6 +134,10 @@ class TensorFetcher:
 
     def read_rows(self, name: str, rows: list[int]) -> tuple[np.ndarray, TensorInfo, str]:
         """Selected rows of a 2-D tensor (e.g. embedding rows), one range read per run of rows."""
+        import numpy as np
+
+        from kimi_audit.numerics.dtypes import decode
+
         shard, t, h = self.locate(name)
         if len(t.shape) != 2:
             raise KimiAuditError(f"{name} has shape {list(t.shape)}: rows need a 2-D tensor")

@@ -1,0 +1,322 @@
+"""The parameter accounting tree's types: nodes, their formulas' factors, found tensors, the summary rows.
+
+`Node` is one component of the tree (a leaf holds the tensors of one instance as `Part`s, multiplied
+by its instance factors), `Accounting` the whole result. `tensor_slot` and `collapse` map checkpoint
+tensor names to the tree's (block, component) slots and back to compact patterns. The tree is built
+by accounting_build.py; accounting.py is the public entry point and re-exports everything here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from kimi_audit.format.names import ranges
+from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.layout import layer_block
+
+LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+EXPERT_RE = re.compile(r"(?<=\.experts\.)\d+\.")
+DIGITS_RE = re.compile(r"\d+")
+
+UNACCOUNTED = "unaccounted"
+
+
+@dataclass(frozen=True)
+class PublishedFigure:
+    source: str
+    total: float
+    activated: float
+    significant: int
+    """Significant figures the source states (for the 'consistent when rounded' verdict)."""
+
+
+PUBLISHED: tuple[PublishedFigure, ...] = (
+    PublishedFigure("Kimi K2 tech report (arXiv:2507.20534)", 1.04e12, 32.6e9, 3),
+    PublishedFigure("Kimi-K2-Instruct model card", 1e12, 32e9, 2),
+)
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One factor of a per-instance formula: its value, what it is, and the config keys it comes from."""
+
+    value: int
+    label: str
+    keys: tuple[str, ...]
+    expr: str | None = None
+    """How the value is built when it is not a single config value, e.g. "(512 + 64)"."""
+
+    def text(self) -> str:
+        return self.expr or f"{self.value:,}"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One tensor of one instance of a leaf: e.g. the weight of a q_a_proj."""
+
+    label: str
+    component: str
+    """Tensor name relative to the layer prefix (`self_attn.q_a_proj.weight`), or the full name outside layers."""
+    factors: tuple[Factor, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for f in self.factors:
+            n *= f.value
+        return n
+
+    def calculation(self) -> str:
+        return " × ".join(f.text() for f in self.factors)
+
+
+class FoundTensor(NamedTuple):
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    shard: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Node:
+    key: str
+    """Stable dotted path, e.g. `blocks.moe.attention.q_compression.q_a_layernorm`."""
+    name: str
+    """Short name: the module attribute for leaves (`q_a_layernorm`), a group name otherwise."""
+    title: str
+    role: str
+    """What kind of thing it is (explain.py's catalogue key): `q_a_layernorm`, `expert_gate_proj`, `group`..."""
+    derived: int
+    found: int
+    derived_tensors: int
+    found_tensors: int
+    mult: tuple[tuple[int, str], ...] = ()
+    """Instance factors, e.g. ((384, "experts"), (60, "MoE blocks")): derived = per instance × their product."""
+    parts: tuple[Part, ...] = ()
+    """Leaves: the tensors of one instance."""
+    children: tuple[Node, ...] = ()
+    tensors: tuple[FoundTensor, ...] = ()
+    """Leaves: the checkpoint tensors counted in `found`."""
+    scales: tuple[FoundTensor, ...] = ()
+    """Leaves: the FP8 scales of those tensors (excluded from every count)."""
+    config_keys: tuple[str, ...] = ()
+    dtype_ok: bool = True
+    """Leaves: every found tensor has the dtype the config implies."""
+    layers: tuple[int, ...] = ()
+    """Decoder layers this node's instances live in (empty outside the blocks)."""
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    @property
+    def instances(self) -> int:
+        n = 1
+        for v, _ in self.mult:
+            n *= v
+        return n
+
+    @property
+    def per_instance(self) -> int:
+        return self.derived // self.instances if self.instances else 0
+
+    @property
+    def own_mismatch(self) -> bool:
+        """A leaf whose found tensors differ from the derived ones (count, parameters or dtype).
+        Groups are flagged (`mismatch`) through their leaves."""
+        if self.children:
+            return False
+        return self.derived != self.found or self.derived_tensors != self.found_tensors or not self.dtype_ok
+
+    @property
+    def mismatch(self) -> bool:
+        return self.own_mismatch or any(c.mismatch for c in self.children)
+
+    def instance_text(self) -> str:
+        return " × ".join(f"{v:,} {label}" for v, label in self.mult)
+
+    @property
+    def formula(self) -> str:
+        """E.g. "1,536 × 60 MoE blocks = 92,160" or "a + b + c = total"."""
+        if self.key == UNACCOUNTED:
+            noun = "tensor" if self.found_tensors == 1 else "tensors"
+            return f"not derivable from config: {self.found_tensors:,} {noun} found"
+        if self.parts:
+            terms = [p.calculation() for p in self.parts]
+            per = terms[0] if len(terms) == 1 else "(" + " + ".join(terms) + ")"
+            simple = len(self.parts) == 1 and len(self.parts[0].factors) == 1 and not self.parts[0].factors[0].expr
+        else:
+            contrib = [c.derived // self.instances for c in self.children] if self.instances else []
+            per = " + ".join(f"{c:,}" for c in contrib) or "0"
+            simple = len(contrib) <= 1
+            if self.mult and not simple:
+                per = f"({per} = {self.per_instance:,})"
+        if self.mult:
+            return f"{per} × {self.instance_text()} = {self.derived:,}"
+        return f"{self.derived:,}" if simple else f"{per} = {self.derived:,}"
+
+    def walk(self, depth: int = 0) -> Iterable[tuple[int, Node]]:
+        yield depth, self
+        for c in self.children:
+            yield from c.walk(depth + 1)
+
+    def leaves(self) -> Iterable[Node]:
+        for _, n in self.walk():
+            if n.is_leaf:
+                yield n
+
+
+@dataclass(frozen=True)
+class ExcludedRow:
+    """Scales or buffers of one component (indices collapsed): listed, never counted."""
+
+    kind: str
+    pattern: str
+    dtype: str
+    derived_tensors: int
+    found_tensors: int
+    derived_elements: int
+    found_elements: int
+
+
+@dataclass(frozen=True)
+class DtypeRow:
+    dtype: str
+    derived: int
+    found: int
+
+
+@dataclass(frozen=True)
+class Comparison:
+    source: str
+    published_total: float
+    published_activated: float
+    total_ratio: float
+    activated_ratio: float
+    total_consistent: bool
+    """The computed total, rounded to the published significant figures, equals the published one."""
+    activated_consistent: bool
+
+
+@dataclass(frozen=True)
+class Activation:
+    per_token: int
+    always_active: int
+    """Parameters outside the routed experts of the main stack, MTP layers excluded."""
+    routed_total: int
+    routed_active: int
+    top_k: int
+    experts: int
+    moe_blocks: int
+    per_expert: int
+    mtp_excluded: int
+    embedding: int
+
+    @property
+    def without_embedding(self) -> int:
+        return self.per_token - self.embedding
+
+
+@dataclass(frozen=True)
+class Accounting:
+    root: Node
+    excluded: tuple[ExcludedRow, ...]
+    dtypes: tuple[DtypeRow, ...]
+    activation: Activation
+    comparisons: tuple[Comparison, ...]
+    """Against PUBLISHED; empty unless the config is Kimi-K2-Instruct's architecture."""
+    source: str = ""
+    revision: str | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def derived(self) -> int:
+        return self.root.derived
+
+    @property
+    def found(self) -> int:
+        return self.root.found
+
+    @property
+    def mismatch(self) -> bool:
+        return self.root.mismatch
+
+    def nodes(self) -> list[Node]:
+        return [n for _, n in self.root.walk()]
+
+    def node(self, key: str) -> Node:
+        for n in self.nodes():
+            if n.key == key:
+                return n
+        raise KeyError(key)
+
+    def path_to(self, key: str) -> list[Node]:
+        """Root .. the node with `key`, for breadcrumbs."""
+
+        def find(n: Node, trail: list[Node]) -> list[Node] | None:
+            trail = trail + [n]
+            if n.key == key:
+                return trail
+            for c in n.children:
+                got = find(c, trail)
+                if got is not None:
+                    return got
+            return None
+
+        got = find(self.root, [])
+        if got is None:
+            raise KeyError(key)
+        return got
+
+
+# --- mapping checkpoint tensors to (block kind, component) ----------------------------------------
+
+def tensor_slot(cfg: ModelConfig, name: str, blocks: list[str] | None = None) -> tuple[str | None, str, int | None]:
+    """(block kind or None, component with expert index removed, layer or None) of a tensor name.
+
+    `blocks` (layer -> block kind) may be passed to save recomputing it per tensor."""
+    m = LAYER_RE.match(name)
+    if m is None:
+        return None, name, None
+    layer = int(m.group(1))
+    rest = m.group(2)
+    if blocks is not None:
+        block = blocks[layer] if layer < len(blocks) else UNACCOUNTED
+    else:
+        block = layer_block(cfg, layer) if layer < cfg.total_layers else UNACCOUNTED
+    if ".experts." in rest:
+        rest = EXPERT_RE.sub("", rest, count=1)
+    return block, rest, layer
+
+
+def collapse(names: Iterable[str]) -> list[str]:
+    """Names with their varying numbers shown as ranges: `model.layers.{1-60}.mlp.gate.weight`."""
+    groups: dict[str, list[list[int]]] = {}
+    order: list[str] = []
+    for n in names:
+        template = DIGITS_RE.sub("#", n)
+        if template not in groups:
+            groups[template] = []
+            order.append(template)
+        groups[template].append([int(d) for d in DIGITS_RE.findall(n)])
+    out = []
+    for template in order:
+        rows = groups[template]
+        pieces = template.split("#")
+        s = pieces[0]
+        for i, rest in enumerate(pieces[1:]):
+            col = [r[i] for r in rows]
+            r = ranges(col)
+            s += r if "," not in r and "-" not in r else "{" + r + "}"
+            s += rest
+        out.append(s)
+    return out
