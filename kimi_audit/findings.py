@@ -26,6 +26,8 @@ class Finding:
     shard: str | None = None
     expected: Any = None
     actual: Any = None
+    covers: int = 0
+    """How many findings this root cause stands for, not reported one by one (checks.root_causes)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -36,6 +38,7 @@ class Finding:
             "shard": self.shard,
             "expected": _jsonable(self.expected),
             "actual": _jsonable(self.actual),
+            "covers": self.covers,
         }
 
 

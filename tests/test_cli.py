@@ -29,7 +29,7 @@ def test_json_report_is_stable_and_computed(tiny_dir):
     assert r.exit_code == 0
     doc = json.loads(r.stdout)
     assert doc["schema"] == "kimi-audit/audit/1"
-    assert doc["result"] == {"errors": 0, "warnings": 0, "fail_on": "error", "exit_code": 0}
+    assert doc["result"] == {"errors": 0, "warnings": 0, "fail_on": "error", "exit_code": 0, "verdict": "PASS"}
     assert doc["summary"]["tensors"] == 237
     assert [t["line"] for t in doc["q_a_layernorm"]["totals"]] == ["3 MoE blocks × 192 = 576",
                                                                     "1 dense block × 192 = 192"]
@@ -42,9 +42,10 @@ def test_findings_exit_one_with_codes_in_json(tiny_copy):
     assert r.exit_code == 1
     doc = json.loads(r.stdout)
     codes = {f["code"] for f in doc["findings"]}
-    assert {"INDEX_SHARD_ABSENT", "TENSOR_MISSING"} <= codes
-    f = next(f for f in doc["findings"] if f["code"] == "TENSOR_MISSING")
-    assert set(f) == {"code", "severity", "message", "tensor", "shard", "expected", "actual"}
+    assert codes == {"INDEX_SHARD_ABSENT"}  # the absent shard's tensors are its finding's, not one each
+    f = next(f for f in doc["findings"] if f["code"] == "INDEX_SHARD_ABSENT")
+    assert set(f) == {"code", "severity", "message", "tensor", "shard", "expected", "actual", "covers"}
+    assert f["covers"] > 0 and doc["result"]["verdict"] == "PARTIAL: 1 of 3 shards absent"
 
 
 def test_json_result_follows_fail_on(tiny_copy):

@@ -363,7 +363,7 @@ def _hostile_dir(tiny_dir: Path, d: Path) -> Path:
 def test_cli_on_a_directory_full_of_hostile_files(tiny_dir: Path, tmp_path: Path) -> None:
     d = _hostile_dir(tiny_dir, tmp_path / "hostile")
     table = _invoke("audit", str(d), "--no-progress")
-    assert table.exit_code == 1 and "FAIL" in table.output
+    assert table.exit_code == 1 and table.output.strip().splitlines()[-1].startswith(("FAIL", "PARTIAL"))
     assert "\x1b[2J" not in table.output  # control characters from names are escaped
     js = _invoke("audit", str(d), "--json", "--no-progress")
     assert js.exit_code == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +10,7 @@ from kimi_audit.checks.index import index_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
+from kimi_audit.checks.root_causes import attribute, covered, fold_quantization
 from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.format.table import tensor_table
@@ -36,6 +38,10 @@ class AuditReport:
     q_a_layernorm: QALayerNormReport
     shards: tuple[ShardSummary, ...]
     findings: tuple[Finding, ...] = field(default=())
+    absent_shards: int = 0
+    """Shards the index names that are not in the checkpoint (a partial download)."""
+    listed_shards: int = 0
+    """Shards the index names."""
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity is severity)
@@ -50,6 +56,12 @@ class AuditReport:
 
     def exit_code(self, fail_on: Severity = Severity.ERROR) -> int:
         return 1 if any(f.severity.rank >= fail_on.rank for f in self.findings) else 0
+
+    def verdict(self, fail_on: Severity = Severity.ERROR) -> str:
+        """The headline: PASS, FAIL, or PARTIAL (a download in progress) when shards the index names are absent."""
+        if self.absent_shards:
+            return f"PARTIAL: {self.absent_shards:,} of {self.listed_shards:,} shards absent"
+        return "FAIL" if self.exit_code(fail_on) else "PASS"
 
 
 def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
@@ -85,12 +97,17 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         all_findings.extend(header.findings)
     if ckpt.index is not None:
         all_findings.extend(ckpt.index.findings)
-    all_findings.extend(quantization_findings(ckpt.config_raw))
     actual, duplicates = tensor_table(ckpt.headers)
+    stored = Counter(actual.dtypes) if ckpt.config.quantization is None else None
+    all_findings.extend(quantization_findings(ckpt.config_raw, stored))
     aligned = align(actual, expected)
+    cov = covered(ckpt, expected, aligned.positions)
     all_findings.extend(duplicates)
-    all_findings.extend(layout_findings(actual, expected, aligned))
-    all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers))
+    all_findings.extend(cov.extra)
+    all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything))
+    all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards))
+    all_findings = fold_quantization(attribute(all_findings, ckpt, cov))
+    listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)
     shards = tuple(
         ShardSummary(name, h.file_size, h.data_start, h.tensor_count,
@@ -105,6 +122,8 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         q_a_layernorm=q_a_layernorm_report(ckpt.config, actual),
         shards=shards,
         findings=tuple(all_findings),
+        absent_shards=sum(1 for s in listed if s not in ckpt.files),
+        listed_shards=len(listed),
     )
 
 

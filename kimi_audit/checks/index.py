@@ -9,7 +9,10 @@ from kimi_audit.format.index import IndexFile
 from kimi_audit.format.table import TensorTable
 
 
-def index_findings(actual: TensorTable, index: IndexFile | None, headers: dict[str, ShardHeader]) -> list[Finding]:
+def index_findings(
+    actual: TensorTable, index: IndexFile | None, headers: dict[str, ShardHeader], unusable: set[str] | None = None
+) -> list[Finding]:
+    """`unusable`: shards whose root finding already covers the tensors the index puts there."""
     if index is None:
         return []
     out: list[Finding] = []
@@ -28,10 +31,10 @@ def index_findings(actual: TensorTable, index: IndexFile | None, headers: dict[s
     in_vain = [n for n in wm if n not in located] if out or len(wm) != len(actual) else []
     for name in in_vain:
         shard = wm[name]
-        if shard in headers:
+        if shard in headers and not (unusable and shard in unusable):
             out.append(error("INDEX_TENSOR_ABSENT", f"{name}: {INDEX_FILE} maps it to {shard}, whose header "
                              "lacks it", tensor=name, shard=shard))
-    return out + index_total_size_findings(index, headers)
+    return out + ([] if unusable else index_total_size_findings(index, headers))
 
 
 def index_total_size_findings(index: IndexFile, headers: dict[str, ShardHeader]) -> list[Finding]:

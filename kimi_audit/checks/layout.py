@@ -6,7 +6,7 @@ from itertools import compress, count
 from operator import ne, or_, sub
 from typing import NamedTuple
 
-from kimi_audit.findings import Finding, error, warning
+from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.table import TensorTable
 from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedLayout, ExpectedTensor
 
@@ -53,16 +53,20 @@ def align(actual: TensorTable, expected: ExpectedLayout) -> Alignment:
     return Alignment(positions, spec_rows, list(compress(count(), differs)))
 
 
-def layout_findings(actual: TensorTable, expected: ExpectedLayout, aligned: Alignment | None = None) -> list[Finding]:
+def layout_findings(
+    actual: TensorTable, expected: ExpectedLayout, aligned: Alignment | None = None,
+    covered: set[int] | frozenset[int] = frozenset(), none_missing: bool = False,
+) -> list[Finding]:
     """Every tensor against the layout: missing, unexpected, of the wrong dtype or shape, scales apart
-    from their weights."""
+    from their weights. `covered`: positions a root cause explains (checks.root_causes), not reported
+    missing; `none_missing`: report nothing missing at all (no index and a shard unusable)."""
     out: list[Finding] = []
     if aligned is None:
         aligned = align(actual, expected)
     positions = aligned.positions
     # Every actual name expected, and as many of them as expected: then none is missing.
-    if len(actual) != len(expected) or None in positions:
-        out.extend(_missing(actual, expected, positions))
+    if (len(actual) != len(expected) or None in positions) and not none_missing:
+        out.extend(_missing(expected, positions, covered))
 
     for row in aligned.odd:
         name, shard, p = actual.names[row], actual.shards[row], positions[row]
@@ -79,7 +83,7 @@ def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str,
     """A stored tensor's dtype and shape against its expected entry."""
     out: list[Finding] = []
     dtype_code, shape_code = MISMATCH_CODES[e.kind]
-    make = warning if e.kind == BUFFER else error
+    make = info if e.kind == BUFFER else error  # a stored buffer is dropped by every loader: not a fault
     what = {PARAMETER: "", SCALE: "scale ", BUFFER: "stored buffer (not a parameter) "}[e.kind]
     if dtype != e.dtype:
         out.append(make(dtype_code, f"{name}: {what}dtype {dtype}, expected {e.dtype}",
@@ -120,14 +124,15 @@ def _scale_shard_findings(actual: TensorTable, expected: ExpectedLayout, positio
     return out
 
 
-def _missing(actual: TensorTable, expected: ExpectedLayout, positions: list[int | None]) -> list[Finding]:
+def _missing(expected: ExpectedLayout, positions: list[int | None], covered: set[int] | frozenset[int]) -> list[Finding]:
+    """Expected tensors in no shard. A scale whose weight is missing too is the weight's finding."""
     out: list[Finding] = []
     present = set(positions)
     for p in range(len(expected)):
-        if p in present:
+        if p in present or p in covered:
             continue
         e = expected.entry(p)
-        if e.kind == BUFFER:
+        if e.kind == BUFFER or (e.kind == SCALE and p - 1 not in present):
             continue
         name, want = e.name, [e.dtype, list(e.shape)]
         if e.kind == SCALE:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from kimi_audit.findings import Finding, error, warning
@@ -9,10 +10,16 @@ from kimi_audit.findings import Finding, error, warning
 EXPECTED = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
 
 
-def quantization_findings(config_raw: dict[str, Any]) -> list[Finding]:
+def quantization_findings(config_raw: dict[str, Any], stored: Counter[str] | None = None) -> list[Finding]:
+    """`stored`: how many tensors the shards hold of each dtype (to notice FP8 weights with no config)."""
     q = config_raw.get("quantization_config")
     if q is None:
-        return []
+        fp8 = sum(n for dtype, n in (stored or {}).items() if dtype.startswith("F8_"))
+        if not fp8:
+            return []
+        return [error("QUANT_CONFIG", f"config.json has no quantization_config, yet {fp8:,} tensors are stored "
+                      "in FP8: loaders will not dequantize them (expected block-wise FP8 e4m3 with 128x128 "
+                      "weight_scale_inv)", tensor="quantization_config", expected=EXPECTED, actual=None)]
     out: list[Finding] = []
     for key, want in EXPECTED.items():
         got = q.get(key)

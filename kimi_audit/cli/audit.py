@@ -43,6 +43,8 @@ def audit(
                                                 "error unless the parameter count is exactly N."),
     expect_revision: str | None = typer.Option(None, "--expect-revision", metavar="SHA", help="Gate: "
                                                   "REVISION_GATE error unless the resolved commit starts with SHA."),
+    all_findings: bool = typer.Option(False, "--all-findings", help="JSON: list every finding, whole (by "
+                                      "default like findings are grouped: at most 10 listed a group, 500 in all)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
     values: bool = typer.Option(False, "--values", help="Also fetch every small tensor (norm gains, router "
                                 "biases, FP8 scales: ~250 MB for Kimi-K2) and report NaN/Inf, scales <= 0, "
@@ -70,7 +72,7 @@ def audit(
         else:
             report = audit_source(src, update)
     report = apply_gates(report, expect_params, expect_revision)
-    deliver(report, out_format, output, severity, time.monotonic() - started, stdout)
+    deliver(report, out_format, output, severity, time.monotonic() - started, stdout, all_findings)
     raise typer.Exit(report.exit_code(severity))
 
 

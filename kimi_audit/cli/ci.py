@@ -32,10 +32,11 @@ def resolve_fail_on(value: str) -> Severity:
         raise KimiAuditError(f"--fail-on must be error or warning, got {value!r}") from None
 
 
-def render(report: AuditReport, fmt: str, fail_on: Severity, elapsed: float, width: int | None = None) -> str:
+def render(report: AuditReport, fmt: str, fail_on: Severity, elapsed: float, width: int | None = None,
+           all_findings: bool = False) -> str:
     if fmt == "json":
         from kimi_audit.report.json_report import render_json
-        return render_json(report, fail_on)
+        return render_json(report, fail_on, all_findings)
     if fmt == "junit":
         from kimi_audit.report.junit import render_junit
         return render_junit(report, fail_on=fail_on, elapsed=elapsed)
@@ -44,21 +45,21 @@ def render(report: AuditReport, fmt: str, fail_on: Severity, elapsed: float, wid
         return render_markdown(report, fail_on)
     from kimi_audit.report.table import render_table
     buf = io.StringIO()
-    render_table(report, Console(file=buf, width=width or 120, color_system=None, soft_wrap=False))
+    render_table(report, Console(file=buf, width=width or 120, color_system=None, soft_wrap=False), fail_on)
     return buf.getvalue()
 
 
 def deliver(report: AuditReport, fmt: str, output: Path | None, fail_on: Severity, elapsed: float,
-            console: Console) -> None:
+            console: Console, all_findings: bool = False) -> None:
     """Write the report (stdout, or --output FILE), and a markdown summary to $GITHUB_STEP_SUMMARY if set."""
     if output is None:
         if fmt == "table":
             from kimi_audit.report.table import render_table
-            render_table(report, console)
+            render_table(report, console, fail_on)
         else:
-            sys.stdout.write(render(report, fmt, fail_on, elapsed))
+            sys.stdout.write(render(report, fmt, fail_on, elapsed, all_findings=all_findings))
     else:
-        _write(output, render(report, fmt, fail_on, elapsed), "w")
+        _write(output, render(report, fmt, fail_on, elapsed, all_findings=all_findings), "w")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         from kimi_audit.report.markdown import render_markdown

@@ -12,6 +12,13 @@ from kimi_audit.findings import Finding
 from kimi_audit.format.names import ranges
 
 INDEX_RE = re.compile(r"(?<=\.)(\d+)(?=\.)")
+"""A layer or expert index inside a tensor name."""
+SHARD_INDEX_RE = re.compile(r"\d+")
+"""Any number inside a shard name (`model-{2-61}-of-61.safetensors`)."""
+
+
+def _indices(f: Finding) -> re.Pattern[str]:
+    return INDEX_RE if f.tensor else SHARD_INDEX_RE
 
 
 @dataclass(frozen=True)
@@ -22,17 +29,18 @@ class FindingGroup:
     """Tensor name (or shard) with each varying index shown as a range, e.g. layers.{1-60}."""
     count: int
     example: Finding
+    members: tuple[Finding, ...]
 
 
 def group_findings(findings: tuple[Finding, ...] | list[Finding]) -> list[FindingGroup]:
     groups: dict[tuple[str, str, str], list[Finding]] = {}
     for f in findings:
         subject = f.tensor or f.shard or ""
-        key = (f.code, f.severity.value, INDEX_RE.sub("#", subject))
+        key = (f.code, f.severity.value, _indices(f).sub("#", subject))
         groups.setdefault(key, []).append(f)
     out = []
     for (code, severity, shape), members in groups.items():
-        out.append(FindingGroup(code, severity, _pattern(shape, members), len(members), members[0]))
+        out.append(FindingGroup(code, severity, _pattern(shape, members), len(members), members[0], tuple(members)))
     rank = {"error": 0, "warning": 1, "info": 2}
     out.sort(key=lambda g: (rank[g.severity], g.code, g.pattern))
     return out
@@ -43,7 +51,7 @@ def _pattern(shape: str, members: list[Finding]) -> str:
         return members[0].tensor or members[0].shard or ""
     columns: list[list[int]] = [[] for _ in range(shape.count("#"))]
     for f in members:
-        for i, m in enumerate(INDEX_RE.findall(f.tensor or f.shard or "")):
+        for i, m in enumerate(_indices(f).findall(f.tensor or f.shard or "")):
             columns[i].append(int(m))
     pieces = shape.split("#")
     out = pieces[0]

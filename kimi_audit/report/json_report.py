@@ -1,4 +1,10 @@
-"""The machine-readable audit report. Field names are stable (schema kimi-audit/audit/1)."""
+"""The machine-readable audit report. Field names are stable (schema kimi-audit/audit/1).
+
+The report stays small whatever the input: findings are listed one by one up to MAX_PER_GROUP per group
+of like findings (the table's grouping: same code, names alike but for their indices) and MAX_FINDINGS in
+all, every group is summed up in `finding_groups`, and long strings are cut. `all_findings=True`
+(`audit --all-findings`) lists every finding, whole.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +13,28 @@ from typing import Any
 
 from kimi_audit import __version__
 from kimi_audit.checks.audit import AuditReport
-from kimi_audit.findings import Severity
+from kimi_audit.findings import Finding, Severity
+from kimi_audit.report.grouping import group_findings
 
 SCHEMA = "kimi-audit/audit/1"
+MAX_FINDINGS = 500
+MAX_PER_GROUP = 10
+MAX_GROUPS = 200
+MAX_SHARDS = 1_000
+MAX_TEXT = 400
+"""Characters kept of a message, name or value in a capped report."""
 
 
-def report_dict(report: AuditReport, fail_on: Severity = Severity.ERROR) -> dict[str, Any]:
+def report_dict(report: AuditReport, fail_on: Severity = Severity.ERROR, all_findings: bool = False) -> dict[str, Any]:
     s = report.stats
     qa = report.q_a_layernorm
+    groups = group_findings(report.findings)
+    if all_findings:
+        listed = [f.to_json() for f in report.findings]
+    else:
+        picked = [f for g in groups for f in g.members[:MAX_PER_GROUP]][:MAX_FINDINGS]
+        listed = [_clipped(f) for f in picked]
+    shards = report.shards if all_findings else report.shards[:MAX_SHARDS]
     return {
         "schema": SCHEMA,
         "tool": {"name": "kimi-audit", "version": __version__},
@@ -54,13 +74,34 @@ def report_dict(report: AuditReport, fail_on: Severity = Severity.ERROR) -> dict
         "shards": [
             {"name": sh.name, "file_size": sh.file_size, "header_bytes": sh.header_bytes, "tensors": sh.tensors,
              "errors": sh.errors}
-            for sh in report.shards
+            for sh in shards
         ],
-        "findings": [f.to_json() for f in report.findings],
+        "findings": listed,
+        "finding_groups": [
+            {"code": g.code, "severity": g.severity, "pattern": _clip(g.pattern), "count": g.count,
+             "covers": sum(f.covers for f in g.members)}
+            for g in (groups if all_findings else groups[:MAX_GROUPS])
+        ],
+        "listing": {"findings": len(report.findings), "findings_listed": len(listed), "groups": len(groups),
+                    "shards_listed": len(shards), "complete": len(listed) == len(report.findings)
+                    and len(shards) == len(report.shards) and (all_findings or len(groups) <= MAX_GROUPS)},
         "result": {"errors": report.errors, "warnings": report.warnings, "fail_on": fail_on.value,
-                   "exit_code": report.exit_code(fail_on)},
+                   "exit_code": report.exit_code(fail_on), "verdict": report.verdict(fail_on)},
     }
 
 
-def render_json(report: AuditReport, fail_on: Severity = Severity.ERROR) -> str:
-    return json.dumps(report_dict(report, fail_on), indent=2, ensure_ascii=False) + "\n"
+def _clip(v: Any) -> Any:
+    if isinstance(v, str):
+        return v if len(v) <= MAX_TEXT else v[:MAX_TEXT] + "…"
+    if v is None or isinstance(v, bool | int | float):
+        return v
+    text = json.dumps(v, ensure_ascii=False, default=str)
+    return v if len(text) <= MAX_TEXT else text[:MAX_TEXT] + "…"
+
+
+def _clipped(f: Finding) -> dict[str, Any]:
+    return {k: _clip(v) for k, v in f.to_json().items()}
+
+
+def render_json(report: AuditReport, fail_on: Severity = Severity.ERROR, all_findings: bool = False) -> str:
+    return json.dumps(report_dict(report, fail_on, all_findings), indent=2, ensure_ascii=False) + "\n"

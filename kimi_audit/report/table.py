@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kimi_audit.checks.audit import AuditReport
+from kimi_audit.findings import Severity
 from kimi_audit.report.grouping import group_findings
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -25,7 +26,7 @@ def _n(v: int) -> str:
     return f"{v:,}"
 
 
-def render_table(report: AuditReport, console: Console) -> None:
+def render_table(report: AuditReport, console: Console, fail_on: Severity = Severity.ERROR) -> None:
     m, s, qa = report.model, report.stats, report.q_a_layernorm
     head = Table.grid(padding=(0, 2))
     head.add_row("source", _plain(report.source))
@@ -73,10 +74,9 @@ def render_table(report: AuditReport, console: Console) -> None:
                       _plain(detail))
         console.print(t)
         if len(groups) > MAX_GROUPS:
-            console.print(f"… and {len(groups) - MAX_GROUPS} more groups (use --json for every finding)")
-    verdict = (
-        Text("FAIL", style="bold red") if report.errors else Text("PASS", style="bold green")
-    )
+            console.print(f"… and {len(groups) - MAX_GROUPS} more groups (use --json --all-findings for every finding)")
+    headline = report.verdict(fail_on)  # agrees with the exit code: PASS exactly when it is 0
+    verdict = Text(headline, style="bold green" if headline == "PASS" else "bold red")
     console.print(Group(Text.assemble(verdict, f"  {counted(report)}")))
 
 

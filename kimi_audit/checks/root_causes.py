@@ -1,0 +1,132 @@
+"""Root causes first: a finding that explains others replaces them and says how many it covers.
+
+- A shard the index names that could not be used (absent, unreadable, not read past the header budget,
+  or whose header is unusable) covers the tensors the index puts there: they are not reported missing
+  one by one, and the shard's own finding states their count.
+- A tensor whose header entry is malformed is named by the format finding, not again as missing.
+- A declared multi-token-prediction layer of which no tensor is stored is one MTP_ABSENT warning.
+- A wrong or missing quantization_config is one QUANT_CONFIG error covering the per-tensor dtype and
+  scale findings it explains.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from itertools import compress
+
+from kimi_audit.constants import INDEX_FILE
+from kimi_audit.findings import Finding, Severity, warning
+from kimi_audit.model.checkpoint import Checkpoint
+from kimi_audit.model.layout import ExpectedLayout
+
+ROOT_SHARD_CODES = ("INDEX_SHARD_ABSENT", "SHARD_UNREADABLE")
+QUANT_COVERED = frozenset(("SCALE_MISSING", "SCALE_UNEXPECTED", "SCALE_SHAPE", "SCALE_DTYPE", "SCALE_ORPHAN"))
+
+
+@dataclass
+class Covered:
+    """What the root causes explain, decided before the per-tensor checks run."""
+
+    positions: set[int] = field(default_factory=set)
+    """Layout positions not to report missing."""
+    shards: set[str] = field(default_factory=set)
+    """Shards whose tensors the index check does not look for."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Shard -> tensors the index puts there (for the shard's root finding)."""
+    everything: bool = False
+    """No index and some shard unusable: which tensors it held is unknown, so none is reported missing."""
+    extra: list[Finding] = field(default_factory=list)
+    """Root findings of their own (MTP_ABSENT)."""
+
+
+def usable_shards(ckpt: Checkpoint) -> set[str]:
+    """Shards whose header was read and is usable: no error, or at least one valid entry."""
+    return {s for s, h in ckpt.headers.items() if h.ok or h.tensor_count}
+
+
+def covered(ckpt: Checkpoint, expected: ExpectedLayout, positions: list[int | None]) -> Covered:
+    out = Covered()
+    usable = usable_shards(ckpt)
+    shards = [f for f in ckpt.files if f.endswith(".safetensors")]
+    if ckpt.index is not None:
+        listed = Counter(ckpt.index.weight_map.values())
+        out.shards = {s for s in listed if s not in usable}
+        if out.shards:
+            out.counts = {s: listed[s] for s in out.shards}
+            where = expected.position
+            for name, shard in ckpt.index.weight_map.items():
+                if shard in out.shards and name in where:
+                    out.positions.add(where[name])
+    elif any(s not in usable for s in shards) or not shards:
+        out.everything = True
+    for h in ckpt.headers.values():  # a malformed entry is named by its format finding
+        for f in h.findings:
+            if f.severity is Severity.ERROR and f.tensor is not None and f.tensor in expected.position:
+                out.positions.add(expected.position[f.tensor])
+    _mtp(ckpt, expected, positions, out)
+    return out
+
+
+def _mtp(ckpt: Checkpoint, expected: ExpectedLayout, positions: list[int | None], out: Covered) -> None:
+    cfg = ckpt.config
+    if cfg.num_nextn_predict_layers <= 0 or out.everything:
+        return
+    first = cfg.num_hidden_layers
+    mtp = set(compress(range(len(expected)), (layer is not None and layer >= first for layer in expected.layer_of)))
+    if not mtp or mtp & set(positions) or mtp <= out.positions:
+        return  # some MTP tensor is stored (check it), or the absent shards that hold it cover it
+    layers = ", ".join(str(n) for n in range(first, first + cfg.num_nextn_predict_layers))
+    out.extra.append(warning(
+        "MTP_ABSENT", f"config.json declares num_nextn_predict_layers = {cfg.num_nextn_predict_layers}, but no "
+        f"tensor of the multi-token-prediction layer (model.layers.{layers}) is stored: {len(mtp):,} tensors. "
+        "transformers drops that layer on load and never saves it; speculative decoding with it is not possible",
+        tensor=f"model.layers.{first}", expected=len(mtp), actual=0, covers=len(mtp)))
+    out.positions |= mtp
+
+
+def attribute(findings: list[Finding], ckpt: Checkpoint, cov: Covered) -> list[Finding]:
+    """Each unusable shard's root finding, with the count of tensors the index puts there."""
+    if not cov.counts and not cov.everything:
+        return findings
+    done: set[str] = set()
+    out = []
+    for f in findings:
+        shard = f.shard
+        if shard in cov.counts and shard not in done and f.severity is Severity.ERROR and (
+                f.code in ROOT_SHARD_CODES or (f.tensor is None and shard in ckpt.headers)):
+            n = cov.counts[shard]
+            done.add(shard)
+            if f.code != "INDEX_SHARD_ABSENT":  # whose message already says how many
+                f = replace(f, message=f"{f.message} ({n:,} tensors {INDEX_FILE} lists in it not checked)")
+            f = replace(f, covers=n)
+        elif f.code == "CHECKPOINT_TOO_LARGE" and cov.counts:
+            n = sum(c for s, c in cov.counts.items() if s not in ckpt.headers and s in ckpt.files)
+            f = replace(f, covers=n)
+        elif cov.everything and f.severity is Severity.ERROR and f.code in ("NO_SAFETENSORS", *ROOT_SHARD_CODES) \
+                and "everything" not in done:
+            done.add("everything")
+            f = replace(f, message=f"{f.message} (with no {INDEX_FILE}, the tensors it may hold are unknown: "
+                        "none is reported missing)")
+        out.append(f)
+    return out
+
+
+def fold_quantization(findings: list[Finding]) -> list[Finding]:
+    """With a QUANT_CONFIG error, the per-tensor dtype and scale findings it explains fold into it."""
+    roots = [i for i, f in enumerate(findings) if f.code == "QUANT_CONFIG" and f.severity is Severity.ERROR]
+    if not roots:
+        return findings
+
+    def explained(f: Finding) -> bool:
+        if f.code in QUANT_COVERED:
+            return True
+        return f.code == "DTYPE_MISMATCH" and any(str(v).startswith("F8_") for v in (f.expected, f.actual))
+
+    kept = [f for f in findings if not explained(f)]
+    folded = len(findings) - len(kept)
+    if folded:
+        root = findings[roots[0]]
+        kept[kept.index(root)] = replace(root, covers=folded, message=f"{root.message}; it explains {folded:,} "
+                                         "per-tensor dtype and scale findings, not listed one by one")
+    return kept
