@@ -12,14 +12,19 @@ from kimi_audit.errors import (
     UnsafePathError,
 )
 from kimi_audit.sources.base import RangeRead, safe_member_name
+from kimi_audit.sources.cache import snapshot_of
 
 
 class LocalSource:
-    """Reads with os.pread: no file is ever read beyond the range asked for."""
+    """Reads with os.pread: no file is ever read beyond the range asked for.
+
+    Inside a Hugging Face cache snapshot (`.../models--owner--name/snapshots/<commit>/...`) the
+    snapshot's commit is the source's `revision`, so `--expect-revision` can check it.
+    """
 
     parallel_reads = 1
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, label: str | None = None) -> None:
         p = Path(path)
         if not p.exists():
             raise FileMissingError(f"no such file or directory: {p}")
@@ -31,14 +36,23 @@ class LocalSource:
             self._only = None
         else:
             raise SourceError(f"not a file or directory: {p}")
-        self.label = str(p)
-        self.revision: str | None = None
+        snapshot = snapshot_of(self.root)
+        self.revision: str | None = snapshot.commit if snapshot is not None else None
+        if label is not None:
+            self.label = label
+        elif snapshot is not None:
+            self.label = f"{p} ({snapshot.repo_id}, HF cache)"
+        else:
+            self.label = str(p)
         # Where a symlink may lead: inside the directory; for a Hugging Face cache snapshot
-        # (`snapshots/<rev>/f -> ../../blobs/<sha256>`) also into that repo's blobs; the file named itself.
+        # (`snapshots/<rev>/f -> ../../blobs/<sha256>`), or a folder in one, also into that repo's
+        # blobs; the file named itself.
         real = os.path.realpath(self.root)
         self._allowed = [real]
         if os.path.basename(os.path.dirname(real)) == "snapshots":
             self._allowed.append(os.path.join(os.path.dirname(os.path.dirname(real)), "blobs"))
+        elif snapshot is not None:
+            self._allowed.append(str(snapshot.path.parent.parent / "blobs"))
         if self._only is not None:
             self._allowed.append(os.path.realpath(p))
 
