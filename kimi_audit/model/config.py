@@ -11,6 +11,35 @@ from kimi_audit.errors import ConfigError
 
 TORCH_DTYPE_TO_SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
+DTYPE_KEYS = ("dtype", "torch_dtype")
+"""Where config.json records the weights' dtype: transformers 5 writes `dtype`, earlier writers `torch_dtype`."""
+
+REFERENCE_DEFAULTS: dict[str, Any] = {
+    "moe_intermediate_size": 2048,
+    "q_lora_rank": 1536,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "topk_method": "noaux_tc",
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "rms_norm_eps": 1e-6,
+}
+"""What a key absent from config.json means: the defaults of `DeepseekV3Config.__init__` in DeepSeek's
+configuration_deepseek.py (the reference the layout mirrors), so an omitted key builds the model that code
+builds. transformers' DeepseekV3Config (5.x) agrees on every value it has, but has no `topk_method` (its
+DeepseekV3TopkRouter always holds `e_score_correction_bias`, i.e. noaux_tc) and no `moe_layer_freq` (every
+layer from `first_k_dense_replace` on is MoE, i.e. 1), so it never writes them; it writes
+`num_nextn_predict_layers` (default 1) but builds and saves no MTP layer.
+
+The dimensions (hidden_size, intermediate_size, kv_lora_rank, heads and head dims, num_hidden_layers,
+vocab_size) stay required: every writer records them, and a config without them is not one to audit against
+the 671B defaults; their absence is a ConfigError that names the key.
+"""
+
 
 @dataclass(frozen=True)
 class Quantization:
@@ -43,7 +72,7 @@ class ModelConfig:
     num_nextn_predict_layers: int
     attention_bias: bool
     dtype: str
-    """safetensors dtype of unquantized weights, from torch_dtype."""
+    """safetensors dtype of unquantized weights, from `dtype` (transformers 5) or `torch_dtype`."""
     quantization: Quantization | None
     rms_norm_eps: float
 
@@ -70,11 +99,12 @@ MAX_LAYOUT_TENSORS = 2_000_000
 layout would take GBs)."""
 
 
-def _int(cfg: dict[str, Any], key: str, default: Any = ..., *, optional: bool = False) -> Any:
+def _int(cfg: dict[str, Any], key: str, *, optional: bool = False) -> Any:
+    """An integer key; absent, its REFERENCE_DEFAULTS value, and a ConfigError naming it if it has none."""
     if key not in cfg:
-        if default is ...:
+        if key not in REFERENCE_DEFAULTS:
             raise ConfigError(f"config.json lacks {key!r}")
-        return default
+        return REFERENCE_DEFAULTS[key]
     v = cfg[key]
     if v is None and optional:
         return None
@@ -94,23 +124,37 @@ def parse_quantization(q: Any) -> Quantization | None:
     return Quantization(str(q.get("quant_method")), q.get("fmt"), (block[0], block[1]))
 
 
+def _weights_dtype(cfg: dict[str, Any]) -> str:
+    """`dtype` first (transformers 5 writes only it), then `torch_dtype`; neither recorded means bfloat16."""
+    for key in DTYPE_KEYS:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        dtype = TORCH_DTYPE_TO_SAFETENSORS.get(value) if isinstance(value, str) else None
+        if dtype is None:
+            raise ConfigError(f"config.json {key} {value!r} is not one of {sorted(TORCH_DTYPE_TO_SAFETENSORS)}")
+        return dtype
+    return TORCH_DTYPE_TO_SAFETENSORS["bfloat16"]
+
+
+def _default(cfg: dict[str, Any], key: str) -> Any:
+    return cfg.get(key, REFERENCE_DEFAULTS[key])
+
+
 def model_config_from_dict(cfg: Any) -> ModelConfig:
     if not isinstance(cfg, dict):
         raise ConfigError("config.json is not a JSON object")
-    torch_dtype = cfg.get("torch_dtype", "bfloat16")
-    dtype = TORCH_DTYPE_TO_SAFETENSORS.get(torch_dtype) if isinstance(torch_dtype, str) else None
-    if dtype is None:
-        raise ConfigError(f"config.json torch_dtype {torch_dtype!r} is not one of {sorted(TORCH_DTYPE_TO_SAFETENSORS)}")
-    eps = cfg.get("rms_norm_eps", 1e-6)
+    dtype = _weights_dtype(cfg)
+    eps = _default(cfg, "rms_norm_eps")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
         raise ConfigError(f"config.json rms_norm_eps must be a non-negative number, got {eps!r}")
-    moe_layer_freq = _int(cfg, "moe_layer_freq", 1)
+    moe_layer_freq = _int(cfg, "moe_layer_freq")
     if moe_layer_freq == 0:
         raise ConfigError("config.json moe_layer_freq must be at least 1")
     # A hostile config.json must not make the expected layout itself exhaust memory: bound its tensor
     # count (each layer holds ~40 tensors plus 6 per routed expert, weights and FP8 scales) before building it.
-    layers = _int(cfg, "num_hidden_layers") + _int(cfg, "num_nextn_predict_layers", 0)
-    experts = _int(cfg, "n_routed_experts", None, optional=True) or 0
+    layers = _int(cfg, "num_hidden_layers") + _int(cfg, "num_nextn_predict_layers")
+    experts = _int(cfg, "n_routed_experts", optional=True) or 0
     implied = layers * (40 + 6 * experts)
     if implied > MAX_LAYOUT_TENSORS:
         raise ConfigError(f"config.json implies about {implied:,} tensors ({layers:,} layers, {experts:,} routed "
@@ -119,24 +163,24 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         model_type=str(cfg.get("model_type", "deepseek_v3")),
         hidden_size=_int(cfg, "hidden_size"),
         intermediate_size=_int(cfg, "intermediate_size"),
-        moe_intermediate_size=_int(cfg, "moe_intermediate_size", 0),
-        q_lora_rank=_int(cfg, "q_lora_rank", None, optional=True),
+        moe_intermediate_size=_int(cfg, "moe_intermediate_size"),
+        q_lora_rank=_int(cfg, "q_lora_rank", optional=True),
         kv_lora_rank=_int(cfg, "kv_lora_rank"),
         num_attention_heads=_int(cfg, "num_attention_heads"),
         qk_nope_head_dim=_int(cfg, "qk_nope_head_dim"),
         qk_rope_head_dim=_int(cfg, "qk_rope_head_dim"),
         v_head_dim=_int(cfg, "v_head_dim"),
         num_hidden_layers=_int(cfg, "num_hidden_layers"),
-        first_k_dense_replace=_int(cfg, "first_k_dense_replace", 0),
+        first_k_dense_replace=_int(cfg, "first_k_dense_replace"),
         moe_layer_freq=moe_layer_freq,
-        n_routed_experts=_int(cfg, "n_routed_experts", None, optional=True),
-        n_shared_experts=_int(cfg, "n_shared_experts", None, optional=True),
-        num_experts_per_tok=_int(cfg, "num_experts_per_tok", None, optional=True),
-        topk_method=cfg.get("topk_method"),
+        n_routed_experts=_int(cfg, "n_routed_experts", optional=True),
+        n_shared_experts=_int(cfg, "n_shared_experts", optional=True),
+        num_experts_per_tok=_int(cfg, "num_experts_per_tok", optional=True),
+        topk_method=_default(cfg, "topk_method"),
         vocab_size=_int(cfg, "vocab_size"),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        num_nextn_predict_layers=_int(cfg, "num_nextn_predict_layers", 0),
-        attention_bias=bool(cfg.get("attention_bias", False)),
+        tie_word_embeddings=bool(_default(cfg, "tie_word_embeddings")),
+        num_nextn_predict_layers=_int(cfg, "num_nextn_predict_layers"),
+        attention_bias=bool(_default(cfg, "attention_bias")),
         dtype=dtype,
         quantization=parse_quantization(cfg.get("quantization_config")),
         rms_norm_eps=float(eps),
