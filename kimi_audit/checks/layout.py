@@ -79,9 +79,34 @@ def layout_findings(
     return out
 
 
+ROUTER_F32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+"""What transformers keeps in float32 whatever the model's dtype (_keep_in_fp32_modules_strict)."""
+HALF = ("BF16", "F16")
+
+
+def router_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor) -> Finding | None:
+    """The router stored in a float dtype other than the layout's, as transformers writes it: F32 gate
+    weights in a BF16/F16 checkpoint (kept F32 on load) are info; a BF16/F16 router bias (`.to(dtype)`
+    before saving) lost precision DeepSeek keeps, and is a warning. None for any other deviation."""
+    if e.component not in ROUTER_F32:
+        return None
+    if dtype == "F32" and e.dtype in HALF:
+        return info("ROUTER_DTYPE", f"{name}: stored F32 in a {e.dtype} checkpoint (transformers keeps the router "
+                    "in float32 on load and saves it so)", tensor=name, shard=shard, expected=e.dtype, actual=dtype)
+    if e.dtype == "F32" and dtype in HALF:
+        return warning("ROUTER_DTYPE", f"{name}: stored {dtype}, expected F32: the router's correction bias lost "
+                       "precision (loaders upcast it, the lost bits stay lost)", tensor=name, shard=shard,
+                       expected=e.dtype, actual=dtype)
+    return None
+
+
 def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str, e: ExpectedTensor) -> list[Finding]:
     """A stored tensor's dtype and shape against its expected entry."""
     out: list[Finding] = []
+    router = router_dtype(name, dtype, shard, e) if dtype != e.dtype else None
+    if router is not None:
+        out.append(router)
+        dtype = e.dtype  # reported above: the shape is still checked
     dtype_code, shape_code = MISMATCH_CODES[e.kind]
     make = info if e.kind == BUFFER else error  # a stored buffer is dropped by every loader: not a fault
     what = {PARAMETER: "", SCALE: "scale ", BUFFER: "stored buffer (not a parameter) "}[e.kind]
