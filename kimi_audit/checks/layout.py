@@ -149,7 +149,9 @@ def _scale_shard_findings(actual: TensorTable, expected: ExpectedLayout, positio
     return out
 
 
-def _missing(expected: ExpectedLayout, positions: list[int | None], covered: set[int] | frozenset[int]) -> list[Finding]:
+def _missing(
+    expected: ExpectedLayout, positions: list[int | None], covered: set[int] | frozenset[int]
+) -> list[Finding]:
     """Expected tensors in no shard. A scale whose weight is missing too is the weight's finding."""
     out: list[Finding] = []
     present = set(positions)
