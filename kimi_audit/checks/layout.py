@@ -9,6 +9,7 @@ from typing import NamedTuple
 from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.table import TensorTable
 from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedLayout, ExpectedTensor
+from kimi_audit.model.quant import METADATA_SUFFIXES
 
 MISMATCH_CODES = {
     PARAMETER: ("DTYPE_MISMATCH", "SHAPE_MISMATCH"),
@@ -120,32 +121,31 @@ def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str,
 
 
 def scale_pair_finding(scale: str, weight: str, scale_shard: str, weight_shard: str | None) -> Finding:
-    """A present scale whose weight is absent (None) or in another shard."""
+    """Present quantization metadata whose weight is absent (None) or in another shard."""
     if weight_shard is None:
-        return error("SCALE_ORPHAN", f"{scale}: scale without its weight {weight}", tensor=scale, shard=scale_shard)
+        return error("SCALE_ORPHAN", f"{scale}: quantization metadata without its weight {weight}", tensor=scale,
+                     shard=scale_shard)
     return warning("SCALE_SHARD_SPLIT", f"{scale} is in {scale_shard} but its weight is in "
                    f"{weight_shard}; tools that convert one shard at a time miss it",
                    tensor=scale, shard=scale_shard, expected=weight_shard, actual=scale_shard)
 
 
 def _scale_shard_findings(actual: TensorTable, expected: ExpectedLayout, positions: list[int | None]) -> list[Finding]:
-    """Each present scale against its weight: the weight present, and in the same shard.
-
-    The expected layout lists every scale right after its weight (layout.expected_layout), so the
-    pairs are positions j - 1, j: the shards at both compared column-wise.
-    """
+    """Each present quantization-metadata tensor against the tensor it describes: that one present, and in
+    the same shard. The layout lists metadata right after its owner (layout.expected_layout), so the pairs
+    are known by position: the shards at both compared column-wise."""
     out: list[Finding] = []
-    scale_at = expected.scale_positions()
-    if not scale_at:
+    pairs = expected.metadata_positions()
+    if not pairs:
         return out
     shard_at = dict(zip(positions, actual.shards))
-    scale_shards = list(map(shard_at.get, scale_at))
-    weight_shards = list(map(shard_at.get, [j - 1 for j in scale_at]))
+    meta_shards = list(map(shard_at.get, [p for p, _ in pairs]))
+    owner_shards = list(map(shard_at.get, [q for _, q in pairs]))
     names = expected.names
-    for j, scale_shard, weight_shard in compress(zip(scale_at, scale_shards, weight_shards),
-                                                 map(ne, scale_shards, weight_shards)):
-        if scale_shard is not None:  # an absent scale is _missing's
-            out.append(scale_pair_finding(names[j], names[j - 1], scale_shard, weight_shard))
+    for (p, q), meta_shard, owner_shard in compress(zip(pairs, meta_shards, owner_shards),
+                                                    map(ne, meta_shards, owner_shards)):
+        if meta_shard is not None:  # an absent one is _missing's
+            out.append(scale_pair_finding(names[p], names[q], meta_shard, owner_shard))
     return out
 
 
@@ -159,12 +159,13 @@ def _missing(
         if p in present or p in covered:
             continue
         e = expected.entry(p)
-        if e.kind == BUFFER or (e.kind == SCALE and p - 1 not in present):
-            continue
+        if e.kind == BUFFER or (e.owner and p - e.owner not in present):
+            continue  # metadata of a missing tensor is that tensor's finding
         name, want = e.name, [e.dtype, list(e.shape)]
-        if e.kind == SCALE:
-            out.append(error("SCALE_MISSING", f"{name}: FP8 weight {weight_of_scale(name)} has no "
-                             f"weight_scale_inv (expected {e.dtype} {list(e.shape)})", tensor=name, expected=want))
+        if e.owner:
+            owner = expected.names[p - e.owner]
+            out.append(error("SCALE_MISSING", f"{name}: {owner} has no {name[name.rindex('.') + 1:]} "
+                             f"(expected {e.dtype} {list(e.shape)})", tensor=name, expected=want))
         else:
             out.append(error("TENSOR_MISSING", f"{name}: expected {e.dtype} {list(e.shape)}, not in any shard",
                              tensor=name, expected=want))
@@ -172,12 +173,15 @@ def _missing(
 
 
 def _unexpected(name: str, dtype: str, shard: str, actual: TensorTable, expected: ExpectedLayout) -> list[Finding]:
-    if name.endswith(SCALE_SUFFIX):
-        weight = weight_of_scale(name)
-        if weight not in actual:
-            return [error("SCALE_ORPHAN", f"{name}: scale without its weight {weight}", tensor=name, shard=shard)]
-        return [error("SCALE_UNEXPECTED", f"{name}: {weight} is not an FP8 weight in this layout, yet has a scale",
-                      tensor=name, shard=shard)]
+    if name.endswith(METADATA_SUFFIXES):
+        module = name[:name.rindex(".")]
+        owners = [module + ".weight", module + ".weight_packed"]
+        present = [w for w in owners if w in actual]
+        if not present:
+            return [error("SCALE_ORPHAN", f"{name}: quantization metadata without its weight {owners[0]}",
+                          tensor=name, shard=shard)]
+        return [error("SCALE_UNEXPECTED", f"{name}: {present[0]} is not quantized this way in this layout, yet "
+                      f"has a {name[name.rindex('.') + 1:]}", tensor=name, shard=shard)]
     out = [error("TENSOR_UNEXPECTED", f"{name}: {dtype} tensor the config does not account for",
                  tensor=name, shard=shard, actual=dtype)]
     if dtype.startswith("F8_") and name.endswith(".weight"):

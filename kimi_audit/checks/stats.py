@@ -1,4 +1,8 @@
-"""Counts by tensor class and dtype: parameters are kept apart from FP8 scales and stored buffers."""
+"""Counts by tensor class and dtype: parameters are kept apart from quantization metadata and stored buffers.
+
+A PARAMETER's elements are parameters; PACKED words (INT4 weight_packed) count for the out x in logical
+parameters of their module, never for their stored elements; SCALE (metadata) and BUFFER count for none.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,9 @@ from math import prod
 from kimi_audit.checks.layout import Alignment, align
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.format.table import TensorTable
-from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, ExpectedLayout, classify_name
+from kimi_audit.model.layout import BUFFER, PACKED, PARAMETER, SCALE, ExpectedLayout, classify_name
 
-KIND_ORDER = (PARAMETER, SCALE, BUFFER)
+KIND_ORDER = (PARAMETER, PACKED, SCALE, BUFFER)
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,8 @@ class ClassRow:
     tensors: int
     elements: int
     bytes: int
+    parameters: int = 0
+    """Logical parameters these tensors count for (elements of a PARAMETER, out x in of PACKED words)."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +36,8 @@ class Stats:
     elements: int
     """Elements of every tensor, scales and buffers included."""
     parameters: int
-    """Elements of parameter tensors only: no weight_scale_inv, no rotary_emb.inv_freq."""
+    """Logical parameters: elements of parameter tensors plus what packed words stand for; no
+    weight_scale_inv, no other quantization metadata, no rotary_emb.inv_freq."""
     payload_bytes: int
     header_bytes: int
     file_bytes: int
@@ -55,21 +62,25 @@ def compute_stats(
     counts.subtract(spec_rows[row] for row in odd)
     acc: dict[tuple[str, str], list[int]] = {}
 
-    def add(kind: str, dtype: str, n: int, elements: int, nbytes: int) -> None:
-        row = acc.setdefault((kind, dtype), [0, 0, 0])
+    def add(kind: str, dtype: str, n: int, elements: int, nbytes: int, logical: int) -> None:
+        row = acc.setdefault((kind, dtype), [0, 0, 0, 0])
         row[0] += n
         row[1] += elements
         row[2] += nbytes
+        row[3] += logical
 
     for i, n in counts.items():
         if n:
             s = expected.specs[i]
             assert s.nbytes is not None  # a row of unknown width differs from its Spec: it is odd
-            add(s.kind, s.dtype, n, n * prod(s.shape), n * s.nbytes)
+            add(s.kind, s.dtype, n, n * prod(s.shape), n * s.nbytes, n * s.logical)
     for row in odd:
         i = spec_rows[row]
         kind = expected.specs[i].kind if i >= 0 else classify_name(actual.names[row])
-        add(kind, actual.dtypes[row], 1, prod(actual.shapes[row]), actual.ends[row] - actual.begins[row])
+        elements = prod(actual.shapes[row])
+        # packed words of the wrong shape still stand for their module (reported as SHAPE_MISMATCH)
+        logical = elements if kind == PARAMETER else expected.specs[i].logical if kind == PACKED and i >= 0 else 0
+        add(kind, actual.dtypes[row], 1, elements, actual.ends[row] - actual.begins[row], logical)
     return _stats(acc, headers)
 
 
@@ -82,7 +93,7 @@ def _stats(acc: dict[tuple[str, str], list[int]], headers: dict[str, ShardHeader
         shards=len(headers),
         tensors=sum(r.tensors for r in rows),
         elements=sum(r.elements for r in rows),
-        parameters=sum(r.elements for r in rows if r.kind == PARAMETER),
+        parameters=sum(r.parameters for r in rows),
         payload_bytes=sum(r.bytes for r in rows),
         header_bytes=sum(h.data_start for h in headers.values()),
         file_bytes=sum(h.file_size for h in headers.values()),

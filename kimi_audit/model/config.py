@@ -8,6 +8,7 @@ from importlib import resources
 from typing import Any
 
 from kimi_audit.errors import ConfigError
+from kimi_audit.model.quant import QuantPlan, UnsupportedQuantization, quant_plan
 
 TORCH_DTYPE_TO_SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
@@ -75,6 +76,17 @@ class ModelConfig:
     """safetensors dtype of unquantized weights, from `dtype` (transformers 5) or `torch_dtype`."""
     quantization: Quantization | None
     rms_norm_eps: float
+    quant: QuantPlan | None = None
+    """Which scheme stores each Linear module (model.quant); None: nothing quantized."""
+    quant_unsupported: str | None = None
+    """quantization_config's method or format that no scheme implements (a QUANT_UNSUPPORTED finding)."""
+    index_n_heads: int | None = None
+    """DeepSeek-V3.2's sparse-attention indexer (with index_head_dim); None: no indexer."""
+    index_head_dim: int | None = None
+    norm_dtype: str = ""
+    """Dtype of the RMSNorm gains: F32 in DeepSeek-V3.2, else the weights' dtype."""
+    layout_supported: bool = True
+    """False for a config outside the DeepseekV3 family: only the format, index and file checks apply."""
 
     @property
     def q_head_dim(self) -> int:
@@ -141,10 +153,41 @@ def _default(cfg: dict[str, Any], key: str) -> Any:
     return cfg.get(key, REFERENCE_DEFAULTS[key])
 
 
+FAMILY_TYPES = frozenset(("deepseek_v3", "deepseek_v32", "kimi_k2"))
+FAMILY_ARCHITECTURES = frozenset(("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"))
+
+
+def in_family(cfg: dict[str, Any]) -> bool:
+    """A DeepseekV3-family config (model_type or architectures), whose layout this tool derives."""
+    archs = cfg.get("architectures")
+    return cfg.get("model_type") in FAMILY_TYPES or (
+        isinstance(archs, list) and any(a in FAMILY_ARCHITECTURES for a in archs if isinstance(a, str)))
+
+
+def unsupported_config(cfg: dict[str, Any]) -> ModelConfig:
+    """A placeholder for a config outside the family: no layers, no layout (LAYOUT_UNSUPPORTED)."""
+    return ModelConfig(
+        model_type=str(cfg.get("model_type")), hidden_size=0, intermediate_size=0, moe_intermediate_size=0,
+        q_lora_rank=None, kv_lora_rank=0, num_attention_heads=0, qk_nope_head_dim=0, qk_rope_head_dim=0,
+        v_head_dim=0, num_hidden_layers=0, first_k_dense_replace=0, moe_layer_freq=1, n_routed_experts=None,
+        n_shared_experts=None, num_experts_per_tok=None, topk_method=None, vocab_size=0, tie_word_embeddings=True,
+        num_nextn_predict_layers=0, attention_bias=False, dtype="BF16", quantization=None, rms_norm_eps=1e-6,
+        norm_dtype="BF16", layout_supported=False)
+
+
 def model_config_from_dict(cfg: Any) -> ModelConfig:
     if not isinstance(cfg, dict):
         raise ConfigError("config.json is not a JSON object")
+    if not in_family(cfg):
+        return unsupported_config(cfg)
     dtype = _weights_dtype(cfg)
+    raw_quant = cfg.get("quantization_config")
+    plan, unsupported = None, None
+    try:
+        plan = quant_plan(raw_quant, dtype)
+    except UnsupportedQuantization as e:
+        unsupported = str(e)
+    v32 = cfg.get("model_type") == "deepseek_v32"
     eps = _default(cfg, "rms_norm_eps")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
         raise ConfigError(f"config.json rms_norm_eps must be a non-negative number, got {eps!r}")
@@ -182,8 +225,13 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         num_nextn_predict_layers=_int(cfg, "num_nextn_predict_layers"),
         attention_bias=bool(_default(cfg, "attention_bias")),
         dtype=dtype,
-        quantization=parse_quantization(cfg.get("quantization_config")),
+        quantization=parse_quantization(raw_quant) if unsupported is None else None,
         rms_norm_eps=float(eps),
+        quant=plan,
+        quant_unsupported=unsupported,
+        index_n_heads=_int(cfg, "index_n_heads", optional=True) if v32 else None,
+        index_head_dim=_int(cfg, "index_head_dim", optional=True) if v32 else None,
+        norm_dtype="F32" if v32 else dtype,
     )
 
 

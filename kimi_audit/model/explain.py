@@ -9,12 +9,13 @@ Pure: everything comes from an Accounting (kimi_audit.model.accounting) and the 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
+from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.accounting import UNACCOUNTED, Accounting, FoundTensor, Node, collapse, tensor_slot
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.errors import KimiAuditError
 
 RMSNORM_MATH = (
     "m₂(x) = (1/d) Σⱼ xⱼ²",

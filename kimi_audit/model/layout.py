@@ -14,17 +14,26 @@ from typing import Any, NamedTuple
 
 from kimi_audit.constants import DTYPE_BITS
 from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.quant import (
+    BUFFER,
+    FP8_DTYPE,
+    METADATA_SUFFIXES,
+    PACKED,
+    PARAMETER,
+    SCALE,
+    SCALE_SUFFIX,
+    Scheme,
+    Unquantized,
+    ceil_div,
+)
 
-PARAMETER = "parameter"
-SCALE = "scale"
-BUFFER = "buffer"
+__all__ = ["BUFFER", "FP8_DTYPE", "PACKED", "PARAMETER", "SCALE", "SCALE_SUFFIX"]  # re-exported kinds
+
 
 DENSE = "dense"
 MOE = "moe"
 MTP = "mtp"
 
-SCALE_SUFFIX = ".weight_scale_inv"
-FP8_DTYPE = "F8_E4M3"
 SCALE_DTYPE = "F32"
 
 
@@ -33,7 +42,8 @@ class ExpectedTensor(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     kind: str
-    """PARAMETER, SCALE (quantization metadata) or BUFFER (stored, not a parameter)."""
+    """PARAMETER, PACKED (quantized weight words), SCALE (quantization metadata) or BUFFER (stored, not a
+    parameter)."""
     component: str
     """The name with layer and expert indices taken out, e.g. `self_attn.q_a_layernorm.weight`."""
     layer: int | None
@@ -42,7 +52,14 @@ class ExpectedTensor(NamedTuple):
     nbytes: int | None
     """The payload bytes it occupies (numel x dtype bits / 8); None for a dtype of unknown width."""
     position: int
-    """Its place in checkpoint order (a scale's weight is at position - 1)."""
+    """Its place in checkpoint order (an FP8 scale's weight is at position - 1)."""
+    logical: int = 0
+    """Parameters it counts for: numel of a PARAMETER, out x in of PACKED words, 0 for metadata and buffers."""
+    scheme: str = ""
+    """The quantization scheme (model.quant) of the Linear module it stores, "" outside Linear modules."""
+    owner: int = 0
+    """For quantization metadata: how many positions back the tensor it describes is (an FP8 scale's
+    weight: 1); 0 for everything else."""
 
     @property
     def numel(self) -> int:
@@ -55,12 +72,12 @@ def payload_bytes(dtype: str, shape: tuple[int, ...]) -> int | None:
 
 
 def _tensor(name: str, dtype: str, shape: tuple[int, ...], kind: str, component: str,
-            layer: int | None, block: str | None, position: int = -1) -> ExpectedTensor:
-    return ExpectedTensor(name, dtype, shape, kind, component, layer, block, payload_bytes(dtype, shape), position)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+            layer: int | None, block: str | None, logical: int | None = None, scheme: str = "",
+            owner: int = 0) -> ExpectedTensor:
+    if logical is None:
+        logical = math.prod(shape) if kind == PARAMETER else 0
+    return ExpectedTensor(name, dtype, shape, kind, component, layer, block, payload_bytes(dtype, shape), -1,
+                          logical, scheme, owner)
 
 
 def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
@@ -70,6 +87,11 @@ def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, in
 
 def is_fp8(cfg: ModelConfig) -> bool:
     return cfg.quantization is not None and cfg.quantization.method == "fp8"
+
+
+def scheme_of(cfg: ModelConfig, module: str) -> Scheme:
+    """The scheme storing the Linear module of that full name."""
+    return cfg.quant.scheme_for(module) if cfg.quant is not None else Unquantized(cfg.dtype)
 
 
 class Spec(NamedTuple):
@@ -82,6 +104,9 @@ class Spec(NamedTuple):
     component: str
     block: str | None
     nbytes: int | None
+    logical: int
+    scheme: str
+    owner: int
 
 
 class ExpectedLayout(Mapping[str, ExpectedTensor]):
@@ -107,12 +132,14 @@ class ExpectedLayout(Mapping[str, ExpectedTensor]):
     def entry(self, position: int) -> ExpectedTensor:
         s = self.specs[self.spec_of[position]]
         return ExpectedTensor(self.names[position], s.dtype, s.shape, s.kind, s.component,
-                              self.layer_of[position], s.block, s.nbytes, position)
+                              self.layer_of[position], s.block, s.nbytes, position, s.logical, s.scheme, s.owner)
 
-    def scale_positions(self) -> list[int]:
-        """Positions of the SCALE tensors (each follows its weight)."""
-        is_scale = [s.kind == SCALE for s in self.specs]
-        return list(compress(range(len(self.names)), map(is_scale.__getitem__, self.spec_of)))
+    def metadata_positions(self) -> list[tuple[int, int]]:
+        """(position, its owner's position) of every quantization-metadata tensor (FP8 scales, INT4 group
+        scales and shapes): each follows the tensor it describes within its module."""
+        owner = [s.owner for s in self.specs]
+        at = compress(range(len(self.names)), map(owner.__getitem__, self.spec_of))
+        return [(p, p - owner[self.spec_of[p]]) for p in at]
 
     def entries(self) -> list[ExpectedTensor]:
         """Every entry, in order (made once, for callers that visit them all)."""
@@ -144,39 +171,68 @@ class ExpectedLayout(Mapping[str, ExpectedTensor]):
 
 
 def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
-    """Name -> expected tensor, in checkpoint order (embedding, layers 0..N-1, MTP layers, norm, lm_head)."""
+    """Name -> expected tensor, in checkpoint order (embedding, layers 0..N-1, MTP layers, norm, lm_head).
+    A config outside the family (LAYOUT_UNSUPPORTED) has an empty layout."""
     h, dt = cfg.hidden_size, cfg.dtype
     names: list[str] = []
     spec_of: list[int] = []
     layer_of: list[int | None] = []
     spec_index: dict[Spec, int] = {}
+    if not cfg.layout_supported:
+        return ExpectedLayout(names, spec_of, [], layer_of)
 
     def spec(t: ExpectedTensor) -> int:
-        return spec_index.setdefault(Spec(t.dtype, t.shape, t.kind, t.component, t.block, t.nbytes), len(spec_index))
+        key = Spec(t.dtype, t.shape, t.kind, t.component, t.block, t.nbytes, t.logical, t.scheme, t.owner)
+        return spec_index.setdefault(key, len(spec_index))
 
-    def top(name: str, shape: tuple[int, ...]) -> None:
-        names.append(name)
-        spec_of.append(spec(_tensor(name, dt, shape, PARAMETER, name, None, None)))
+    def top(t: ExpectedTensor) -> None:
+        names.append(t.name)
+        spec_of.append(spec(t))
         layer_of.append(None)
 
-    top("model.embed_tokens.weight", (cfg.vocab_size, h))
+    top(_tensor("model.embed_tokens.weight", dt, (cfg.vocab_size, h), PARAMETER, "model.embed_tokens.weight",
+                None, None))
     # Layers of one block kind differ only in their index: build each kind once, then stamp it out
-    # (the 139,644 names of Kimi-K2 are made by map, at C speed: no bytecode per tensor).
-    templates: dict[str, tuple[list[str], list[int]]] = {}
+    # (the 139,644 names of Kimi-K2 are made by map, at C speed: no bytecode per tensor). Where the
+    # quantization plan picks schemes by module name (an ignore list), each layer's choices are part of
+    # the template's key.
+    templates: dict[tuple[str, tuple[bool, ...]], tuple[list[str], list[int]]] = {}
+    modules: dict[str, list[str]] = {}
+    by_name = cfg.quant is not None and cfg.quant.by_name
     for layer in range(cfg.total_layers):
         block = layer_block(cfg, layer)
-        template = templates.get(block)
+        prefix = f"model.layers.{layer}."
+        choices: tuple[bool, ...] = ()
+        if by_name and block in modules:
+            assert cfg.quant is not None
+            choices = cfg.quant.quantized_mask(list(map(prefix.__add__, modules[block])))
+        template = templates.get((block, choices))
         if template is None:
-            rows = list(_decoder_layer(cfg, layer))
-            template = templates[block] = ([t.name for t in rows], [spec(t) for t in rows])
+            seen: list[str] = []
+            rows = list(_decoder_layer(cfg, layer, seen))
+            modules.setdefault(block, seen)
+            if by_name and not choices:
+                assert cfg.quant is not None
+                choices = cfg.quant.quantized_mask(list(map(prefix.__add__, seen)))
+            template = templates[block, choices] = ([t.name for t in rows], [spec(t) for t in rows])
         suffixes, specs = template
-        names.extend(map(f"model.layers.{layer}.".__add__, suffixes))
+        names.extend(map(prefix.__add__, suffixes))
         spec_of.extend(specs)
         layer_of.extend(repeat(layer, len(specs)))
-    top("model.norm.weight", (h,))
+    top(_tensor("model.norm.weight", cfg.norm_dtype, (h,), PARAMETER, "model.norm.weight", None, None))
     if not cfg.tie_word_embeddings:
-        top("lm_head.weight", (cfg.vocab_size, h))
+        for t in _linear_tensors(cfg, "lm_head", cfg.vocab_size, h, None, None):
+            top(t)
     return ExpectedLayout(names, spec_of, list(spec_index), layer_of)
+
+
+def _linear_tensors(cfg: ModelConfig, module: str, out: int, inp: int, layer: int | None,
+                    block: str | None) -> list[ExpectedTensor]:
+    """The tensors storing one Linear module's weight, by the scheme the plan picks for its full name."""
+    full = module if layer is None else f"model.layers.{layer}.{module}"
+    scheme = scheme_of(cfg, full)
+    return [_tensor(module + s.suffix, s.dtype, s.shape, s.kind, module + s.suffix, layer, block, s.logical,
+                    scheme.key, i if s.kind == SCALE else 0) for i, s in enumerate(scheme.stored(out, inp))]
 
 
 def layer_block(cfg: ModelConfig, layer: int) -> str:
@@ -185,52 +241,53 @@ def layer_block(cfg: ModelConfig, layer: int) -> str:
     return MOE if cfg.is_moe_layer(layer) else DENSE
 
 
-def _decoder_layer(cfg: ModelConfig, layer: int) -> Iterator[ExpectedTensor]:
-    """One layer's tensors, named relative to its `model.layers.{i}.` prefix."""
+def _decoder_layer(cfg: ModelConfig, layer: int, modules: list[str]) -> Iterator[ExpectedTensor]:
+    """One layer's tensors, named relative to its `model.layers.{i}.` prefix; the Linear modules met are
+    appended to `modules`."""
     block = layer_block(cfg, layer)
-    mtp = block == MTP
-    h, dt = cfg.hidden_size, cfg.dtype
-    fp8 = is_fp8(cfg)
-    block_size = cfg.quantization.block if cfg.quantization else (128, 128)
+    h, dt, nt = cfg.hidden_size, cfg.dtype, cfg.norm_dtype
 
     def param(component: str, shape: tuple[int, ...], dtype: str = dt) -> ExpectedTensor:
         return _tensor(component, dtype, shape, PARAMETER, component, layer, block)
 
     def linear(module: str, out: int, inp: int, bias: bool = False) -> Iterator[ExpectedTensor]:
-        shape = (out, inp)
-        if fp8:
-            yield param(module + ".weight", shape, FP8_DTYPE)
-            comp = module + SCALE_SUFFIX
-            yield _tensor(comp, SCALE_DTYPE, scale_shape(shape, block_size), SCALE, comp, layer, block)
-        else:
-            yield param(module + ".weight", shape, dt)
+        modules.append(module)
+        yield from _linear_tensors(cfg, module, out, inp, layer, block)
         if bias:
             yield param(module + ".bias", (out,), dt)
 
-    if mtp:
+    if block == MTP:
         yield param("embed_tokens.weight", (cfg.vocab_size, h))
-        yield param("enorm.weight", (h,))
-        yield param("hnorm.weight", (h,))
-        yield param("eh_proj.weight", (h, 2 * h))
-        yield param("shared_head.norm.weight", (h,))
-        yield param("shared_head.head.weight", (cfg.vocab_size, h))
+        yield param("enorm.weight", (h,), nt)
+        yield param("hnorm.weight", (h,), nt)
+        yield from linear("eh_proj", h, 2 * h)
+        yield param("shared_head.norm.weight", (h,), nt)
+        yield from linear("shared_head.head", cfg.vocab_size, h)
 
-    yield param("input_layernorm.weight", (h,))
-    yield param("post_attention_layernorm.weight", (h,))
+    yield param("input_layernorm.weight", (h,), nt)
+    yield param("post_attention_layernorm.weight", (h,), nt)
 
     heads, qhd, bias = cfg.num_attention_heads, cfg.q_head_dim, cfg.attention_bias
     if cfg.q_lora_rank is None:
         yield from linear("self_attn.q_proj", heads * qhd, h)
     else:
         yield from linear("self_attn.q_a_proj", cfg.q_lora_rank, h, bias)
-        yield param("self_attn.q_a_layernorm.weight", (cfg.q_lora_rank,))
+        yield param("self_attn.q_a_layernorm.weight", (cfg.q_lora_rank,), nt)
         yield from linear("self_attn.q_b_proj", heads * qhd, cfg.q_lora_rank)
     yield from linear("self_attn.kv_a_proj_with_mqa", cfg.kv_lora_rank + cfg.qk_rope_head_dim, h, bias)
-    yield param("self_attn.kv_a_layernorm.weight", (cfg.kv_lora_rank,))
+    yield param("self_attn.kv_a_layernorm.weight", (cfg.kv_lora_rank,), nt)
     yield from linear("self_attn.kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)
     yield from linear("self_attn.o_proj", h, heads * cfg.v_head_dim, bias)
-    comp = "self_attn.rotary_emb.inv_freq"
-    yield _tensor(comp, dt, (cfg.qk_rope_head_dim // 2,), BUFFER, comp, layer, block)
+    if cfg.index_n_heads and cfg.index_head_dim:  # DeepSeek-V3.2's sparse-attention indexer
+        ih, idim = cfg.index_n_heads, cfg.index_head_dim
+        yield from linear("self_attn.indexer.wq_b", ih * idim, cfg.q_lora_rank or h)
+        yield from linear("self_attn.indexer.wk", idim, h)
+        yield param("self_attn.indexer.k_norm.weight", (idim,), "F32")  # a LayerNorm: gain and bias
+        yield param("self_attn.indexer.k_norm.bias", (idim,), "F32")
+        yield param("self_attn.indexer.weights_proj.weight", (ih, h), dt)  # kept unquantized, no bias
+    else:
+        comp = "self_attn.rotary_emb.inv_freq"
+        yield _tensor(comp, dt, (cfg.qk_rope_head_dim // 2,), BUFFER, comp, layer, block)
 
     if block == DENSE:
         yield from _mlp(linear, "mlp", cfg.intermediate_size, h)
@@ -255,8 +312,10 @@ def _mlp(linear, module: str, inter: int, h: int) -> Iterator[ExpectedTensor]:  
 
 def classify_name(name: str) -> str:
     """Kind of a tensor the layout does not know, from its name alone."""
-    if name.endswith((SCALE_SUFFIX, ".weight_scale", ".weight_shape", ".input_scale")):
+    if name.endswith(METADATA_SUFFIXES):
         return SCALE
+    if name.endswith(".weight_packed"):
+        return PACKED
     if name.endswith(".inv_freq"):
         return BUFFER
     return PARAMETER

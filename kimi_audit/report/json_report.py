@@ -3,7 +3,8 @@
 The report stays small whatever the input: findings are listed one by one up to MAX_PER_GROUP per group
 of like findings (the table's grouping: same code, names alike but for their indices) and MAX_FINDINGS in
 all, every group is summed up in `finding_groups`, and long strings are cut. `all_findings=True`
-(`audit --all-findings`) lists every finding, whole.
+(`audit --all-findings`) lists every finding, whole. Findings accepted with `--ignore` are listed the same
+way in `ignored`, and counted per rule in `ignore_rules`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 
 from kimi_audit import __version__
 from kimi_audit.checks.audit import AuditReport
+from kimi_audit.checks.ignore import ignored_counts
 from kimi_audit.findings import Finding, Severity
-from kimi_audit.report.grouping import group_findings
+from kimi_audit.report.grouping import FindingGroup, group_findings
 
 SCHEMA = "kimi-audit/audit/1"
 MAX_FINDINGS = 500
@@ -29,11 +31,9 @@ def report_dict(report: AuditReport, fail_on: Severity = Severity.ERROR, all_fin
     s = report.stats
     qa = report.q_a_layernorm
     groups = group_findings(report.findings)
-    if all_findings:
-        listed = [f.to_json() for f in report.findings]
-    else:
-        picked = [f for g in groups for f in g.members[:MAX_PER_GROUP]][:MAX_FINDINGS]
-        listed = [_clipped(f) for f in picked]
+    listed = _listing(report.findings, groups, all_findings)
+    ignored_groups = group_findings(report.ignored)
+    ignored = _listing(report.ignored, ignored_groups, all_findings)
     shards = report.shards if all_findings else report.shards[:MAX_SHARDS]
     return {
         "schema": SCHEMA,
@@ -52,7 +52,8 @@ def report_dict(report: AuditReport, fail_on: Severity = Severity.ERROR, all_fin
             "header_bytes": s.header_bytes,
             "file_bytes": s.file_bytes,
             "by_class": [
-                {"class": r.kind, "dtype": r.dtype, "tensors": r.tensors, "elements": r.elements, "bytes": r.bytes}
+                {"class": r.kind, "dtype": r.dtype, "tensors": r.tensors, "elements": r.elements, "bytes": r.bytes,
+                 "parameters": r.parameters}
                 for r in s.rows
             ],
         },
@@ -82,12 +83,24 @@ def report_dict(report: AuditReport, fail_on: Severity = Severity.ERROR, all_fin
              "covers": sum(f.covers for f in g.members)}
             for g in (groups if all_findings else groups[:MAX_GROUPS])
         ],
+        "ignored": ignored,
+        "ignore_rules": [{"rule": rule, "ignored": n} for rule, n in ignored_counts(report).items()],
         "listing": {"findings": len(report.findings), "findings_listed": len(listed), "groups": len(groups),
+                    "ignored": len(report.ignored), "ignored_listed": len(ignored),
                     "shards_listed": len(shards), "complete": len(listed) == len(report.findings)
+                    and len(ignored) == len(report.ignored)
                     and len(shards) == len(report.shards) and (all_findings or len(groups) <= MAX_GROUPS)},
         "result": {"errors": report.errors, "warnings": report.warnings, "fail_on": fail_on.value,
                    "exit_code": report.exit_code(fail_on), "verdict": report.verdict(fail_on)},
     }
+
+
+def _listing(findings: tuple[Finding, ...], groups: list[FindingGroup], all_findings: bool) -> list[dict[str, Any]]:
+    """Every finding whole, or at most MAX_PER_GROUP a group and MAX_FINDINGS in all, clipped."""
+    if all_findings:
+        return [f.to_json() for f in findings]
+    picked = [f for g in groups for f in g.members[:MAX_PER_GROUP]][:MAX_FINDINGS]
+    return [_clipped(f) for f in picked]
 
 
 def _clip(v: Any) -> Any:

@@ -1,0 +1,219 @@
+"""Quantization schemes as data: which tensors store one Linear module, and what they count for.
+
+Each scheme is one small class registered under its config key (`Scheme.registry`, filled by
+`__init_subclass__`, as gguf-py registers one class per quantization type), so a new format is one new
+class. The layout asks the checkpoint's QuantPlan, per Linear module, for its scheme, and the scheme
+for the tensors that store the module's weight [out, in]:
+
+- none: `weight` in the config's dtype;
+- fp8 (block-wise, DeepSeek-V3): `weight` F8_E4M3 + `weight_scale_inv` F32 [ceil(out/b0), ceil(in/b1)];
+- compressed-tensors pack-quantized (Kimi-K2-Thinking's INT4): `weight_packed` I32 [out, ceil(in*bits/32)],
+  `weight_scale` [out, ceil(in/group)], `weight_shape` I64 [2]; `weight_zero_point` for asymmetric
+  schemes, `weight_g_idx` for actorder=group.
+
+What a tensor counts for: a PARAMETER's elements are parameters; a PACKED tensor stands for the out x in
+logical parameters of its module; SCALE tensors (scales, shapes, zero points, group indices) are
+quantization metadata, never counted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import not_, or_
+from typing import Any, ClassVar
+
+from kimi_audit.errors import ConfigError
+
+PARAMETER = "parameter"
+SCALE = "scale"
+"""Quantization metadata: block and group scales, weight_shape, zero points, group indices."""
+BUFFER = "buffer"
+PACKED = "packed"
+"""Quantized weight words (weight_packed): stands for its module's out x in logical parameters."""
+
+FP8_DTYPE = "F8_E4M3"
+SCALE_SUFFIX = ".weight_scale_inv"
+"""The FP8 block scale; every quantization-metadata suffix is in METADATA_SUFFIXES."""
+METADATA_SUFFIXES = (SCALE_SUFFIX, ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx",
+                     ".input_scale")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One tensor a module's weight is stored in, named relative to the module."""
+
+    suffix: str
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str
+    logical: int = 0
+    """Parameters this tensor counts for: numel for a PARAMETER, out x in for PACKED words, else 0."""
+
+
+class UnsupportedQuantization(ConfigError):
+    """quantization_config names a method or format no Scheme implements (QUANT_UNSUPPORTED)."""
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """How one Linear module's weight [out, in] is stored."""
+
+    key: ClassVar[str] = ""
+    registry: ClassVar[dict[str, type[Scheme]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.key:
+            Scheme.registry[cls.key] = cls
+
+    def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Unquantized(Scheme):
+    key: ClassVar[str] = "none"
+    dtype: str = "BF16"
+
+    def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
+        return (Stored(".weight", self.dtype, (out, inp), PARAMETER, out * inp),)
+
+    def describe(self) -> str:
+        return f"{self.dtype}, not quantized"
+
+
+@dataclass(frozen=True)
+class Fp8Block(Scheme):
+    key: ClassVar[str] = "fp8"
+    block: tuple[int, int] = (128, 128)
+    scale_fmt: str | None = None
+    """`ue8m0` (DeepSeek-V3.1 on): every scale is meant to be an exact power of two."""
+
+    def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
+        grid = (ceil_div(out, self.block[0]), ceil_div(inp, self.block[1]))
+        return (Stored(".weight", FP8_DTYPE, (out, inp), PARAMETER, out * inp),
+                Stored(SCALE_SUFFIX, "F32", grid, SCALE))
+
+    def describe(self) -> str:
+        fmt = f", {self.scale_fmt} scales" if self.scale_fmt else ""
+        return f"FP8 e4m3, one F32 scale per {self.block[0]}x{self.block[1]} block{fmt}"
+
+
+@dataclass(frozen=True)
+class PackQuantized(Scheme):
+    key: ClassVar[str] = "compressed-tensors/pack-quantized"
+    bits: int = 4
+    group_size: int = 32
+    symmetric: bool = True
+    scale_dtype: str = "BF16"
+    actorder: str | None = None
+
+    def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
+        groups = ceil_div(inp, self.group_size)
+        out_tensors = [Stored(".weight_packed", "I32", (out, ceil_div(inp * self.bits, 32)), PACKED, out * inp),
+                       Stored(".weight_scale", self.scale_dtype, (out, groups), SCALE),
+                       Stored(".weight_shape", "I64", (2,), SCALE)]
+        if not self.symmetric:  # packed along the output dimension (compressed-tensors pack_to_int32, dim 0)
+            out_tensors.append(Stored(".weight_zero_point", "I32", (ceil_div(out * self.bits, 32), groups), SCALE))
+        if self.actorder == "group":
+            out_tensors.append(Stored(".weight_g_idx", "I32", (inp,), SCALE))
+        return tuple(out_tensors)
+
+    def describe(self) -> str:
+        kind = "symmetric" if self.symmetric else "asymmetric"
+        return (f"INT{self.bits} {kind}, {32 // self.bits} per I32 word, one {self.scale_dtype} scale per "
+                f"{self.group_size} inputs (compressed-tensors pack-quantized)")
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """Which scheme stores each Linear module (by its full name, e.g. `model.layers.3.self_attn.q_a_proj`)."""
+
+    quantized: Scheme
+    plain: Unquantized
+    ignore_names: frozenset[str] = frozenset()
+    ignore_re: re.Pattern[str] | None = None
+    """compressed-tensors `re:` entries of `ignore`, full-matched against module names."""
+    keep_plain: tuple[str, ...] = ()
+    """Module-name suffixes a format leaves unquantized by convention (FP8: the MTP layer's projections)."""
+    by_name: bool = field(default=False)
+    """Whether the choice depends on more than the module's kind (an ignore list): then every layer is asked."""
+
+    def scheme_for(self, module: str) -> Scheme:
+        if module in self.ignore_names or (self.ignore_re is not None and self.ignore_re.fullmatch(module)):
+            return self.plain
+        if module.endswith(self.keep_plain):
+            return self.plain
+        return self.quantized
+
+    def quantized_mask(self, modules: list[str]) -> tuple[bool, ...]:
+        """scheme_for(m) is self.quantized, for every module of a layer at once (builtin speed)."""
+        plain = map(str.endswith, modules, repeat(self.keep_plain))
+        if self.ignore_names:
+            plain = map(or_, plain, map(self.ignore_names.__contains__, modules))
+        if self.ignore_re is not None:
+            plain = map(or_, plain, map(bool, map(self.ignore_re.fullmatch, modules)))
+        return tuple(map(not_, plain))
+
+
+def quant_plan(q: Any, dtype: str) -> QuantPlan | None:
+    """The plan quantization_config describes (None: nothing quantized). UnsupportedQuantization names an
+    unknown method or format."""
+    plain = Unquantized(dtype)
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        raise ConfigError(f"config.json quantization_config is a {type(q).__name__}, not an object")
+    method = q.get("quant_method")
+    if method == "fp8":
+        block = q.get("weight_block_size", [128, 128])
+        if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
+            raise ConfigError(f"config.json quantization_config.weight_block_size {block!r} is not [rows, cols]")
+        scale_fmt = q.get("scale_fmt")
+        return QuantPlan(Fp8Block(block=(block[0], block[1]), scale_fmt=scale_fmt if isinstance(scale_fmt, str)
+                                  else None), plain, keep_plain=(".eh_proj", ".shared_head.head", "lm_head"))
+    if method == "compressed-tensors":
+        fmt = q.get("format")
+        if fmt != "pack-quantized":
+            raise UnsupportedQuantization(f"compressed-tensors format {fmt!r}")
+        return _compressed_tensors(q, plain)
+    raise UnsupportedQuantization(f"quant_method {method!r}")
+
+
+def _compressed_tensors(q: dict[str, Any], plain: Unquantized) -> QuantPlan:
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or len(groups) != 1:
+        raise UnsupportedQuantization("compressed-tensors with other than one config group")
+    (group,) = groups.values()
+    targets = group.get("targets") if isinstance(group, dict) else None
+    weights = group.get("weights") if isinstance(group, dict) else None
+    if targets != ["Linear"] or not isinstance(weights, dict):
+        raise UnsupportedQuantization(f"compressed-tensors targets {targets!r} (only ['Linear'])")
+    if weights.get("type") != "int" or weights.get("strategy") != "group":
+        raise UnsupportedQuantization(f"compressed-tensors weights of type {weights.get('type')!r}, strategy "
+                                      f"{weights.get('strategy')!r} (only int, group)")
+    bits, group_size = weights.get("num_bits"), weights.get("group_size")
+    if bits not in (4, 8) or type(group_size) is not int or group_size <= 0:
+        raise UnsupportedQuantization(f"compressed-tensors num_bits {bits!r}, group_size {group_size!r}")
+    scheme = PackQuantized(bits=bits, group_size=group_size, symmetric=bool(weights.get("symmetric", True)),
+                           scale_dtype=plain.dtype, actorder=weights.get("actorder"))
+    names, patterns = set(), []
+    for entry in q.get("ignore") or []:
+        if isinstance(entry, str) and entry.startswith("re:"):
+            patterns.append(f"(?:{entry[3:]})")
+        elif isinstance(entry, str):
+            names.add(entry)
+    try:
+        ignore_re = re.compile("|".join(patterns)) if patterns else None
+    except re.error as e:
+        raise ConfigError(f"config.json quantization_config.ignore holds an invalid regex: {e}") from None
+    return QuantPlan(scheme, plain, frozenset(names), ignore_re, by_name=True)
