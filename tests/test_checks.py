@@ -204,12 +204,25 @@ def test_index_with_a_lone_surrogate_escape_is_invalid(tiny_copy):
     assert "surrogate" in f.message
 
 
-@pytest.mark.parametrize("key, value", [("fmt", "e5m2"), ("quant_method", "int4"), ("weight_block_size", [64, 64])])
+@pytest.mark.parametrize("key, value", [("fmt", "e5m2"), ("weight_block_size", [64, 64])])
 def test_quantization_config_must_be_fp8_e4m3_128(tmp_path, key, value):
     cfg = json.loads(json.dumps(TINY_CONFIG))
     cfg["quantization_config"][key] = value
     r = audit(mutated(tmp_path, lambda s: None, cfg))
     assert (f"quantization_config.{key}", "error") in found(r, "QUANT_CONFIG")
+
+
+@pytest.mark.parametrize("q", [{"quant_method": "int4"}, {"quant_method": "compressed-tensors", "format": "marlin-24"}])
+def test_an_unknown_quantization_is_one_finding_naming_it(tmp_path, q):
+    """QUANT_UNSUPPORTED names the method or format; the Linear modules' tensors are not reported one by one,
+    and the other checks still run (a fault elsewhere is still found)."""
+    cfg = dict(json.loads(json.dumps(TINY_CONFIG)), quantization_config=q)
+    norm = L1 + "input_layernorm.weight"
+    r = audit(mutated(tmp_path, lambda s: s[S2].pop(norm), cfg))
+    assert only_codes(r) == {"QUANT_UNSUPPORTED", "TENSOR_MISSING"}
+    (f,) = [f for f in r.findings if f.code == "QUANT_UNSUPPORTED"]
+    assert repr(q.get("format", q["quant_method"])) in f.message and f.severity.value == "error"
+    assert found(r, "TENSOR_MISSING") == [(norm, "error")]
 
 
 def test_tensor_in_two_shards(tiny_copy):
@@ -241,3 +254,19 @@ def test_an_index_that_lists_a_tensor_elsewhere_is_not_as_listed(tiny_copy):
     name = L1 + "input_layernorm.weight"
     edit_json(tiny_copy / "model.safetensors.index.json", lambda o: o["weight_map"].__setitem__(name, S3))
     assert found(audit(tiny_copy), "INDEX_SHARD_MISMATCH") == [(name, "error")]
+
+
+def test_a_checkpoint_outside_the_family_gets_the_format_checks_and_one_warning(tmp_path):
+    from tiny_checkpoint import write_safetensors
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                                                      "hidden_size": 8, "num_hidden_layers": 1}))
+    write_safetensors(tmp_path / "model.safetensors", {"model.embed_tokens.weight": np.ones((4, 8), np.float32),
+                                                       "model.norm.weight": np.ones(8, np.float32)})
+    r = audit(tmp_path)
+    assert only_codes(r) == {"LAYOUT_UNSUPPORTED"} and r.exit_code() == 0
+    (f,) = r.findings
+    assert "'llama'" in f.message and "LlamaForCausalLM" in f.message and f.severity is Severity.WARNING
+    assert r.stats.tensors == 2 and r.stats.parameters == 40
+    (tmp_path / "model.safetensors").write_bytes(b"\x04\0\0\0\0\0\0\0{oops")
+    assert only_codes(audit(tmp_path)) == {"LAYOUT_UNSUPPORTED", "HEADER_INVALID_JSON"}

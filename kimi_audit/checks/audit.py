@@ -12,7 +12,7 @@ from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_rep
 from kimi_audit.checks.quantization import quantization_findings
 from kimi_audit.checks.root_causes import attribute, covered, fold_quantization
 from kimi_audit.checks.stats import Stats, compute_stats
-from kimi_audit.findings import Finding, Severity
+from kimi_audit.findings import Finding, Severity, warning
 from kimi_audit.format.table import tensor_table
 from kimi_audit.gcpause import gc_paused
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
@@ -42,6 +42,14 @@ class AuditReport:
     """Shards the index names that are not in the checkpoint (a partial download)."""
     listed_shards: int = 0
     """Shards the index names."""
+    values_checked: bool = False
+    """The values pass ran (`audit --values`, checks.values.audit_with_values)."""
+    gates_checked: bool = False
+    """A release gate was asked for (`--expect-params` / `--expect-revision`, checks.gates.apply_gates)."""
+    ignored: tuple[Finding, ...] = ()
+    """Findings an `--ignore` rule accepted (checks.ignore): out of `findings`, the verdict and the exit code."""
+    ignored_by: tuple[str, ...] = ()
+    """The rule (`CODE` or `CODE:GLOB`) that matched each of `ignored`, position for position."""
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity is severity)
@@ -85,6 +93,14 @@ def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
     }
 
 
+def layout_unsupported(ckpt: Checkpoint) -> Finding:
+    raw = ckpt.config_raw
+    return warning("LAYOUT_UNSUPPORTED", f"config.json describes model_type {raw.get('model_type')!r} "
+                   f"(architectures {raw.get('architectures')!r}), outside the DeepseekV3 family: only the format, "
+                   "index and file checks ran, no tensor was checked against a layout", tensor="model_type",
+                   actual=raw.get("model_type"))
+
+
 def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
     with gc_paused():
         return _audit(ckpt)
@@ -98,15 +114,20 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
     if ckpt.index is not None:
         all_findings.extend(ckpt.index.findings)
     actual, duplicates = tensor_table(ckpt.headers)
-    stored = Counter(actual.dtypes) if ckpt.config.quantization is None else None
-    all_findings.extend(quantization_findings(ckpt.config_raw, stored))
+    cfg = ckpt.config
     aligned = align(actual, expected)
-    cov = covered(ckpt, expected, aligned.positions)
     all_findings.extend(duplicates)
-    all_findings.extend(cov.extra)
-    all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything))
+    if cfg.layout_supported:
+        stored = Counter(actual.dtypes) if cfg.quantization is None else None
+        all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
+        cov = covered(ckpt, expected, aligned.positions)
+        all_findings.extend(cov.extra)
+        all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything))
+    else:
+        cov = covered(ckpt, expected, aligned.positions)
+        all_findings.append(layout_unsupported(ckpt))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards))
-    all_findings = fold_quantization(attribute(all_findings, ckpt, cov))
+    all_findings = fold_quantization(attribute(all_findings, ckpt, cov), expected)
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)
     shards = tuple(

@@ -1,4 +1,4 @@
-"""config.json's quantization_config against the format this layout implements (DeepSeek-V3 FP8)."""
+"""config.json's quantization_config: a scheme model.quant implements, with the family's settings."""
 
 from __future__ import annotations
 
@@ -10,9 +10,17 @@ from kimi_audit.findings import Finding, error, warning
 EXPECTED = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
 
 
-def quantization_findings(config_raw: dict[str, Any], stored: Counter[str] | None = None) -> list[Finding]:
-    """`stored`: how many tensors the shards hold of each dtype (to notice FP8 weights with no config)."""
+def quantization_findings(
+    config_raw: dict[str, Any], stored: Counter[str] | None = None, unsupported: str | None = None
+) -> list[Finding]:
+    """`stored`: how many tensors the shards hold of each dtype (to notice FP8 weights with no config);
+    `unsupported`: the method or format no scheme implements (ModelConfig.quant_unsupported)."""
     q = config_raw.get("quantization_config")
+    if unsupported is not None:
+        return [error("QUANT_UNSUPPORTED", f"quantization_config: {unsupported} is not a scheme kimi-audit "
+                      "implements (fp8, compressed-tensors pack-quantized): the tensors of Linear modules are not "
+                      "checked; the format, index and other checks still ran", tensor="quantization_config",
+                      actual=unsupported)]
     if q is None:
         fp8 = sum(n for dtype, n in (stored or {}).items() if dtype.startswith("F8_"))
         if not fp8:
@@ -21,6 +29,8 @@ def quantization_findings(config_raw: dict[str, Any], stored: Counter[str] | Non
                       "in FP8: loaders will not dequantize them (expected block-wise FP8 e4m3 with 128x128 "
                       "weight_scale_inv)", tensor="quantization_config", expected=EXPECTED, actual=None)]
     out: list[Finding] = []
+    if not isinstance(q, dict) or q.get("quant_method") != "fp8":
+        return out  # compressed-tensors: what its plan implements was decided when the config was read
     for key, want in EXPECTED.items():
         got = q.get(key)
         if got != want:

@@ -47,6 +47,9 @@ def usable_shards(ckpt: Checkpoint) -> set[str]:
 
 def covered(ckpt: Checkpoint, expected: ExpectedLayout, positions: list[int | None]) -> Covered:
     out = Covered()
+    if ckpt.config.quant_unsupported is not None:  # QUANT_UNSUPPORTED: how Linear modules are stored is unknown
+        linear = [bool(s.scheme) for s in expected.specs]
+        out.positions.update(compress(range(len(expected)), map(linear.__getitem__, expected.spec_of)))
     usable = usable_shards(ckpt)
     shards = [f for f in ckpt.files if f.endswith(".safetensors")]
     if ckpt.index is not None:
@@ -112,15 +115,26 @@ def attribute(findings: list[Finding], ckpt: Checkpoint, cov: Covered) -> list[F
     return out
 
 
-def fold_quantization(findings: list[Finding]) -> list[Finding]:
-    """With a QUANT_CONFIG error, the per-tensor dtype and scale findings it explains fold into it."""
-    roots = [i for i, f in enumerate(findings) if f.code == "QUANT_CONFIG" and f.severity is Severity.ERROR]
+def fold_quantization(findings: list[Finding], expected: ExpectedLayout) -> list[Finding]:
+    """With a QUANT_CONFIG or QUANT_UNSUPPORTED error, the per-tensor findings it explains fold into it:
+    dtype and scale findings; with QUANT_UNSUPPORTED, anything stored under a Linear module's name."""
+    roots = [i for i, f in enumerate(findings)
+             if f.code in ("QUANT_CONFIG", "QUANT_UNSUPPORTED") and f.severity is Severity.ERROR]
     if not roots:
         return findings
+    unsupported = findings[roots[0]].code == "QUANT_UNSUPPORTED"
+
+    def linear_module(name: str | None) -> bool:
+        if name is None or "." not in name:
+            return False
+        e = expected.get(name[:name.rindex(".")] + ".weight")
+        return e is not None and bool(e.scheme)
 
     def explained(f: Finding) -> bool:
         if f.code in QUANT_COVERED:
             return True
+        if unsupported and f.code in ("TENSOR_UNEXPECTED", "DTYPE_MISMATCH", "SHAPE_MISMATCH"):
+            return linear_module(f.tensor)
         return f.code == "DTYPE_MISMATCH" and any(str(v).startswith("F8_") for v in (f.expected, f.actual))
 
     kept = [f for f in findings if not explained(f)]

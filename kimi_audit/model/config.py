@@ -158,8 +158,11 @@ FAMILY_ARCHITECTURES = frozenset(("DeepseekV3ForCausalLM", "DeepseekV32ForCausal
 
 
 def in_family(cfg: dict[str, Any]) -> bool:
-    """A DeepseekV3-family config (model_type or architectures), whose layout this tool derives."""
+    """A DeepseekV3-family config (model_type or architectures), whose layout this tool derives. One that
+    names neither is read as the family's (and must then hold its keys)."""
     archs = cfg.get("architectures")
+    if "model_type" not in cfg and "architectures" not in cfg:
+        return True
     return cfg.get("model_type") in FAMILY_TYPES or (
         isinstance(archs, list) and any(a in FAMILY_ARCHITECTURES for a in archs if isinstance(a, str)))
 
