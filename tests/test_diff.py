@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -225,3 +227,71 @@ def test_unusable_input_exits_2(tiny_dir, tmp_path):
     assert r.exit_code == 2
     r = runner.invoke(app, ["diff", str(tiny_dir), str(tiny_dir), "--content", "--max-read", "lots"])
     assert r.exit_code == 2
+
+
+def _smallest_and_budget(tiny_dir):
+    """The smallest tensor (read first under --max-read) and a budget that reads about half the bytes."""
+    ckpt = load_checkpoint(LocalSource(tiny_dir))
+    sizes = sorted((t.end - t.begin, n, shard) for shard, h in ckpt.headers.items() for n, t in h.tensors.items())
+    half = sum(s for s, _n, _sh in sizes) // 2
+    return sizes[0], half
+
+
+def test_max_read_leaving_tensors_unchecked_is_incomplete_not_different(tiny_dir, tiny_copy):
+    _, budget = _smallest_and_budget(tiny_dir)  # tiny_copy: real copies, so every tensor is hashed
+    code, doc = diff_json(tiny_dir, tiny_copy, "--content", "--max-read", budget)
+    c = doc["content"]
+    assert code == 1 and doc["verdict"] == "INCOMPLETE" and doc["differs"] is False
+    assert c["differing"] == [] and c["unchecked"] and c["compared"] > 0
+    r = runner.invoke(app, ["diff", str(tiny_dir), str(tiny_copy), "--content", "--max-read", str(budget),
+                            "--no-progress"])
+    assert r.exit_code == 1 and "INCOMPLETE" in r.stdout and "DIFFERENT" not in r.stdout
+    assert f"{len(c['unchecked']):,} tensors were left unchecked" in " ".join(r.stdout.split())
+    # the whole of it read: IDENTICAL, exit 0
+    code, doc = diff_json(tiny_dir, tiny_copy, "--content")
+    assert code == 0 and doc["verdict"] == "IDENTICAL" and doc["content"]["unchecked"] == []
+
+
+def test_a_checked_tensor_differing_is_different_even_with_some_unchecked(tiny_dir, tiny_copy):
+    (_size, name, shard), budget = _smallest_and_budget(tiny_dir)
+    h = read_shard_header(LocalSource(tiny_copy), shard)
+    with open(tiny_copy / shard, "r+b") as f:  # a real copy: safe to write in place
+        f.seek(h.data_start + h.tensors[name].begin)
+        b = f.read(1)
+        f.seek(h.data_start + h.tensors[name].begin)
+        f.write(bytes([b[0] ^ 0x01]))
+    code, doc = diff_json(tiny_dir, tiny_copy, "--content", "--max-read", budget)
+    c = doc["content"]
+    assert code == 1 and doc["verdict"] == "DIFFERENT" and doc["differs"] is True
+    assert [d["tensor"] for d in c["differing"]] == [name] and c["unchecked"]
+    r = runner.invoke(app, ["diff", str(tiny_dir), str(tiny_copy), "--content", "--max-read", str(budget),
+                            "--no-progress"])
+    assert r.exit_code == 1 and "DIFFERENT" in r.stdout and "INCOMPLETE" not in r.stdout
+    assert f"{len(c['unchecked']):,} unchecked" in r.stdout
+
+
+def test_content_progress_counts_bytes_up_to_the_total(tiny_dir, tiny_copy):
+    a_src, b_src = LocalSource(tiny_dir), LocalSource(tiny_copy)
+    calls: list[tuple[int, int]] = []
+    c = content_diff(a_src, load_checkpoint(a_src), b_src, load_checkpoint(b_src), chunk=1000,
+                     progress=lambda done, total: calls.append((done, total)))
+    done = [d for d, _t in calls]
+    totals = {t for _d, t in calls}
+    assert len(totals) == 1 and calls[0] == (0, sum(c.bytes_read)) and len(calls) == 1 + sum(c.reads)
+    assert all(x < y for x, y in itertools.pairwise(done)) and done[-1] == totals.pop()
+
+
+def test_content_progress_bar_on_a_terminal(tiny_dir, tiny_copy, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import kimi_audit.cli.diff as cli_diff
+
+    err = io.StringIO()
+    monkeypatch.setattr(cli_diff, "stderr", Console(file=err, force_terminal=True, width=150))
+    r = runner.invoke(app, ["diff", str(tiny_dir), str(tiny_copy), "--content", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["verdict"] == "IDENTICAL"
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err.getvalue())  # without the terminal's escapes
+    assert "comparing bytes of A and B" in shown
+    assert re.search(r"(\d[\d.]*)/\1 [kMG]?B ", shown)  # the bytes done up to the total (DownloadColumn)

@@ -7,6 +7,9 @@ reads in bounded chunks (small neighbouring tensors coalesced into one read; as 
 source reads in parallel), and compares SHA-256 digests. A tensor is not read at all when its shards
 are known to be the same file on both sides: the same Hub LFS sha256 (or an HF-cache blob of that
 sha256), or the same local file (hard link).
+
+The verdict (`verdict`): DIFFERENT when anything compared differs, INCOMPLETE when nothing compared
+differs but `max_read` left tensors unchecked, else IDENTICAL.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.numerics.tensor_io import read_exact, windowed_map
 from kimi_audit.sources.base import Source
 
+IDENTICAL, DIFFERENT, INCOMPLETE = "IDENTICAL", "DIFFERENT", "INCOMPLETE"
 CHUNK_BYTES = 16 << 20
 """Largest single range read. A comparison holds one per read in flight (16 over the Hub: 256 MiB)."""
 COALESCE_GAP = 1 << 20
@@ -92,7 +96,7 @@ class ContentDiff:
     differing: tuple[tuple[str, str, str], ...]
     """(name, A's sha256, B's sha256) for tensors whose bytes differ."""
     unchecked: tuple[str, ...]
-    """Tensors left unread because of the --max-read budget, or excluded by --tensors."""
+    """Tensors left unread because of the --max-read budget (those --tensors excludes are `excluded`)."""
     bytes_read: tuple[int, int]
     reads: tuple[int, int]
     excluded: int = 0
@@ -100,7 +104,8 @@ class ContentDiff:
 
     @property
     def differs(self) -> bool:
-        return bool(self.differing or self.unchecked)
+        """Some compared tensor's bytes differ (tensors left unchecked are not a difference found)."""
+        return bool(self.differing)
 
 
 def _entries(actual: Located) -> dict[str, Entry]:
@@ -190,12 +195,14 @@ def plan_hash_reads(items: list[_Item], chunk: int = CHUNK_BYTES) -> list[_Read]
 
 
 def hash_tensors(source: Source, items: list[_Item], chunk: int = CHUNK_BYTES,
-                 progress: Callable[[int], None] | None = None) -> tuple[dict[str, str], int, int]:
-    """SHA-256 of each item's bytes by the reads of `plan_hash_reads`, `source.parallel_reads` of them
-    in flight at once (so at most that many chunks in memory). Returns (name -> hex digest, bytes read,
-    reads)."""
+                 progress: Callable[[int], None] | None = None,
+                 plan: list[_Read] | None = None) -> tuple[dict[str, str], int, int]:
+    """SHA-256 of each item's bytes by the reads of `plan_hash_reads` (or `plan`, made by it from these
+    items), `source.parallel_reads` of them in flight at once (so at most that many chunks in memory);
+    `progress` gets each read's byte count as it is hashed. Returns (name -> hex digest, bytes read, reads)."""
     out = {it.name: hashlib.sha256(b"").hexdigest() for it in items if not it.length}  # nothing to read
-    plan = plan_hash_reads([it for it in items if it.length], chunk)
+    if plan is None:
+        plan = plan_hash_reads([it for it in items if it.length], chunk)
     read_bytes = 0
     hashers: dict[str, Any] = {}
     for r, data in zip(plan, _in_order(source, plan), strict=True):
@@ -229,13 +236,14 @@ def _in_order(source: Source, plan: list[_Read]) -> Iterator[bytes]:
 def content_diff(src_a: Source, a: Checkpoint, src_b: Source, b: Checkpoint, *,
                  fingerprints_a: dict[str, str] | None = None, fingerprints_b: dict[str, str] | None = None,
                  max_read: int | None = None, include: Iterable[str] = (), chunk: int = CHUNK_BYTES,
-                 progress: Callable[[int], None] | None = None) -> ContentDiff:
+                 progress: Callable[[int, int], None] | None = None) -> ContentDiff:
     """Which tensors held by both sides (same dtype and shape) have different bytes.
 
     `fingerprints_*` map shard names to a file identity ("sha256:<hex>" or a local file identity): two
     shards with equal fingerprints are the same file, and their tensors are not read. `max_read` bounds
     the bytes read per side (smallest tensors first); what it leaves out is reported as unchecked.
-    `include` (glob patterns) restricts the comparison to matching tensor names."""
+    `include` (glob patterns) restricts the comparison to matching tensor names. `progress(done, total)`
+    is called before the first read and after each: bytes hashed so far and to hash, both sides together."""
     la, _ = locate_tensors(a.headers)
     lb, _ = locate_tensors(b.headers)
     fa, fb = fingerprints_a or {}, fingerprints_b or {}
@@ -274,8 +282,22 @@ def content_diff(src_a: Source, a: Checkpoint, src_b: Source, b: Checkpoint, *,
             out.append(_Item(name, shard, ckpt.headers[shard].data_start + t.begin, t.end - t.begin))
         return out
 
-    ha, ba, ra = hash_tensors(src_a, items(la, a), chunk, progress)
-    hb, bb, rb = hash_tensors(src_b, items(lb, b), chunk, progress)
+    items_a, items_b = items(la, a), items(lb, b)
+    plan_a = plan_hash_reads([it for it in items_a if it.length], chunk)
+    plan_b = plan_hash_reads([it for it in items_b if it.length], chunk)
+    total = sum(r.length for r in plan_a) + sum(r.length for r in plan_b)
+    done = 0
+
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
+    if progress is not None:
+        progress(0, total)
+    ha, ba, ra = hash_tensors(src_a, items_a, chunk, tick if progress else None, plan_a)
+    hb, bb, rb = hash_tensors(src_b, items_b, chunk, tick if progress else None, plan_b)
     differing = tuple((n, ha[n], hb[n]) for n in sorted(chosen) if ha[n] != hb[n])
     notes = []
     if unchecked:
@@ -303,6 +325,7 @@ def diff_dict(d: HeaderDiff, c: ContentDiff | None = None) -> dict[str, Any]:
         "components": [{"key": x.key, "title": x.title, "a": x.a, "b": x.b, "delta": x.delta} for x in d.components],
         "config": [{"key": k, "a": va, "b": vb} for k, va, vb in d.config],
         "differs": d.differs or bool(c and c.differs),
+        "verdict": verdict(d, c),
     }
     if c is not None:
         out["content"] = {
@@ -312,6 +335,14 @@ def diff_dict(d: HeaderDiff, c: ContentDiff | None = None) -> dict[str, Any]:
             "notes": list(c.notes),
         }
     return out
+
+
+def verdict(d: HeaderDiff, c: ContentDiff | None = None) -> str:
+    """DIFFERENT if anything compared differs (headers, config or bytes), even with tensors left unchecked;
+    INCOMPLETE if nothing compared differs but `--max-read` left tensors unchecked; else IDENTICAL."""
+    if d.differs or (c is not None and c.differs):
+        return DIFFERENT
+    return INCOMPLETE if c is not None and c.unchecked else IDENTICAL
 
 
 def summarize(changes: Iterable[Change]) -> list[str]:

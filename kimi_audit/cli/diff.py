@@ -1,7 +1,7 @@
 """`kimi-audit diff A B`: what changed between two checkpoints (headers; bytes with --content).
 
-Exit codes: 0 no differences, 1 differences (or, with --content --max-read, tensors left uncompared),
-2 unusable input.
+Exit codes: 0 IDENTICAL, 1 DIFFERENT or INCOMPLETE (with --content --max-read, nothing compared
+differs but tensors were left uncompared), 2 unusable input.
 """
 
 from __future__ import annotations
@@ -10,14 +10,35 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
-from kimi_audit.checks.diff import Change, ContentDiff, HeaderDiff, content_diff, diff_dict, header_diff, summarize
+from kimi_audit.checks.diff import (
+    DIFFERENT,
+    IDENTICAL,
+    Change,
+    ContentDiff,
+    HeaderDiff,
+    content_diff,
+    diff_dict,
+    header_diff,
+    summarize,
+    verdict,
+)
 from kimi_audit.cli.app import app, shard_progress, stderr, stdout, user_errors
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.checkpoint import load_checkpoint
@@ -53,6 +74,24 @@ def file_fingerprints(source: Source, shards: list[str]) -> dict[str, str]:
         else:
             out[shard] = f"file:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
     return out
+
+
+@contextmanager
+def byte_progress(description: str, enabled: bool = True) -> Iterator[Callable[[int, int], None] | None]:
+    """A bytes bar on stderr (bytes done / total, speed, time left), only when stderr is a terminal."""
+    if not enabled or not stderr.is_terminal:
+        yield None
+        return
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(), console=stderr, transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
 
 
 def parse_size(text: str) -> int:
@@ -111,8 +150,15 @@ def render_diff(d: HeaderDiff, c: ContentDiff | None) -> None:
             stdout.print(Text(f"  bytes differ: {name}  {x[:12]} → {y[:12]}", style="red"))
         for note in c.notes:
             stdout.print(Text(f"  {note}", style="yellow"))
-    differs = d.differs or bool(c and c.differs)
-    stdout.print(Text("DIFFERENT", style="bold red") if differs else Text("IDENTICAL", style="bold green"))
+    headline = verdict(d, c)
+    unchecked = len(c.unchecked) if c is not None else 0
+    if headline == IDENTICAL:
+        stdout.print(Text(headline, style="bold green"))
+    elif headline == DIFFERENT:
+        stdout.print(Text(headline, style="bold red") + (Text(f"  ({unchecked:,} unchecked)") if unchecked else ""))
+    else:
+        stdout.print(Text(headline, style="bold yellow") + Text(
+            f"  nothing compared differs, but {unchecked:,} tensors were left unchecked by --max-read"))
 
 
 @app.command()
@@ -130,9 +176,13 @@ def diff(
     as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON (schema kimi-audit/diff/1)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars on stderr."),
 ) -> None:
-    """What differs between checkpoints A and B: tensors added, removed, changed dtype or shape, moved
+    """Compare two checkpoints' tensors, parameter counts and config.
+
+    What differs between checkpoints A and B: tensors added, removed, changed dtype or shape, moved
     between shards, parameter delta per component, config keys; with --content, which tensors' bytes
-    differ. Exit 0 identical, 1 different, 2 unusable input."""
+    differ. Exit 0 identical, 1 different (or incomplete: tensors left unchecked by --max-read), 2 unusable
+    input.
+    """
     budget = parse_size(max_read) if max_read is not None else None
     if (tensors or budget is not None) and not content:
         raise KimiAuditError("--tensors and --max-read apply to --content")
@@ -148,12 +198,13 @@ def diff(
     d = header_diff(ckpt_a, ckpt_b)
     c = None
     if content:
-        c = content_diff(src_a, ckpt_a, src_b, ckpt_b,
-                         fingerprints_a=file_fingerprints(src_a, list(ckpt_a.headers)),
-                         fingerprints_b=file_fingerprints(src_b, list(ckpt_b.headers)),
-                         max_read=budget, include=tensors or ())
+        with byte_progress("comparing bytes of A and B", progress) as update:
+            c = content_diff(src_a, ckpt_a, src_b, ckpt_b,
+                             fingerprints_a=file_fingerprints(src_a, list(ckpt_a.headers)),
+                             fingerprints_b=file_fingerprints(src_b, list(ckpt_b.headers)),
+                             max_read=budget, include=tensors or (), progress=update)
     if as_json:
         sys.stdout.write(json.dumps(diff_dict(d, c), indent=2, ensure_ascii=False) + "\n")
     else:
         render_diff(d, c)
-    raise typer.Exit(1 if d.differs or (c is not None and c.differs) else 0)
+    raise typer.Exit(0 if verdict(d, c) == IDENTICAL else 1)

@@ -4,7 +4,8 @@ Everything goes through huggingface_hub: its shared httpx2 session (`get_session
 `http_backoff` / `http_stream_backoff` for retries on 429/5xx/timeouts), `hf_hub_url`,
 `build_hf_headers` (token from the argument, `HF_TOKEN` or the saved login), the endpoint
 (`HF_ENDPOINT`), offline mode (`HF_HUB_OFFLINE`) and `hf_raise_for_status`, whose typed errors are
-mapped to one-line `KimiAuditError`s here. No token ever appears in a message.
+mapped to one-line `KimiAuditError`s here (a network failure names the host, port and what failed:
+hub_network.py). No token ever appears in a message.
 
 The revision is resolved once, by one API call that also lists every file with its size; every
 later read names the resolved commit, so a branch moving mid-audit cannot mix two commits. A full
@@ -34,6 +35,7 @@ from kimi_audit.sources.hub_errors import (
     RepoNotFoundError,
     RevisionNotFoundError,
 )
+from kimi_audit.sources.hub_network import cannot_connect, first_line
 
 DEFAULT_REPO_ID = PINNED_REPO_ID
 DEFAULT_REVISION = PINNED_REVISION
@@ -140,8 +142,9 @@ class HubSource:
         return urlsplit(self.endpoint).netloc or self.endpoint
 
     @contextmanager
-    def _translate_errors(self, what: str) -> Iterator[None]:
-        """Map huggingface_hub / httpx2 errors to one-line KimiAuditErrors (no token, no traceback)."""
+    def _translate_errors(self, what: str, doing: str | None = None) -> Iterator[None]:
+        """Map huggingface_hub / httpx2 errors to one-line KimiAuditErrors (no token, no traceback); `doing`
+        says what a connection failure interrupted ("resolving"; by default "reading <what> of")."""
         import httpx2
         from huggingface_hub import errors as hf_errors
 
@@ -171,15 +174,17 @@ class HubSource:
                 f"{what}: HTTP {status} from {self._where()} for {self.repo_id}@{rev} "
                 f"(after {self.max_retries} retries)"
             ) from None
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as e:  # before TimeoutException: ConnectTimeout is one
+            error = HubTimeoutError if isinstance(e, httpx2.ConnectTimeout) else HubError
+            raise error(cannot_connect(e, self.endpoint, f"{self.repo_id}@{rev}", doing or f"reading {what} of",
+                                       self.timeout, self.max_retries + 1)) from None
         except httpx2.TimeoutException:
             raise HubTimeoutError(
                 f"{what}: timed out after {self.timeout:g} s waiting for {self._where()} "
                 f"({self.max_retries + 1} attempts); the Hub is not answering, retry later or raise the timeout"
             ) from None
-        except httpx2.ConnectError as e:
-            raise HubError(f"{what}: cannot connect to {self._where()}: {_first_line(e)}") from None
         except httpx2.HTTPError as e:
-            raise HubError(f"{what}: network error talking to {self._where()}: {_first_line(e)}") from None
+            raise HubError(f"{what}: network error talking to {self._where()}: {first_line(e)}") from None
 
     def _offline_error(self) -> HubOfflineError:
         return HubOfflineError(
@@ -217,7 +222,7 @@ class HubSource:
         if constants.is_offline_mode():
             raise self._offline_error()
         url = f"{self.endpoint}/api/models/{self.repo_id}/revision/{quote(self.requested_revision, safe='')}"
-        with self._translate_errors(f"revision {self.requested_revision!r}"):
+        with self._translate_errors(f"revision {self.requested_revision!r}", "resolving"):
             response = http_backoff(
                 "GET", url, headers=self._headers(), params={"blobs": True}, **self._backoff_kwargs()
             )
@@ -226,7 +231,7 @@ class HubSource:
                 info = ModelInfo(**response.json())
             except (ValueError, TypeError, KeyError) as e:
                 raise HubError(
-                    f"{self._where()} answered the model info call with unusable JSON: {_first_line(e)}"
+                    f"{self._where()} answered the model info call with unusable JSON: {first_line(e)}"
                 ) from None
         sha = info.sha
         if not isinstance(sha, str) or not _COMMIT_RE.match(sha):
@@ -384,15 +389,10 @@ class HubSource:
                 if got >= want:
                     break
         except (httpx2.RemoteProtocolError, httpx2.ReadError) as e:
-            raise _BodyError(f"connection broke after {got:,} of {want:,} bytes ({_first_line(e)})") from None
+            raise _BodyError(f"connection broke after {got:,} of {want:,} bytes ({first_line(e)})") from None
         if got < want:
             raise _BodyError(f"body ended after {got:,} of {want:,} bytes")
         return b"".join(parts), total
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
 
 
 def default_hub_source(**kwargs: Any) -> HubSource:

@@ -1,0 +1,97 @@
+"""Network failures under the Hub source, in words: which host and port, and what failed (refused,
+name not found, TLS, no answer); and huggingface_hub's retry logs, hidden unless asked for (`-v`)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import ssl
+from urllib.parse import urlsplit
+
+RETRY_LOGGER = "huggingface_hub.utils._http"
+"""The logger huggingface_hub's http_backoff writes each retry to, as a warning."""
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_RETRY_TEXT = re.compile(r"^(Retrying in |Rate limited\. Waiting )| thrown while requesting ")
+
+
+class _HideRetries(logging.Filter):
+    """Drops http_backoff's "'…' thrown while requesting GET …", "Retrying in 1.0s [Retry 1/3]." and
+    "Rate limited. Waiting …" lines; any other warning of that logger (the server's X-HF-Warning) passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _RETRY_TEXT.search(record.getMessage())
+
+
+_HIDE_RETRIES = _HideRetries()
+
+
+def show_retry_logs(show: bool) -> None:
+    """Show huggingface_hub's retry warnings on stderr (at its own level: HF_HUB_VERBOSITY, by default
+    warnings), or hide them. A failure is reported once anyway, as the error it ends in."""
+    logger = logging.getLogger(RETRY_LOGGER)
+    if show:
+        logger.removeFilter(_HIDE_RETRIES)
+    elif _HIDE_RETRIES not in logger.filters:
+        logger.addFilter(_HIDE_RETRIES)
+
+
+def cannot_connect(error: BaseException, endpoint: str, target: str, doing: str, timeout_s: float,
+                   attempts: int) -> str:
+    """The one line for a connection that failed (`error`: an httpx2 ConnectError or ConnectTimeout) to
+    `endpoint` while `doing` ("resolving", "reading config.json of") `target` (repo@revision)."""
+    repo, _, rev = target.partition("@")
+    short = rev[:7] if _COMMIT_RE.match(rev) else rev
+    if type(error).__name__ == "ConnectTimeout":
+        why = f"no answer in {timeout_s:g} s, {attempts} attempts"
+    else:
+        why = connect_failure(error)
+    doing = "downloading" if doing == "reading download of" else doing
+    return (f"cannot connect to {host_port(endpoint)} ({why}) while {doing} {repo}@{short}"
+            " — check HF_ENDPOINT and your network")
+
+
+def host_port(endpoint: str) -> str:
+    """`host:port` of an endpoint URL (the scheme's port when none is written); no user info."""
+    parts = urlsplit(endpoint)
+    host = parts.hostname or parts.netloc or endpoint
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None:
+        port = {"https": 443, "http": 80}.get(parts.scheme)
+    shown = f"[{host}]" if ":" in host else host
+    return f"{shown}:{port}" if port is not None else shown
+
+
+def connect_failure(error: BaseException) -> str:
+    """What failed under an httpx2 ConnectError, from the OS error at the bottom of its chain."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ssl.SSLError):
+            return f"TLS handshake failed: {getattr(cause, 'reason', None) or _words(cause)}"
+        if isinstance(cause, socket.gaierror):
+            return f"host name not found: {_words(cause)}"
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, TimeoutError):
+            return "timed out connecting"
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror[:1].lower() + cause.strerror[1:]
+        cause = cause.__cause__ or cause.__context__
+    text = _words(error)
+    return "connection refused" if "refused" in text.lower() else text
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]
+
+
+def _words(e: BaseException) -> str:
+    """The error's first line without its "[Errno N] " prefix."""
+    text = (getattr(e, "strerror", None) or str(e)).strip() or type(e).__name__
+    return re.sub(r"^\[Errno [-\d]+\]\s*", "", text.splitlines()[0])
