@@ -192,13 +192,34 @@ def test_rmsnorm_on_the_replica_reads_only_gains(replica_dir: Path) -> None:
     assert doc["layers"][0]["gain"]["max"] == float(gain.max())
 
 
-def test_rmsnorm_from_embeddings_on_replica_reads_rows_not_the_table(replica_dir: Path) -> None:
-    doc = run_json("rmsnorm", str(replica_dir), "--from-embeddings", "0,163839")
+def test_rmsnorm_from_embeddings_on_replica_reads_rows_not_the_table(replica_copy: Path, replica_dir: Path) -> None:
+    from kimi_audit.model.config import parse_config_bytes
+    from kimi_audit.model.replica import replica_shards, write_shard
+
+    # the replica's embedding table and q_a_proj are holes: not present (exit 2), never zeros
+    r = run("rmsnorm", str(replica_dir), "--from-embeddings", "0,163839")
+    assert r.exit_code == 2 and "model.embed_tokens.weight row 0: the data is not present" in r.output
+    # a copy of shard 1 (same seed, same bytes) with the two rows and q_a_proj written
+    shard = "model-1-of-61.safetensors"
+    tensors = replica_shards(parse_config_bytes((replica_dir / "config.json").read_bytes())[1])[shard]
+    tmp = replica_copy / (shard + ".new")
+    write_shard(tmp, tensors, seed=0)
+    start, header = header_of(tmp)
+    rng = np.random.default_rng(3)
+    with open(tmp, "r+b") as f:
+        b, _ = header["model.embed_tokens.weight"]["data_offsets"]
+        for row in (0, 163839):
+            f.seek(start + b + row * 7168 * 2)
+            f.write(rng.normal(0, 0.02, 7168).astype(ml_dtypes.bfloat16).tobytes())
+        b, e = header["model.layers.0.self_attn.q_a_proj.weight"]["data_offsets"]
+        f.seek(start + b)
+        f.write(rng.normal(0, 20, e - b).clip(-448, 448).astype(ml_dtypes.float8_e4m3fn).tobytes())
+    os.replace(tmp, replica_copy / shard)  # replaces the hard link, not the shared file
+    doc = run_json("rmsnorm", str(replica_copy), "--from-embeddings", "0,163839")
     # two 7168-wide bf16 rows, the input_layernorm gain, q_a_proj (FP8 1536x7168) and its scales, the gain
     payload = 2 * 7168 * 2 + 7168 * 2 + 1536 * 7168 + 12 * 56 * 4 + 1536 * 2
-    header = header_of(replica_dir / "model-1-of-61.safetensors")[0]
-    assert doc["bytes_read"] == header + payload
-    assert doc["layers"][0]["ok"]  # sparse (zero) embeddings give a zero latent: finite, gain fine
+    assert doc["bytes_read"] == start + payload
+    assert doc["layers"][0]["ok"] and doc["layers"][0]["output"]["zeros"] < 100
 
 
 # ------------------------------------------------------------------ tensor
@@ -255,11 +276,13 @@ def test_tensor_errors_are_one_line(tiny_dir: Path) -> None:
 
 def test_tensor_on_replica_expert_weight(replica_dir: Path) -> None:
     name = "model.layers.30.mlp.experts.200.down_proj.weight"
-    doc = run_json("tensor", str(replica_dir), name, "--dequant")
-    assert doc["shape"] == [7168, 2048] and doc["bytes"] == 7168 * 2048
-    assert doc["stats"]["zeros"] == 7168 * 2048  # the replica's big weights are holes
-    assert doc["scale"]["stats"]["shape"] == [56, 16] and doc["scale"]["stats"]["min"] > 0
-    assert doc["dequantized"]["zeros"] == 7168 * 2048 and doc["ok"]
+    # the replica's big weights are holes: not present (exit 2), not 14,680,064 zeros
+    doc = run_json("tensor", str(replica_dir), name, "--dequant", code=2)
+    assert doc["error"]["code"] == "DATA_NOT_PRESENT"
+    assert doc["error"]["message"] == (f"{name}: the data is not present in model-31-of-61.safetensors "
+                                       "(a sparse hole: a header-only or partial copy)")
+    doc = run_json("tensor", str(replica_dir), name[: -len(".weight")] + ".weight_scale_inv")
+    assert doc["shape"] == [56, 16] and doc["stats"]["min"] > 0 and doc["ok"]
 
 
 # ------------------------------------------------------------------ Hub

@@ -145,8 +145,14 @@ def test_read_tensor_by_range_over_the_hub(hub: FakeHub, replica_dir: Path) -> N
     for name in ("model.layers.3.self_attn.q_a_layernorm.weight", "model.layers.0.self_attn.q_a_proj.weight"):
         hub.reset_stats()
         got, info, shard = remote.read(name)
-        want, _, _ = local.read(name)
-        assert got.tobytes() == want.tobytes() and got.shape == want.shape
+        if name.endswith("layernorm.weight"):
+            want, _, _ = local.read(name)
+            assert got.tobytes() == want.tobytes() and got.shape == want.shape
+        else:  # a big weight is a hole in the replica: the local reader refuses it, the file's bytes decide
+            start = local.header(shard).data_start + info.begin
+            with open(replica_dir / shard, "rb") as f:
+                f.seek(start)
+                assert got.tobytes() == f.read(info.nbytes)
         data_reqs = [r for r in hub.stats().records if r.path.endswith(shard) and r.range != "bytes=0-7"]
         # the header (first read) and then exactly one ranged read of the tensor's own bytes
         tensor_reqs = [r for r in data_reqs if r.bytes_sent == info.nbytes]

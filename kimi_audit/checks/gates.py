@@ -50,9 +50,11 @@ def revision_gate(report: AuditReport, expected: str) -> list[Finding]:
 
 
 def apply_gates(report: AuditReport, expect_params: str | None, expect_revision: str | None) -> AuditReport:
+    if expect_params is None and expect_revision is None:
+        return report
     extra: list[Finding] = []
     if expect_params is not None:
         extra += params_gate(report, parse_count(expect_params))
     if expect_revision is not None:
         extra += revision_gate(report, check_sha(expect_revision))
-    return dataclasses.replace(report, findings=report.findings + tuple(extra)) if extra else report
+    return dataclasses.replace(report, findings=report.findings + tuple(extra), gates_checked=True)

@@ -6,6 +6,11 @@ of Kimi-K2's 959 GB.  Each is fetched by byte range (neighbours in a shard coale
 when the gap between them is small), decoded with kimi_audit.numerics.kernels, and reported when it holds
 NaN or Inf, when a scale is not > 0, or when a gain is all zeros.  No big weight is ever read.
 numpy and the kernels are imported by the functions that decode (only `audit --values` runs them).
+
+A local shard's sparse holes (a header-only or partial copy: `kimi-audit download --headers-only`)
+are looked up before anything is read: a tensor any of whose bytes lies in a hole is not read (its
+bytes would read as zeros, which are not its values) and the pass reports one DATA_NOT_PRESENT info
+for all of them, never zero gains or scales.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding, error, info
 from kimi_audit.format.header import ShardHeader, TensorInfo
 from kimi_audit.model.layout import SCALE_SUFFIX
-from kimi_audit.numerics.tensor_io import read_exact, windowed_map
+from kimi_audit.numerics.tensor_io import data_holes, in_hole, read_exact, windowed_map
 from kimi_audit.sources.base import Source
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from kimi_audit.checks.audit import AuditReport
+    from kimi_audit.model.checkpoint import ProgressFn
 
 GAIN = "gain"
 ROUTER_BIAS = "router_bias"
@@ -42,6 +50,9 @@ MAX_PER_CODE = 50
 
 ValuesProgressFn = Callable[[str, int, int], None]
 """(shard, tensors done, tensors total)."""
+
+Job = tuple[str, int, int, int, list[TensorInfo]]
+"""One coalesced read: (shard, data_start, begin, end, members), offsets relative to the data buffer."""
 
 
 def value_kind(name: str) -> str | None:
@@ -78,7 +89,7 @@ def plan_reads(
         if groups:
             g0, g1, members = groups[-1]
             if t.begin - g1 <= max_gap and max(g1, t.end) - g0 <= max_span and t.begin >= g0:
-                groups[-1] = (g0, max(g1, t.end), members + [t])
+                groups[-1] = (g0, max(g1, t.end), [*members, t])
                 continue
         groups.append((t.begin, t.end, [t]))
     return groups
@@ -120,10 +131,9 @@ def check_values(name: str, kind: str, values: np.ndarray) -> list[tuple[str, st
         if bad:
             out.append(("SCALE_NOT_POSITIVE", f"{name}: {bad:,} of {n:,} block scales are ≤ 0 "
                         "(dequantized weights would be zero or sign-flipped)", bad))
-    elif kind == GAIN:
-        if n and not np.any(f):
-            out.append(("GAIN_ALL_ZERO", f"{name}: all {n:,} RMSNorm gains are zero "
-                        "(the normalized output is identically zero)", n))
+    elif kind == GAIN and n and not np.any(f):
+        out.append(("GAIN_ALL_ZERO", f"{name}: all {n:,} RMSNorm gains are zero "
+                    "(the normalized output is identically zero)", n))
     return out
 
 
@@ -141,7 +151,7 @@ def value_findings(
     todo = small_tensors(headers)
     kinds = {(s, t.name): k for s, t, k in todo}
     skipped: list[Finding] = []
-    jobs: list[tuple[str, int, int, int, list[TensorInfo]]] = []  # (shard, data_start, g0, g1, members)
+    jobs: list[Job] = []
     by_shard: dict[str, list[TensorInfo]] = {}
     for shard, t, _kind in todo:
         if t.nbytes > MAX_SMALL_BYTES or t.end < t.begin:
@@ -149,15 +159,28 @@ def value_findings(
                                 "values pass", tensor=t.name, shard=shard, actual=t.nbytes))
             continue
         by_shard.setdefault(shard, []).append(t)
+    absent: list[tuple[str, TensorInfo]] = []
     for shard, infos in by_shard.items():
         h = headers[shard]
+        try:
+            holes = data_holes(source, shard, h.data_start, h.file_size)
+        except SourceError:
+            holes = ()  # the reads fail too, and report it
+        if holes:
+            present = []
+            for t in infos:
+                if in_hole(holes, h.data_start + t.begin, h.data_start + t.end):
+                    absent.append((shard, t))
+                else:
+                    present.append(t)
+            infos = present
         for g0, g1, members in plan_reads(infos, max_gap):
             if h.data_start + g1 > h.file_size:
                 continue  # data past end of file: the header check reports it
             jobs.append((shard, h.data_start, g0, g1, members))
 
-    def fetch(job: tuple[str, int, int, int, list[TensorInfo]]):
-        shard, start, g0, g1, members = job
+    def fetch(job: Job) -> tuple[Job, bytes | None, SourceError | None]:
+        shard, start, g0, g1, _members = job
         try:
             return job, read_exact(source, shard, start + g0, g1 - g0), None
         except SourceError as e:
@@ -167,12 +190,13 @@ def value_findings(
     totals: dict[str, int] = {}
     findings: list[Finding] = []
     checked = 0
+    checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0}
     fetched_bytes = 0
     workers = max(1, min(int(getattr(source, "parallel_reads", 1)), 32))
     total = sum(len(j[4]) for j in jobs)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for (shard, _start, g0, g1, members), data, err in windowed_map(pool, fetch, jobs, 4 * workers):
-            if err is not None:
+            if data is None:
                 findings.append(error("VALUE_UNREADABLE", f"{shard}: {err}", shard=shard,
                                       tensor=members[0].name if len(members) == 1 else None))
                 continue
@@ -191,6 +215,7 @@ def value_findings(
                         lst.append(error(code, message, tensor=t.name, shard=shard,
                                          expected=_expected(code), actual=count))
                 checked += 1
+                checked_kinds[kind] += 1
             if progress:
                 progress(shard, checked, total)
     for code, lst in issues.items():
@@ -199,15 +224,37 @@ def value_findings(
         if more > 0:
             findings.append(error(code, f"... and {more:,} more tensors with {code} "
                                   f"({totals[code]:,} in all)", actual=totals[code]))
-    counts = {k: sum(1 for *_, kk in todo if kk == k) for k in (GAIN, ROUTER_BIAS, SCALE)}
+    if absent:
+        findings.append(not_present_finding(absent))
+    counts = checked_kinds
     findings.append(info(
         "VALUES_CHECKED",
         f"values pass: {checked:,} small tensors checked ({counts[GAIN]:,} gains, "
         f"{counts[ROUTER_BIAS]:,} router biases, {counts[SCALE]:,} FP8 scales), "
-        f"{fetched_bytes:,} bytes fetched in {len(jobs):,} reads",
+        f"{fetched_bytes:,} bytes fetched in {len(jobs):,} reads"
+        + (f"; {len(absent):,} not present (sparse holes)" if absent else ""),
         actual=checked,
     ))
     return findings + skipped
+
+
+def not_present_finding(absent: list[tuple[str, TensorInfo]]) -> Finding:
+    """One DATA_NOT_PRESENT info for every small tensor that lies in a hole (not one per tensor)."""
+    n = len(absent)
+    nbytes = sum(t.nbytes for _, t in absent)
+    shards = sorted({s for s, _ in absent})
+    first_shard, first = absent[0]
+    where = f"{len(shards):,} shards" if len(shards) > 1 else shards[0]
+    return info(
+        "DATA_NOT_PRESENT",
+        f"{n:,} small tensor{'s' if n > 1 else ''} ({nbytes:,} bytes) in {where}: the data is not present "
+        "(sparse holes: a header-only or partial copy), so the values were not checked"
+        + (f"; the first is {first.name} in {first_shard}" if n > 1 else f": {first.name}"),
+        tensor=first.name if n == 1 else None,
+        shard=shards[0] if len(shards) == 1 else None,
+        actual=n,
+        covers=n,
+    )
 
 
 def _expected(code: str) -> str | None:
@@ -219,7 +266,8 @@ def _expected(code: str) -> str | None:
     }.get(code)
 
 
-def audit_with_values(source: Source, progress=None, values_progress: ValuesProgressFn | None = None):
+def audit_with_values(source: Source, progress: ProgressFn | None = None,
+                      values_progress: ValuesProgressFn | None = None) -> AuditReport:
     """audit_source plus the values pass (its findings appended to the report's)."""
     from kimi_audit.checks.audit import audit_checkpoint
     from kimi_audit.model.checkpoint import load_checkpoint
@@ -227,4 +275,4 @@ def audit_with_values(source: Source, progress=None, values_progress: ValuesProg
     ckpt = load_checkpoint(source, progress)
     report = audit_checkpoint(ckpt)
     extra = value_findings(source, ckpt.headers, values_progress)
-    return dataclasses.replace(report, findings=tuple(report.findings) + tuple(extra))
+    return dataclasses.replace(report, findings=tuple(report.findings) + tuple(extra), values_checked=True)

@@ -22,7 +22,7 @@ from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.layout import FP8_DTYPE, SCALE_SUFFIX, layer_block
-from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher
+from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
 
@@ -82,12 +82,12 @@ def rmsnorm(
 
     Fails (exit 1) when a gain or an output holds NaN/Inf, or a gain is all zeros.
     """
-    from kimi_audit.numerics.kernels import rms_norm
     from kimi_audit.numerics.rmsnorm_check import (
         EMBED,
         Q_A_LAYERNORM,
-        check_layer,
+        check_input_memory,
         load_input,
+        normalize_and_check,
         query_latent,
         random_input,
     )
@@ -105,13 +105,15 @@ def rmsnorm(
     emb = None
     if from_embeddings is not None:
         ids = _parse_token_ids(from_embeddings)
+        check_input_memory((1, len(ids), max(width, cfg.hidden_size)), len(layers))
         emb, _, _ = fetch.read_rows(EMBED, ids)
         shared_x = None
         input_desc: dict[str, Any] = {"kind": "embeddings", "token_ids": ids, "shape": [1, len(ids), width]}
     elif input_file is not None:
-        shared_x = load_input(input_file, width)
+        shared_x = load_input(input_file, width, len(layers))
         input_desc = {"kind": "file", "path": str(input_file), "shape": list(shared_x.shape)}
     else:
+        check_input_memory((batch, tokens, width), len(layers))  # before anything is allocated or read
         shared_x = random_input(seed, batch, tokens, width)
         input_desc = {"kind": "random", "seed": seed, "shape": [batch, tokens, width], "dtype": "BF16"}
 
@@ -122,8 +124,8 @@ def rmsnorm(
         if t.shape != (width,):
             raise KimiAuditError(f"{name} has shape {list(t.shape)}, expected [{width}]")
         x = shared_x if emb is None else query_latent(fetch, cfg, n, emb)
-        y = rms_norm(x, gain, cfg.rms_norm_eps)
-        results.append(check_layer(n, layer_block(cfg, n), name, shard, gain, y))
+        assert x is not None  # one of the two inputs is set
+        results.append(normalize_and_check(n, layer_block(cfg, n), name, shard, x, gain, cfg.rms_norm_eps))
 
     ok = all(r.ok for r in results)
     if as_json:
@@ -244,6 +246,7 @@ def tensor(
                 problems.append(f"{scale_name}: {bad:,} of {s32.size:,} scales are not finite and > 0")
             if dequant:
                 block = _block_size(src)
+                check_memory(2 * arr.size, f"dequantizing {name} ({arr.size:,} values to bf16)")
                 deq_st = tensor_stats(dequantize_fp8(arr, s32, block), dtype="BF16")
         else:
             problems.append(f"{name} is FP8 but {scale_name} is absent")

@@ -4,7 +4,8 @@
 either, an all-zero gain, and per position RMS(y) and RMS(y / gain) - 1. `query_latent` is the input
 the layer's q_a_layernorm sees in the model for given embedding rows (input_layernorm, then the
 dequantized q_a_proj). cli/numerics.py renders the results; it imports this module only when the
-command runs, as this one loads numpy.
+command runs, as this one loads numpy. `check_input_memory` refuses (exit 2, with the figures) an
+input whose arrays would not fit in the memory available, before anything is allocated.
 """
 
 from __future__ import annotations
@@ -28,12 +29,18 @@ from kimi_audit.numerics.kernels import (
     tensor_stats,
     to_float32,
 )
-from kimi_audit.numerics.tensor_io import TensorFetcher
+from kimi_audit.numerics.tensor_io import NotEnoughMemoryError, TensorFetcher, check_memory
 
 Q_A_LAYERNORM = "self_attn.q_a_layernorm.weight"
 INPUT_LAYERNORM = "input_layernorm.weight"
 Q_A_PROJ = "self_attn.q_a_proj.weight"
 EMBED = "model.embed_tokens.weight"
+
+BYTES_PER_ELEMENT = 32
+"""Peak memory per input element of one layer's check: the bf16 input and output (2 + 2), the float32
+draw of a random input (4) and the float64 arrays of position_stats (about 20); 28 measured."""
+BYTES_PER_POSITION = 64
+"""Per position and layer: the two floats each LayerResult keeps (output RMS, unit deviation)."""
 
 
 @dataclass(frozen=True)
@@ -110,14 +117,44 @@ def check_layer(layer: int, block: str, tensor: str, shard: str, gain: np.ndarra
     return LayerResult(layer, block, tensor, shard, gs, ys, rms, dev, tuple(problems))
 
 
+def check_input_memory(shape: tuple[int, ...], layers: int, extra: int = 0, what: str | None = None) -> None:
+    """NotEnoughMemoryError when checking `layers` layers on an input of `shape` (plus `extra` bytes)
+    needs more memory than is available."""
+    positions = math.prod(shape[:-1])
+    need = extra + positions * shape[-1] * BYTES_PER_ELEMENT + positions * layers * BYTES_PER_POSITION
+    plural = "s" if layers != 1 else ""
+    check_memory(need, what or f"rmsnorm on a {list(shape)} input ({layers} layer{plural})")
+
+
 def random_input(seed: int, batch: int, tokens: int, width: int) -> np.ndarray:
     """Seeded N(0, 1) activations [batch, tokens, width], rounded to bf16."""
     rng = np.random.default_rng(seed)
-    return f32_to_bf16(rng.standard_normal((batch, tokens, width), dtype=np.float32))
+    try:
+        return f32_to_bf16(rng.standard_normal((batch, tokens, width), dtype=np.float32))
+    except MemoryError:
+        raise NotEnoughMemoryError(f"out of memory drawing a [{batch}, {tokens}, {width}] input") from None
 
 
-def load_input(path: Path, width: int) -> np.ndarray:
-    """An --input .npy array as bf16 [B, T, width] (1-D and 2-D arrays get the missing axes)."""
+def normalize_and_check(layer: int, block: str, tensor: str, shard: str, x: np.ndarray, gain: np.ndarray,
+                        eps: float) -> LayerResult:
+    """rms_norm(x, gain) and check_layer on the output (an out-of-memory is an error, exit 2)."""
+    try:
+        return check_layer(layer, block, tensor, shard, gain, rms_norm(x, gain, eps))
+    except MemoryError:
+        raise NotEnoughMemoryError(f"out of memory normalizing a {list(x.shape)} input") from None
+
+
+def load_input(path: Path, width: int, layers: int = 1) -> np.ndarray:
+    """An --input .npy array as bf16 [B, T, width] (1-D and 2-D arrays get the missing axes); its memory
+    checked (check_input_memory, plus the file's own array) from its header before it is loaded."""
+    try:
+        peek = np.load(path, mmap_mode="r", allow_pickle=False)
+        shape, nbytes = tuple(int(d) for d in peek.shape), int(peek.nbytes)
+        del peek
+    except (ValueError, OSError, TypeError):
+        shape, nbytes = (), 0  # np.load below says what is wrong
+    if shape and shape[-1] == width and len(shape) <= 3:
+        check_input_memory(shape, layers, nbytes, f"rmsnorm on --input {path} {list(shape)}")
     try:
         a: np.ndarray = np.load(path, allow_pickle=False)
     except FileNotFoundError:

@@ -5,17 +5,23 @@ q_a_proj weight one 17 MB range read. Nothing else of the shard is touched.
 
 Importing this module loads no numpy: `audit` and `diff` use its byte-range helpers on headers alone;
 the decoding kernels are imported by the methods that return values.
+
+Two things are checked before bytes are read: that they are there (a local file's sparse hole is not
+data: `data_holes`, DataNotPresentError), and, for anything large, that the memory they and their
+decoding need is available (`check_memory`, NotEnoughMemoryError).
 """
 
 from __future__ import annotations
 
+import bisect
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
 from kimi_audit.constants import HEADER_LENGTH_BYTES, SAFETENSORS_SUFFIX
-from kimi_audit.errors import KimiAuditError, ShortReadError, SourceError
+from kimi_audit.errors import DataNotPresentError, KimiAuditError, ShortReadError, SourceError
 from kimi_audit.format.estimate import first_read_bytes, source_file_size
 from kimi_audit.format.header import ShardHeader, TensorInfo, read_shard_header
 from kimi_audit.format.index import IndexFile, natural_key
@@ -59,6 +65,89 @@ def windowed_map(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Iterable
         yield fut.result()
 
 
+# ------------------------------------------------------------------ holes
+
+Holes = tuple[tuple[int, int], ...]
+"""(begin, end) file offsets of sparse holes, in order, not overlapping."""
+
+HEADER_BLOCK_SLACK = 1 << 17
+"""A shard whose only data past its header is less than this, followed by one hole to the end of the
+file, is a header-only copy: the bytes after the header share the header's last filesystem block(s)
+and count as data to the filesystem, but were never written (they read as zeros)."""
+
+
+def data_holes(source: Source, shard: str, data_start: int, file_size: int) -> Holes:
+    """The holes in a shard's data region [data_start, file_size): none for a remote source or a
+    filesystem without sparse files. A header-only copy's whole data region is one hole (see
+    HEADER_BLOCK_SLACK). Raises SourceError when the file cannot be opened."""
+    fn = getattr(source, "holes", None)
+    if fn is None or file_size <= data_start:
+        return ()
+    holes: Holes = fn(shard, data_start, file_size - data_start)
+    if len(holes) == 1 and holes[0][1] >= file_size and holes[0][0] - data_start < HEADER_BLOCK_SLACK:
+        return ((data_start, file_size),)
+    return holes
+
+
+def in_hole(holes: Holes, begin: int, end: int) -> bool:
+    """Whether any byte of [begin, end) lies in a hole (such a range reads, at least partly, as zeros)."""
+    if not holes or end <= begin:
+        return False
+    i = bisect.bisect_right(holes, (begin, float("inf"))) - 1  # the last hole starting at or before begin
+    if i >= 0 and holes[i][1] > begin:
+        return True
+    return i + 1 < len(holes) and holes[i + 1][0] < end
+
+
+def not_present_message(name: str, shard: str) -> str:
+    return f"{name}: the data is not present in {shard} (a sparse hole: a header-only or partial copy)"
+
+
+# ------------------------------------------------------------------ memory
+
+
+class NotEnoughMemoryError(KimiAuditError):
+    """The arrays a command would allocate need more memory than is available."""
+
+    code = "NOT_ENOUGH_MEMORY"
+
+
+MEMORY_CHECK_BYTES = 1 << 26
+"""Needs below this are not checked (reading /proc/meminfo for every 3 KB gain is not worth it)."""
+
+
+def available_memory() -> int | None:
+    """Bytes a new allocation can get without swapping: MemAvailable (Linux), else the free physical
+    pages; None where neither is known (no check then)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def format_size(n: float) -> str:
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):,.1f} {unit}"
+    return f"{n / 1024:,.1f} KiB"
+
+
+def check_memory(need: int, what: str) -> None:
+    """NotEnoughMemoryError (exit 2) when `what` needs more than the memory available."""
+    if need < MEMORY_CHECK_BYTES:
+        return
+    avail = available_memory()
+    if avail is not None and need > avail:
+        raise NotEnoughMemoryError(f"{what} needs {format_size(need)} of memory, {format_size(avail)} available")
+
+
 class TensorNotFoundError(KimiAuditError):
     pass
 
@@ -72,6 +161,7 @@ class TensorFetcher:
         self._index: IndexFile | None = None
         self._index_loaded = False
         self._headers: dict[str, ShardHeader] = {}
+        self._holes: dict[str, Holes] = {}
         self.bytes_read = 0
 
     def _shards(self) -> list[str]:
@@ -116,7 +206,16 @@ class TensorFetcher:
         except TensorNotFoundError:
             return False
 
-    def _read(self, shard: str, start: int, length: int) -> bytes:
+    def require_present(self, name: str, shard: str, h: ShardHeader, start: int, length: int) -> None:
+        """DataNotPresentError when any of the bytes [start, start + length) of `shard` is a hole."""
+        holes = self._holes.get(shard)
+        if holes is None:
+            holes = self._holes[shard] = data_holes(self.source, shard, h.data_start, h.file_size)
+        if in_hole(holes, start, start + length):
+            raise DataNotPresentError(not_present_message(name, shard))
+
+    def _read(self, name: str, shard: str, h: ShardHeader, start: int, length: int) -> bytes:
+        self.require_present(name, shard, h, start, length)
         data = read_exact(self.source, shard, start, length)
         self.bytes_read += length
         return data
@@ -129,7 +228,9 @@ class TensorFetcher:
             raise KimiAuditError(
                 f"{name} is {t.nbytes:,} bytes, over the {max_bytes:,}-byte limit (raise --max-bytes to read it)"
             )
-        raw = self._read(shard, h.data_start + t.begin, t.nbytes)
+        self.require_present(name, shard, h, h.data_start + t.begin, t.nbytes)
+        check_memory(2 * t.nbytes, f"reading {name} ({t.nbytes:,} bytes)")  # the chunks, then their join
+        raw = self._read(name, shard, h, h.data_start + t.begin, t.nbytes)
         return decode(raw, t.dtype, t.shape), t, shard
 
     def read_rows(self, name: str, rows: list[int]) -> tuple[np.ndarray, TensorInfo, str]:
@@ -146,9 +247,10 @@ class TensorFetcher:
         for r in rows:
             if not 0 <= r < n_rows:
                 raise KimiAuditError(f"row {r} out of range for {name} with {n_rows:,} rows")
+        check_memory(2 * len(rows) * row_bytes, f"reading {len(rows):,} rows of {name}")
         out = []
         for r in rows:
-            raw = self._read(shard, h.data_start + t.begin + r * row_bytes, row_bytes)
+            raw = self._read(f"{name} row {r}", shard, h, h.data_start + t.begin + r * row_bytes, row_bytes)
             out.append(decode(raw, t.dtype, (width,)))
         return np.stack(out) if out else np.zeros((0, width)), t, shard
 

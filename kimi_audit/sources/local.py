@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -138,3 +139,63 @@ class LocalSource:
             raise SourceError(f"{name}: {e.strerror or e}") from None
         finally:
             os.close(fd)
+
+    def holes(self, name: str, start: int = 0, length: int | None = None) -> tuple[tuple[int, int], ...]:
+        """The sparse holes of a file that overlap [start, start + length), as (begin, end) offsets
+        clipped to that range, in order (lseek SEEK_HOLE / SEEK_DATA).
+
+        A hole reads as zeros but holds no data: a header-only or interrupted copy. The filesystem
+        reports holes in whole blocks, so bytes that share a block with written data count as data.
+        Where holes cannot be asked about (no SEEK_HOLE on the platform, a filesystem that answers
+        EINVAL or EOPNOTSUPP) the answer is no holes: every byte is taken as present.
+        Remote sources have no such method: callers look it up with getattr.
+        """
+        seek_hole = getattr(os, "SEEK_HOLE", None)
+        seek_data = getattr(os, "SEEK_DATA", None)
+        if start < 0 or (length is not None and length < 0):
+            raise ValueError("negative range")
+        if seek_hole is None or seek_data is None:
+            return ()
+        path = self._path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise FileMissingError(f"{name}: no such file in {self.root}") from None
+        except OSError as e:
+            raise SourceError(f"{name}: {e.strerror or e}") from None
+        try:
+            size = os.fstat(fd).st_size
+            end = size if length is None else min(size, start + length)
+            out: list[tuple[int, int]] = []
+            pos = start
+            while pos < end:
+                try:
+                    hole = os.lseek(fd, pos, seek_hole)  # the end of file counts as a hole
+                except OSError as e:
+                    if e.errno == errno.ENXIO:  # pos at or past the end of file
+                        break
+                    if e.errno in _NO_HOLE_SUPPORT:
+                        return ()
+                    raise
+                if hole >= end:
+                    break
+                try:
+                    data = os.lseek(fd, hole, seek_data)
+                except OSError as e:
+                    if e.errno != errno.ENXIO:  # ENXIO: no data after `hole`, a hole to the end
+                        if e.errno in _NO_HOLE_SUPPORT:
+                            return ()
+                        raise
+                    data = size
+                out.append((hole, min(data, end)))
+                pos = data
+            return tuple(out)
+        except OSError as e:
+            raise SourceError(f"{name}: {e.strerror or e}") from None
+        finally:
+            os.close(fd)
+
+
+_NO_HOLE_SUPPORT = frozenset(
+    e for e in (errno.EINVAL, getattr(errno, "EOPNOTSUPP", None), getattr(errno, "ENOTSUP", None)) if e is not None
+)
