@@ -7,11 +7,21 @@ package registers every command on `app`; no command module imports this package
 
 from __future__ import annotations
 
+import sys
+
 from kimi_audit.cli import audit, diff, hub, numerics, params  # noqa: F401  (each registers its commands)
-from kimi_audit.cli.app import app
+from kimi_audit.cli.app import EXIT_BROKEN_PIPE, app, silence_stdout
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
-    app()
+    """Run the app; a reader that closed stdout (`| head -1`) ends it quietly, exit code 141."""
+    try:
+        try:
+            app()
+        finally:
+            sys.stdout.flush()  # here, not in the interpreter's last flush, where it could only be ignored
+    except BrokenPipeError:
+        silence_stdout()
+        sys.exit(EXIT_BROKEN_PIPE)

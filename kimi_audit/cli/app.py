@@ -1,25 +1,89 @@
 """The Typer app and what every command shares: consoles, error handling, progress.
 
 Each command is a thin shell: parse options, open a source, call the core, render. Errors that make
-the input unusable are KimiAuditError: one line on stderr, exit code 2. Findings exit 1.
+the input unusable are KimiAuditError: one line on stderr (and, under --json, a JSON error on stdout),
+exit code 2. Findings exit 1. A closed stdout pipe exits 141, quietly.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import json
+import os
+import signal
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from types import FrameType
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
 
 from kimi_audit import __version__
 from kimi_audit.errors import KimiAuditError
 
+# What a process killed by SIGPIPE reports in a shell (`git log | head -1` does the same).
+EXIT_BROKEN_PIPE = 141
+
+
+def reflow(text: str | None) -> str | None:
+    """Join the lines of each paragraph (a paragraph starting with \\b is kept as written).
+
+    Typer's rich help keeps single line breaks of a docstring, so a paragraph wrapped at the source's
+    width would show broken mid-sentence at any other terminal width.
+    """
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
+                       for p in paragraphs)
+
+
+def plain_flags(params: list[Any]) -> list[Any]:
+    """Show boolean flags without a value placeholder (typer 0.29 prints `--json <bool>`, yet takes no value)."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class HelpGroup(TyperGroup):
+    """Typer's group, with every command's help read as sentences and its flags shown as flags.
+
+    Help texts are plain prose: their paragraphs are reflowed and anything that looks like rich markup
+    (`owner/name[@revision]`) is escaped, once, when typer builds the group. (Click's types are `Any`
+    here: typer 0.29 vendors its own click, older typers use click's.)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for cmd in (self, *self.commands.values()):
+            cmd.help, cmd.short_help = _prose(cmd.help), _prose(cmd.short_help)
+            for param in plain_flags(cmd.params):
+                if getattr(param, "help", None):
+                    param.help = escape(param.help)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return plain_flags(super().get_params(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None and (help_option := cmd.get_help_option(ctx)) is not None:
+            plain_flags([help_option])
+        return cmd
+
+
+def _prose(text: str | None) -> str | None:
+    return escape(reflowed) if (reflowed := reflow(text)) else reflowed
+
+
 app = typer.Typer(
+    cls=HelpGroup,
     name="kimi-audit",
     help=(
         "Audit a Kimi-K2 / DeepseekV3 safetensors checkpoint from its headers: every tensor present, "
@@ -32,28 +96,92 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-stdout = Console()
+class StdoutConsole(Console):
+    """The console on stdout: a reader that went away ends the command with 141, as in main() (rich says 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        silence_stdout()
+        raise SystemExit(EXIT_BROKEN_PIPE)
+
+
+stdout = StdoutConsole()
 stderr = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def user_errors(fn: F) -> F:
-    """Turn KimiAuditError into a one-line message and exit code 2 (never a traceback)."""
+    """Turn KimiAuditError into a one-line message and exit code 2 (never a traceback).
+
+    A command asked for JSON (`--json`, `--format json`) also gets the error as JSON on stdout:
+    `{"error": {"code": ..., "message": ...}, "exit_code": 2}`. A reader that closes stdout early
+    (`| head -1`) ends the command quietly with exit code 141.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
         except KimiAuditError as e:
             # The message may quote hostile names: no markup from it, and one line whatever it holds.
             stderr.print(f"[bold red]error:[/bold red] {escape(one_line(str(e)))}", highlight=False, soft_wrap=True)
+            if kwargs.get("as_json") or kwargs.get("fmt") == "json":
+                error = {"error": {"code": e.code, "message": str(e)}, "exit_code": e.exit_code}
+                try:
+                    sys.stdout.write(json.dumps(error) + "\n")
+                    sys.stdout.flush()
+                except BrokenPipeError:
+                    stdout_closed()
             raise typer.Exit(e.exit_code) from None
+        except BrokenPipeError:
+            stdout_closed()
         except KeyboardInterrupt:
             stderr.print("interrupted")
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def stdout_closed() -> NoReturn:
+    """The reader of stdout went away: end the command quietly, exit code 141."""
+    silence_stdout()
+    raise typer.Exit(EXIT_BROKEN_PIPE)
+
+
+def silence_stdout() -> None:
+    """Send what is still buffered for a closed stdout to /dev/null (as the Python docs advise for SIGPIPE),
+    so the interpreter's last flush raises nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real file descriptor behind stdout (a test runner's capture)
+        pass
+
+
+@contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """Within the block, SIGTERM raises SystemExit(143), so `with` blocks (temporary directories) clean up.
+
+    SIGINT already raises KeyboardInterrupt (exit 130). Outside the main thread nothing changes.
+    """
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def one_line(text: str) -> str:
@@ -88,5 +216,9 @@ def version_callback(value: bool) -> None:
 def root(
     version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True,
                                  help="Print the version and exit."),
+    verbose: bool = typer.Option(False, "-v", "--verbose",
+                                 help="Show huggingface_hub's retry logs (each failed attempt, each wait) on stderr."),
 ) -> None:
-    pass
+    from kimi_audit.sources.hub_network import show_retry_logs
+
+    show_retry_logs(verbose)

@@ -128,8 +128,11 @@ def params(
     as_json: bool = typer.Option(False, "--json", help="Print the tree as JSON (schema kimi-audit/params/1)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
 ) -> None:
-    """The parameter accounting tree: each component's count derived from config.json, next to the count
-    found in the checkpoint's tensors, with the formula. Exit 1 when any node mismatches."""
+    """Print the parameter accounting tree, derived from config.json and found in the tensors.
+
+    Each component's count derived from config.json, next to the count found in the checkpoint's
+    tensors, with the formula. Exit 1 when any node mismatches.
+    """
     _ckpt, acc = _load(source, revision, progress)
     if as_json:
         sys.stdout.write(json.dumps(accounting_dict(acc, depth), indent=2, ensure_ascii=False) + "\n")
@@ -148,9 +151,12 @@ def explain(
     as_json: bool = typer.Option(False, "--json", help="Print the card(s) as JSON."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
 ) -> None:
-    """A card for one component: what it computes, shapes with named axes, exact per-instance accounting,
-    count across blocks, the tensors that hold it and the config keys it came from. A name found in
-    several blocks (e.g. q_a_layernorm: MoE and dense) prints one card for each."""
+    """Explain one component of the model in a card.
+
+    The card says what it computes, its shapes with named axes, exact per-instance accounting, the count
+    across blocks, the tensors that hold it and the config keys it came from. A name found in several
+    blocks (e.g. q_a_layernorm: MoE and dense) prints one card for each.
+    """
     ckpt, acc = _load(source, revision, progress)
     cards = [build_card(acc, ckpt.config, ckpt.config_raw, n) for n in find_nodes(acc, ckpt.config, component)]
     if as_json:

@@ -18,26 +18,30 @@ class HubError(KimiAuditError):
     that kept breaking off a ShortReadError (both SourceErrors: findings for that one shard).
     """
 
+    code = "HUB_ERROR"
+
 
 class RepoNotFoundError(HubError):
-    pass
+    code = "HUB_REPO_NOT_FOUND"
 
 
 class RevisionNotFoundError(HubError):
-    pass
+    code = "HUB_REVISION_NOT_FOUND"
 
 
 class GatedRepoError(HubError):
-    pass
+    code = "HUB_GATED_REPO"
 
 
 class HubTimeoutError(HubError):
-    pass
+    code = "HUB_TIMEOUT"
 
 
 class RangeNotSupportedError(HubError):
     """The server answered a Range request with the whole file (200) instead of 206."""
 
+    code = "HUB_RANGE_NOT_SUPPORTED"
+
 
 class HubOfflineError(HubError):
-    pass
+    code = "HUB_OFFLINE"

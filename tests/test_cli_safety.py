@@ -1,0 +1,234 @@
+"""The command line is safe to run and to script: demo never clobbers a directory and cleans up after a
+signal, unusable input is JSON too under --json, a closed stdout pipe ends quietly, help reads as prose."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from kimi_audit.cli import app
+from kimi_audit.cli.app import reflow
+from kimi_audit.errors import KimiAuditError
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = tuple(typer.main.get_command(app).commands)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def cli(*args: str, env: dict[str, str] | None = None):
+    return runner.invoke(app, list(args), env=env)
+
+
+def kimi_audit(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kimi_audit", *args]
+
+
+# --- demo: never overwrite, always clean up ------------------------------------------------------------------
+
+
+def test_demo_refuses_a_directory_that_holds_files(tmp_path):
+    target = tmp_path / "checkpoint"
+    target.mkdir()
+    precious = {"config.json": b'{"precious": true}', "model-1-of-61.safetensors": os.urandom(4096)}
+    for name, data in precious.items():
+        (target / name).write_bytes(data)
+    before = {p.name: p.stat().st_mtime_ns for p in target.iterdir()}
+    for extra in ([], ["--json"]):
+        r = cli("demo", str(target), *extra)
+        assert r.exit_code == 2, r.output
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "not empty" in lines[0] and "--force" in lines[0]
+    assert json.loads(r.stdout)["error"]["code"] == "DIRECTORY_NOT_EMPTY"
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == precious  # byte-identical, nothing added
+    assert {p.name: p.stat().st_mtime_ns for p in target.iterdir()} == before
+
+
+def test_demo_refuses_a_file_even_with_force(tmp_path):
+    target = tmp_path / "a-file"
+    target.write_bytes(b"keep")
+    r = cli("demo", str(target), "--force")
+    assert r.exit_code == 2 and "not a directory" in r.stderr
+    assert target.read_bytes() == b"keep"
+
+
+def test_demo_force_writes_only_the_replica_files(tmp_path):
+    target = tmp_path / "mixed"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    (target / "config.json").write_text("stale")
+    r = cli("demo", str(target), "--force", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["result"]["verdict"] == "PASS"
+    assert (target / "notes.txt").read_text() == "mine"
+    assert json.loads((target / "config.json").read_text())["model_type"] == "kimi_k2"
+    names = {p.name for p in target.iterdir()} - {"notes.txt", "config.json", "model.safetensors.index.json"}
+    assert names == {f"model-{i}-of-61.safetensors" for i in range(1, 62)}
+
+
+def _no_sigint_ignored() -> None:  # a test runner started in the background may pass SIGINT on ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_during_demo_removes_its_temporary_directory(tmp_path, sig, code):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen(kimi_audit("demo"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         preexec_fn=_no_sigint_ignored)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(tmp.glob("kimi-audit-demo-*")):
+            assert p.poll() is None, p.stderr.read() if p.stderr else ""
+            assert time.monotonic() < deadline, "demo never made its temporary directory"
+            time.sleep(0.005)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == code, err
+    assert b"Traceback" not in err
+    assert list(tmp.iterdir()) == []
+
+
+# --- unusable input under --json: the error as JSON on stdout -------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["audit", "{nope}", "--json"],
+    ["audit", "{nope}", "--format", "json"],
+    ["params", "{nope}", "--json"],
+    ["explain", "{nope}", "q_a_layernorm", "--json"],
+    ["diff", "{nope}", "{nope}", "--json"],
+    ["rmsnorm", "{nope}", "--json"],
+    ["tensor", "{nope}", "model.norm.weight", "--json"],
+])
+def test_unusable_input_is_a_json_error_on_stdout(tmp_path, args):
+    nope = str(tmp_path / "no-such-checkpoint")
+    r = cli(*[nope if a == "{nope}" else a for a in args])
+    assert r.exit_code == 2, r.output
+    doc = json.loads(r.stdout)
+    assert doc["exit_code"] == 2 and set(doc) == {"error", "exit_code"}
+    assert doc["error"]["code"] == "FILE_MISSING" and "no such file or directory" in doc["error"]["message"]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:")
+
+
+def test_invalid_config_and_bad_options_have_stable_codes(tiny_copy):
+    r = cli("audit", str(tiny_copy), "--json", "--fail-on", "never")
+    assert (r.exit_code, json.loads(r.stdout)["error"]["code"]) == (2, "UNUSABLE_INPUT")
+    (tiny_copy / "config.json").write_text("{oops")
+    r = cli("audit", str(tiny_copy), "--json")
+    assert (r.exit_code, json.loads(r.stdout)["error"]["code"]) == (2, "CONFIG_INVALID")
+    r = cli("audit", str(tiny_copy))  # no --json: stdout stays empty
+    assert r.exit_code == 2 and r.stdout == ""
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(s for sub in cls.__subclasses__() for s in _subclasses(sub))]
+
+
+def test_every_error_class_has_its_own_stable_code():
+    import kimi_audit.model.quant
+    import kimi_audit.numerics.dtypes
+    import kimi_audit.numerics.tensor_io
+    import kimi_audit.sources.hub_errors  # noqa: F401
+
+    codes = {c.__name__: c.code for c in _subclasses(KimiAuditError)}
+    assert len(set(codes.values())) == len(codes), codes
+    assert all(re.fullmatch(r"[A-Z][A-Z0-9_]*", code) for code in codes.values()), codes
+    assert codes["KimiAuditError"] == "UNUSABLE_INPUT" and codes["ConfigError"] == "CONFIG_INVALID"
+    assert codes["SourceError"] == "SOURCE_UNREADABLE" and codes["RepoNotFoundError"] == "HUB_REPO_NOT_FOUND"
+    assert codes["TensorNotFoundError"] == "TENSOR_NOT_FOUND"  # derived from the name where none is set
+
+
+# --- a closed stdout pipe --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", [["--json"], []])
+def test_a_closed_stdout_pipe_ends_quietly(tiny_dir, fmt):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody will ever read: the first write fails
+    try:
+        p = subprocess.run(kimi_audit("audit", str(tiny_dir), *fmt), stdout=write_end, stderr=subprocess.PIPE,
+                           timeout=120)
+    finally:
+        os.close(write_end)
+    assert (p.returncode, p.stderr) == (141, b"")
+
+
+def test_head_of_a_pipeline_ends_quietly(tiny_dir):
+    p = subprocess.run(["bash", "-c", '"$@" | head -1; echo "status ${PIPESTATUS[0]}" >&2', "sh",
+                        *kimi_audit("audit", str(tiny_dir), "--json")], capture_output=True, text=True, timeout=120)
+    assert p.stdout == "{\n"
+    assert re.fullmatch(r"status (0|141)\n", p.stderr), p.stderr  # nothing else: no traceback, no "ignored"
+
+
+# --- help: prose, and flags shown as flags ---------------------------------------------------------------------
+
+
+def _help(*args: str, columns: int) -> str:
+    r = cli(*args, "--help", env={"COLUMNS": str(columns)})  # (typer reads TERMINAL_WIDTH once: not that)
+    assert r.exit_code == 0, r.output
+    return ANSI.sub("", r.stdout)
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_shows_flags_as_flags(command, columns):
+    text = _help(*([command] if command else []), columns=columns)
+    assert "<bool>" not in text and "--help" in text
+
+
+def test_top_level_help_lists_each_command_in_one_sentence():
+    text = _help(columns=200)
+    rows = {m[1]: m[2].strip() for m in re.finditer(r"^│ (\w+) +(.*?)│$", text, re.M) if m[1] in COMMANDS}
+    assert set(rows) == set(COMMANDS), text
+    for command, row in rows.items():
+        assert row.endswith("."), (command, row)
+        assert f"│ {command} " in text and f"{row}" in text
+    continuation = re.findall(r"^│ {4,}\S.*│$", text[text.index("Commands"):], re.M)
+    assert continuation == [], continuation  # each command's short help fits on its one row
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_paragraphs_break_only_where_the_width_runs_out(command):
+    columns = 200
+    text = _help(*([command] if command else []), columns=columns)
+    prose = text.split("╭", 1)[0].splitlines()[2:]  # the description, between the usage line and the panels
+    for line, following in itertools.pairwise(prose):
+        if line.strip() and following.strip():  # inside a paragraph: a wrap, not a newline from the source
+            assert len(line.rstrip()) + 1 + len(following.split()[0]) > columns - 2, (line, following)
+
+
+def test_help_text_is_not_taken_for_markup():
+    assert "`owner/name[@revision]`" in _help("audit", columns=200)
+    assert "`owner/name[@revision]`" in _help("diff", columns=200)
+
+
+def test_reflow_joins_paragraph_lines_and_keeps_verbatim_blocks():
+    assert reflow("One\n    two.\n\n    Three\n    four.") == "One two.\n\nThree four."
+    assert reflow("A.\n\n\b\nkeep\nthis") == "A.\n\n\b\nkeep\nthis"
+
+
+def test_json_is_a_flag(tiny_dir):
+    r = cli("audit", str(tiny_dir), "--json", "--no-progress")
+    assert r.exit_code == 0 and json.loads(r.stdout)["result"]["verdict"] == "PASS"
+    r = cli("audit", str(tiny_dir), "--json", "true")
+    assert r.exit_code == 2  # a flag takes no value: `true` is an extra argument
+    r = cli("params", str(tiny_dir), "--json", "--no-progress")
+    assert r.exit_code == 0 and json.loads(r.stdout)
