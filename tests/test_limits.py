@@ -31,8 +31,9 @@ from kimi_audit.checks.audit import audit_source
 from kimi_audit.constants import CONFIG_FILE, INDEX_FILE, MAX_CONFIG_BYTES, MAX_HEADER_BYTES, MAX_INDEX_BYTES
 from kimi_audit.errors import ConfigError
 from kimi_audit.format.header import read_shard_header
+from kimi_audit.format.index import load_index
 from kimi_audit.model import checkpoint
-from kimi_audit.model.checkpoint import load_checkpoint, load_index
+from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.sources.base import RangeRead
 from kimi_audit.sources.local import LocalSource
 

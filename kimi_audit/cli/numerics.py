@@ -28,7 +28,7 @@ from kimi_audit.sources.base import Source
 
 if TYPE_CHECKING:
     from kimi_audit.numerics.kernels import TensorStats
-    from kimi_audit.numerics.rmsnorm_check import LayerResult
+    from kimi_audit.checks.rmsnorm import LayerResult
 
 
 # ------------------------------------------------------------------ rmsnorm
@@ -82,7 +82,7 @@ def rmsnorm(
 
     Fails (exit 1) when a gain or an output holds NaN/Inf, or a gain is all zeros.
     """
-    from kimi_audit.numerics.rmsnorm_check import (
+    from kimi_audit.checks.rmsnorm import (
         EMBED,
         Q_A_LAYERNORM,
         check_input_memory,
@@ -161,7 +161,7 @@ def _clean(v: Any) -> Any:
 
 def _render_rmsnorm(src: Source, cfg: ModelConfig, input_desc: dict[str, Any], results: list[LayerResult], show: int,
                     bytes_read: int) -> None:
-    from kimi_audit.numerics.rmsnorm_check import max_abs
+    from kimi_audit.checks.rmsnorm import max_abs
 
     rev = f" @ {src.revision}" if src.revision else ""
     shape = "×".join(str(d) for d in input_desc["shape"])

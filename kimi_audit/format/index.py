@@ -8,10 +8,11 @@ from typing import Any
 
 import msgspec
 
-from kimi_audit.errors import UnsafePathError
+from kimi_audit.constants import INDEX_FILE, MAX_INDEX_BYTES
+from kimi_audit.errors import FileTooLargeError, UnsafePathError
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.jsondup import duplicate_keys
-from kimi_audit.sources.base import safe_member_name
+from kimi_audit.sources.base import Source, safe_member_name
 
 
 @dataclass(frozen=True)
@@ -155,3 +156,15 @@ def _short_repr(v: Any) -> str:
 def _duplicates(text: str, name: str) -> list[Finding]:
     return [error("INDEX_DUPLICATE_KEY", f"{name}: key {k[:200]!r} appears more than once", tensor=k, shard=name)
             for k in duplicate_keys(text)]
+
+
+def load_index(source: Source, files: tuple[str, ...]) -> tuple[IndexFile | None, list[Finding]]:
+    """The index of a checkpoint whose files are `files`, or None when it has none (or it is refused)."""
+    if INDEX_FILE not in files:
+        return None, []
+    try:
+        return parse_index(source.read_file(INDEX_FILE, MAX_INDEX_BYTES), INDEX_FILE), []
+    except FileTooLargeError as e:
+        return None, [error("INDEX_TOO_LARGE", str(e), shard=INDEX_FILE)]
+    except UnsafePathError:  # a symlink out of the directory: reported as SYMLINK_OUTSIDE, never read
+        return None, []

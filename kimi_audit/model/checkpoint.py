@@ -18,15 +18,14 @@ from kimi_audit.constants import (
     INDEX_FILE,
     MAX_CONFIG_BYTES,
     MAX_HEADER_BYTES,
-    MAX_INDEX_BYTES,
     SAFETENSORS_SUFFIX,
 )
-from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError, UnsafePathError
+from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format.estimate import first_read_bytes, source_file_size
 from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header, parse_fetched
 from kimi_audit.format.header import ShardHeader, read_shard_header
-from kimi_audit.format.index import IndexFile, natural_key, parse_index
+from kimi_audit.format.index import IndexFile, load_index, natural_key
 from kimi_audit.gcpause import gc_paused
 from kimi_audit.model.config import ModelConfig, parse_config_bytes
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
@@ -67,17 +66,6 @@ def load_config(source: Source) -> tuple[dict[str, Any], ModelConfig]:
     except FileTooLargeError as e:
         raise ConfigError(str(e)) from None
     return parse_config_bytes(raw)
-
-
-def load_index(source: Source, files: tuple[str, ...]) -> tuple[IndexFile | None, list[Finding]]:
-    if INDEX_FILE not in files:
-        return None, []
-    try:
-        return parse_index(source.read_file(INDEX_FILE, MAX_INDEX_BYTES), INDEX_FILE), []
-    except FileTooLargeError as e:
-        return None, [error("INDEX_TOO_LARGE", str(e), shard=INDEX_FILE)]
-    except UnsafePathError:  # a symlink out of the directory: reported as SYMLINK_OUTSIDE, never read
-        return None, []
 
 
 def shards_to_read(files: tuple[str, ...], index: IndexFile | None) -> tuple[list[str], list[Finding]]:

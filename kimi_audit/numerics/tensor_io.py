@@ -25,7 +25,7 @@ from kimi_audit.errors import DataNotPresentError, KimiAuditError, ShortReadErro
 from kimi_audit.format.estimate import first_read_bytes, source_file_size
 from kimi_audit.format.header import ShardHeader, TensorInfo, read_shard_header
 from kimi_audit.format.index import IndexFile, natural_key
-from kimi_audit.model.checkpoint import load_index
+from kimi_audit.format.index import load_index
 from kimi_audit.sources.base import Source
 
 if TYPE_CHECKING:
