@@ -60,13 +60,21 @@ def validate_junit(xml_text: str) -> ET.Element:
             assert case.attrib.keys() >= CASE_REQUIRED and DECIMAL.match(case.get("time"))
             kids = [c.tag for c in case]
             assert set(kids) <= {"failure", "error", "skipped", "system-out", "system-err"}
-            assert kids.count("failure") + kids.count("error") <= 1  # the schema's choice
+            assert kids.count("failure") + kids.count("error") + kids.count("skipped") <= 1  # the schema's choice
+            for sk in case.findall("skipped"):
+                assert sk.get("message")
             for f in case.findall("failure"):
                 assert f.attrib.keys() >= FAILURE_REQUIRED
             failing += "failure" in kids
         assert int(suite.get("failures")) == failing
         assert int(suite.get("errors")) == sum("error" in [c.tag for c in case] for case in cases)
+        assert int(suite.get("skipped")) == sum(case.find("skipped") is not None for case in cases)
     return root
+
+
+def skipped(root: ET.Element) -> dict[str, str]:
+    return {c.get("name"): c.find("skipped").get("message") for c in root.iter("testcase")
+            if c.find("skipped") is not None}
 
 
 def failures(root: ET.Element) -> dict[str, ET.Element]:
@@ -85,8 +93,24 @@ def test_junit_of_a_clean_checkpoint_passes_every_check(tiny_dir):
     names = [c.get("name") for c in root.iter("testcase")]
     assert names == [c.name for c in CHECKS] + ["q_a_layernorm"]
     assert failures(root) == {}
+    # checks that did not run are skipped, not passed
+    assert set(skipped(root)) == {"values", "release-gates"}
+    assert "--values" in skipped(root)["values"] and "--expect-params" in skipped(root)["release-gates"]
     props = {p.get("name"): p.get("value") for p in root.iter("property")}
     assert props["parameters"] == str(report.stats.parameters)
+
+
+def test_junit_checks_that_ran_are_not_skipped(tiny_dir):
+    from kimi_audit.checks.values import audit_with_values
+
+    report = audit_with_values(LocalSource(tiny_dir))
+    assert report.values_checked and not report.gates_checked
+    gated = apply_gates(report, str(report.stats.parameters), None)
+    assert gated.gates_checked and gated.exit_code() == 0
+    root = validate_junit(render_junit(gated))
+    assert skipped(root) == {} and failures(root) == {}
+    r = runner.invoke(app, ["audit", str(tiny_dir), "--no-progress", "--format", "junit", "--values"])
+    assert r.exit_code == 0 and set(skipped(validate_junit(r.stdout))) == {"release-gates"}
 
 
 def test_junit_failures_name_the_checks_and_tensors(tmp_path):
@@ -190,7 +214,7 @@ def test_expect_revision_gate_against_the_hub(hub):
     assert r.exit_code == 2
 
 
-@pytest.mark.parametrize("fmt", ["table", "json", "junit", "markdown"])
+@pytest.mark.parametrize("fmt", ["table", "json", "junit", "markdown", "sarif"])
 def test_every_format_renders_the_replica(replica_dir, fmt, tmp_path):
     out = tmp_path / f"report.{fmt}"
     r = runner.invoke(app, ["audit", str(replica_dir), "--no-progress", "--format", fmt, "--output", str(out)])

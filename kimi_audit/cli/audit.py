@@ -5,14 +5,17 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kimi_audit.checks.audit import AuditReport, audit_source
-from kimi_audit.cli.app import app, shard_progress, stderr, stdout, user_errors
+from kimi_audit.cli.app import app, shard_progress, sigterm_exits, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
+from kimi_audit.errors import DirectoryNotEmptyError, KimiAuditError
+from kimi_audit.model.replica_models import DEFAULT_MODEL, REPLICA_MODELS
 from kimi_audit.report.json_report import render_json
 from kimi_audit.report.table import render_table
 from kimi_audit.sources import LocalSource, open_source
@@ -35,7 +38,8 @@ def audit(
     revision: str | None = typer.Option(
         None, "--revision", "-r", help="Hub revision: commit hash (full or short), branch or tag."),
     as_json: bool = typer.Option(False, "--json", help="Alias for --format json."),
-    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json, junit or markdown."),
+    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json, junit, markdown or "
+                                   "sarif (SARIF 2.1.0 for GitHub code scanning)."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
     fail_on: str = typer.Option("error", "--fail-on", help="Exit 1 on findings of this severity or worse: "
                                 "error or warning."),
@@ -49,6 +53,10 @@ def audit(
     values: bool = typer.Option(False, "--values", help="Also fetch every small tensor (norm gains, router "
                                 "biases, FP8 scales: ~250 MB for Kimi-K2) and report NaN/Inf, scales <= 0, "
                                 "zero gains."),
+    ignore: list[str] | None = typer.Option(None, "--ignore", metavar="CODE[:GLOB]", help="Accept a known "
+                                            "deviation: findings of CODE (whose tensor name, or shard, matches "
+                                            "GLOB) leave the verdict and the exit code and are listed as "
+                                            "ignored. Repeatable."),
 ) -> None:
     """Check every tensor of a checkpoint against the layout its config.json implies.
 
@@ -57,9 +65,11 @@ def audit(
     process (set KIMI_AUDIT_HEADER_WORKER=0 to keep it all in one).
     """
     from kimi_audit.checks.gates import apply_gates, check_sha, parse_count
-    from kimi_audit.cli.ci import deliver, resolve_fail_on, resolve_format
+    from kimi_audit.checks.ignore import apply_ignores
+    from kimi_audit.cli.ci import deliver, resolve_fail_on, resolve_format, resolve_ignores
 
     out_format, severity = resolve_format(fmt, as_json), resolve_fail_on(fail_on)
+    ignore_rules = resolve_ignores(ignore)
     for validate, value in ((parse_count, expect_params), (check_sha, expect_revision)):
         if value is not None:
             validate(value)  # refuse a malformed gate before reading anything
@@ -71,7 +81,7 @@ def audit(
             report = audit_with_values(src, update, update)
         else:
             report = audit_source(src, update)
-    report = apply_gates(report, expect_params, expect_revision)
+    report = apply_ignores(apply_gates(report, expect_params, expect_revision), ignore_rules)
     deliver(report, out_format, output, severity, time.monotonic() - started, stdout, all_findings)
     raise typer.Exit(report.exit_code(severity))
 
@@ -80,24 +90,54 @@ def audit(
 @user_errors
 def demo(
     directory: Path | None = typer.Argument(
-        None, help="Where to build the replica (default: a temporary directory, removed afterwards)."),
+        None, help="Where to build the replica: a new or empty directory (default: a temporary directory, "
+                   "removed afterwards, also on Ctrl-C or SIGTERM)."),
+    force: bool = typer.Option(False, "--force", help="Build in DIRECTORY even if it holds files. Only the "
+                               "replica's own files are written there (config.json, model.safetensors.index.json, "
+                               "its shards), over any of the same name; nothing else is touched."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report on stdout."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="NAME", help="The release to replicate: "
+                              f"{', '.join(REPLICA_MODELS)}."),
 ) -> None:
-    """Build a full-scale header replica of Kimi-K2-Instruct (61 sparse shards) and audit it, offline.
+    """Build a full-scale header replica of a family member (default Kimi-K2-Instruct, 61 sparse shards) and
+    audit it, offline.
 
-    The replica's headers match the published layout at the pinned revision (959 GB apparent, a few
-    hundred MB on disk), so this shows the whole audit on a machine with no Hub access.
+    The replica's headers match the published layout (Kimi-K2-Instruct: at the pinned revision, 959 GB
+    apparent, a few hundred MB on disk), so this shows the whole audit on a machine with no Hub access.
+    A DIRECTORY that holds files is refused (exit 2, nothing written) unless --force.
     """
     from kimi_audit.model.replica import build_replica
 
-    with tempfile.TemporaryDirectory(prefix="kimi-audit-demo-") as tmp:
-        target = directory or Path(tmp)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=stderr, transient=True) as bar:
-            task = bar.add_task("building replica", total=61)
-            build_replica(target, progress=lambda shard: bar.advance(task))
-        stderr.print(f"replica of the pinned Kimi-K2-Instruct layout written to {target}")
+    spec = REPLICA_MODELS.get(model)
+    if spec is None:
+        raise KimiAuditError(f"--model {model!r}: no replica of it; one of {', '.join(REPLICA_MODELS)}")
+    if directory is not None:
+        _check_demo_directory(directory, force)
+    with sigterm_exits(), ExitStack() as cleanup:
+        target = directory or Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="kimi-audit-demo-")))
+        try:
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=stderr, transient=True) as bar:
+                task = bar.add_task("building replica", total=spec.shards)
+                build_replica(target, model=model, progress=lambda shard: bar.advance(task))
+        except OSError as e:
+            raise KimiAuditError(f"cannot write the replica in {target}: {e.strerror or e}") from None
+        stderr.print(f"replica of the {spec.title} layout ({spec.shards} shards) written to {target}")
         with shard_progress("reading headers") as update:
             report = audit_source(LocalSource(target), update)
         emit_report(report, as_json)
     raise typer.Exit(report.exit_code())
+
+
+def _check_demo_directory(directory: Path, force: bool) -> None:
+    """Refuse, before writing anything, a DIRECTORY that is a file or (without --force) holds files."""
+    try:
+        if not directory.exists():
+            return
+        if not directory.is_dir():
+            raise KimiAuditError(f"{directory} is not a directory")
+        if not force and next(directory.iterdir(), None) is not None:
+            raise DirectoryNotEmptyError(f"{directory} is not empty; demo would overwrite the files of its replica "
+                                         "there (pass --force to allow it, or name a new directory)")
+    except OSError as e:
+        raise KimiAuditError(f"cannot use {directory}: {e.strerror or e}") from None

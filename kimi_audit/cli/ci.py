@@ -1,4 +1,4 @@
-"""Delivering an audit report in the CI formats: --format, --output, $GITHUB_STEP_SUMMARY."""
+"""Delivering an audit report in the CI formats: --format, --output, $GITHUB_STEP_SUMMARY; --ignore rules."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 from rich.console import Console
 
 from kimi_audit.checks.audit import AuditReport
+from kimi_audit.checks.ignore import IgnoreRule
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Severity
 
-FORMATS = ("table", "json", "junit", "markdown")
+FORMATS = ("table", "json", "junit", "markdown", "sarif")
 FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING}
 
 
@@ -32,6 +33,14 @@ def resolve_fail_on(value: str) -> Severity:
         raise KimiAuditError(f"--fail-on must be error or warning, got {value!r}") from None
 
 
+def resolve_ignores(specs: list[str] | None) -> list[IgnoreRule]:
+    """--ignore CODE / CODE:GLOB, each checked against the known finding codes (exit 2 on a bad one)."""
+    from kimi_audit.checks.ignore import parse_ignore
+    from kimi_audit.report.rules import RULES
+
+    return [parse_ignore(spec, RULES) for spec in specs or ()]
+
+
 def render(report: AuditReport, fmt: str, fail_on: Severity, elapsed: float, width: int | None = None,
            all_findings: bool = False) -> str:
     if fmt == "json":
@@ -43,6 +52,9 @@ def render(report: AuditReport, fmt: str, fail_on: Severity, elapsed: float, wid
     if fmt == "markdown":
         from kimi_audit.report.markdown import render_markdown
         return render_markdown(report, fail_on)
+    if fmt == "sarif":
+        from kimi_audit.report.sarif import render_sarif
+        return render_sarif(report, fail_on)
     from kimi_audit.report.table import render_table
     buf = io.StringIO()
     render_table(report, Console(file=buf, width=width or 120, color_system=None, soft_wrap=False), fail_on)

@@ -6,7 +6,10 @@ package><properties/><testcase name classname time><failure message type>text</f
 <system-out/><system-err/></testsuite></testsuites>.
 
 A check fails when it has a finding at or above `fail_on` (error by default; warning with
-`--fail-on warning`); lower-severity findings are listed in the testcase's <system-out>.
+`--fail-on warning`); lower-severity findings are listed in the testcase's <system-out>. A check that did
+not run (values without `--values`, release-gates without `--expect-params` / `--expect-revision`) is
+<skipped>. Findings accepted with `--ignore` are counted in the `ignored` property and listed in the
+suite's <system-out>.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from datetime import UTC, datetime
 
 from kimi_audit import __version__
 from kimi_audit.checks.audit import AuditReport
+from kimi_audit.checks.ignore import ignored_line
 from kimi_audit.findings import Finding, Severity
 
 MAX_LINES = 500
 """Findings listed per testcase; the rest are counted (the JSON report has them all)."""
 
 FORMAT_CODES = {"DTYPE_UNKNOWN", "SHAPE_INVALID", "SIZE_MISMATCH", "DATA_PAST_EOF", "TRAILING_BYTES"}
-VALUE_CODES = {"SCALE_NOT_POSITIVE", "GAIN_ALL_ZERO"}
-LAYOUT_CODES = {"TENSOR_MISSING", "TENSOR_UNEXPECTED", "TENSOR_DUPLICATE", "DTYPE_MISMATCH", "SHAPE_MISMATCH"}
+VALUE_CODES = {"SCALE_NOT_POSITIVE", "GAIN_ALL_ZERO", "DATA_NOT_PRESENT"}
+LAYOUT_CODES = {"TENSOR_MISSING", "TENSOR_UNEXPECTED", "TENSOR_DUPLICATE", "DTYPE_MISMATCH", "SHAPE_MISMATCH",
+                "MTP_ABSENT", "ROUTER_DTYPE", "LAYOUT_UNSUPPORTED"}
+FILE_CODES = {"NO_SAFETENSORS", "PICKLE_NOT_INSPECTED", "CHECKPOINT_TOO_LARGE", "SYMLINK_OUTSIDE"}
 
 
 @dataclass(frozen=True)
@@ -46,13 +52,22 @@ CHECKS: tuple[Check, ...] = (
     Check("fp8-scales", "every FP8 weight has its weight_scale_inv, of the right dtype and shape",
           lambda c: c.startswith("SCALE_")),
     Check("files-and-index", "shards are readable and agree with model.safetensors.index.json",
-          lambda c: c.startswith(("INDEX_", "SHARD_")) or c in {"NO_SAFETENSORS", "PICKLE_NOT_INSPECTED"}),
-    Check("quantization-config", "quantization_config is fp8 / e4m3 / [128, 128]", lambda c: c == "QUANT_CONFIG"),
+          lambda c: c.startswith(("INDEX_", "SHARD_")) or c in FILE_CODES),
+    Check("quantization-config", "quantization_config is fp8 / e4m3 / [128, 128]", lambda c: c.startswith("QUANT_")),
     Check("layout", "every tensor the config implies is present with its dtype and shape, and no other",
           lambda c: c in LAYOUT_CODES or c.startswith("BUFFER_")),
     Check("release-gates", "--expect-params / --expect-revision", lambda c: c.endswith("_GATE")),
 )
 OTHER = Check("other", "findings of other checks", lambda c: True)
+
+
+def not_run(check: str, report: AuditReport) -> str | None:
+    """Why a check did not run on this report, or None when it ran."""
+    if check == "values" and not report.values_checked:
+        return "not run: audit --values fetches and checks the small tensors' values"
+    if check == "release-gates" and not report.gates_checked:
+        return "not run: no --expect-params or --expect-revision"
+    return None
 
 
 def check_of(code: str) -> Check:
@@ -104,16 +119,21 @@ def junit_tree(report: AuditReport, *, fail_on: Severity = Severity.ERROR, elaps
     s = report.stats
     for k, v in (("source", report.source), ("revision", report.revision or ""),
                  ("tool", f"kimi-audit {__version__}"), ("fail_on", fail_on.value),
-                 ("tensors", s.tensors), ("parameters", s.parameters), ("shards", s.shards)):
+                 ("tensors", s.tensors), ("parameters", s.parameters), ("shards", s.shards),
+                 ("ignored", len(report.ignored))):
         ET.SubElement(props, "property", name=k, value=xml_safe(v))
 
-    failures = 0
+    failures = skipped = 0
     cases: list[ET.Element] = []
     classname = xml_safe("kimi_audit." + str(report.model.get("model_type") or "checkpoint"))
     for check in checks:
         mine = by_check.get(check.name, [])
         failing = [f for f in mine if f.severity.rank >= fail_on.rank]
         case = ET.Element("testcase", name=check.name, classname=classname, time="0")
+        why = not_run(check.name, report)
+        if why is not None and not mine:
+            skipped += 1
+            ET.SubElement(case, "skipped", message=why)
         if failing:
             failures += 1
             fail = ET.SubElement(case, "failure", message=xml_safe(_summary(failing)), type=xml_safe(failing[0].code))
@@ -136,16 +156,22 @@ def junit_tree(report: AuditReport, *, fail_on: Severity = Severity.ERROR, elaps
             ET.SubElement(case, "system-out").text = "\n".join(lines)
         cases.append(case)
     suite.extend(cases)
-    ET.SubElement(suite, "system-out").text = (
-        f"{s.tensors:,} tensors, {s.parameters:,} parameters (scales and buffers excluded), "
-        f"{report.errors} errors, {report.warnings} warnings")
+    summary = (f"{s.tensors:,} tensors, {s.parameters:,} parameters (scales and buffers excluded), "
+               f"{report.errors} errors, {report.warnings} warnings")
+    ignored = ignored_line(report)
+    if ignored is not None:
+        lines = [f"{finding_line(f)} (--ignore {xml_safe(by)})"
+                 for f, by in zip(report.ignored[:MAX_LINES], report.ignored_by)]
+        more = len(report.ignored) - len(lines)
+        summary += "\n".join(["", xml_safe(ignored), *lines] + ([f"... and {more:,} more"] if more else []))
+    ET.SubElement(suite, "system-out").text = summary
     ET.SubElement(suite, "system-err")
-    attrs = {"tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": "0",
+    attrs = {"tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped),
              "time": f"{elapsed:.3f}", "timestamp": ts.isoformat(), "hostname": hostname or _hostname(),
              "id": "0", "package": "kimi_audit"}
     suite.attrib.update(attrs)
     root.attrib.update({"tests": attrs["tests"], "failures": attrs["failures"], "errors": "0",
-                        "time": attrs["time"]})
+                        "skipped": attrs["skipped"], "time": attrs["time"]})
     return root
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from kimi_audit.checks.audit import AuditReport
+from kimi_audit.checks.ignore import ignored_counts
 from kimi_audit.findings import Severity
 from kimi_audit.report.grouping import group_findings
 
@@ -60,4 +61,9 @@ def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> 
         out += [""]
     else:
         out += ["No findings.", ""]
+    if report.ignored:
+        n = len(report.ignored)
+        rules = ", ".join(f"{code(spec)} ×{k:,}" for spec, k in ignored_counts(report).items())
+        out += [f"ignored: {n:,} finding{'' if n == 1 else 's'} ({rules}) — accepted with `--ignore`, "
+                "not counted in the verdict", ""]
     return "\n".join(out) + "\n"

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kimi_audit.checks.audit import AuditReport
+from kimi_audit.checks.ignore import ignored_line
 from kimi_audit.findings import Severity
 from kimi_audit.report.grouping import group_findings
 
@@ -75,6 +76,9 @@ def render_table(report: AuditReport, console: Console, fail_on: Severity = Seve
         console.print(t)
         if len(groups) > MAX_GROUPS:
             console.print(f"… and {len(groups) - MAX_GROUPS} more groups (use --json --all-findings for every finding)")
+    ignored = ignored_line(report)
+    if ignored is not None:
+        console.print(_plain(ignored))
     headline = report.verdict(fail_on)  # agrees with the exit code: PASS exactly when it is 0
     verdict = Text(headline, style="bold green" if headline == "PASS" else "bold red")
     console.print(Group(Text.assemble(verdict, f"  {counted(report)}")))

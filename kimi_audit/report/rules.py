@@ -1,0 +1,214 @@
+"""Every finding code as a rule: severity, a one-line meaning (README.md's "Finding codes" tables), a
+fuller description and what to do about it. SARIF's `tool.driver.rules` and `audit --ignore` read it;
+`tests/test_sarif.py` checks that every code the package can emit is here and in README.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Rule(NamedTuple):
+    severity: str
+    short: str
+    """README.md's meaning, one line."""
+    full: str
+    help: str
+
+
+FORMAT_HELP = ("The shard is not a well-formed safetensors file. Re-save it with a conforming writer "
+               "(safetensors.torch.save_file / huggingface_hub upload of the original file) and compare its "
+               "sha256 with the published one; a truncated download is fixed by downloading it again.")
+INDEX_HELP = ("Regenerate model.safetensors.index.json from the shards' headers (every tensor name mapped to "
+              "the shard that holds it), or download the missing shards.")
+LAYOUT_HELP = ("Compare the checkpoint with the layout its config.json implies (`kimi-audit explain SOURCE "
+               "COMPONENT`); either config.json or the conversion that wrote the shards is wrong.")
+SCALE_HELP = ("Every F8_E4M3 weight [out, in] needs `<name>_scale_inv` F32 [ceil(out/128), ceil(in/128)] "
+              "(DeepSeek's block FP8); re-run the FP8 conversion, or fix quantization_config.")
+VALUES_HELP = ("Inspect the tensor with `kimi-audit tensor SOURCE NAME`; bad gains or scales silently "
+               "corrupt every forward pass, so re-export the checkpoint from a good copy.")
+GATE_HELP = "Release gate: audit the artifact you mean to release, or correct the expected value in CI."
+
+
+RULES: dict[str, Rule] = {
+    # Format: one shard's header.
+    "HEADER_TOO_SHORT": Rule("error", "file shorter than the 8-byte length prefix",
+                           "The shard has fewer than 8 bytes, so it has no safetensors header length.", FORMAT_HELP),
+    "HEADER_TOO_LARGE": Rule("error", "header length over 100,000,000 bytes (refused before reading)",
+                           "The 8-byte prefix declares a header larger than safetensors allows; it is not read.",
+                           FORMAT_HELP),
+    "HEADER_PAST_EOF": Rule("error", "header length runs past the end of the file",
+                          "The declared header length is larger than the file: the file is truncated or corrupt.",
+                          FORMAT_HELP),
+    "HEADER_SHORT_READ": Rule("error", "the source returned fewer header bytes than the file holds",
+                            "A ranged read of the header came back short (a server or file system problem).",
+                            "Run the audit again; if it persists, check the source (proxy, mirror, partial file)."),
+    "HEADER_NOT_UTF8": Rule("error", "header bytes are not UTF-8",
+                          "The JSON header holds bytes that are not valid UTF-8.", FORMAT_HELP),
+    "HEADER_INVALID_JSON": Rule("error", "not JSON (also NaN/Infinity literals, absurd nesting or numbers)",
+                              "The header is not strict JSON; loaders disagree on such input.", FORMAT_HELP),
+    "HEADER_NOT_OBJECT": Rule("error", "JSON is not an object",
+                            "The header's JSON is an array, string or number, not a name -> entry object.",
+                            FORMAT_HELP),
+    "HEADER_DUPLICATE_KEY": Rule("error", "a key appears twice (most parsers silently keep the last)",
+                               "Two header entries share a name; which tensor a loader sees depends on its parser.",
+                               FORMAT_HELP),
+    "HEADER_LEADING_WHITESPACE": Rule("warning", "JSON starts with whitespace",
+                                    "The header JSON starts with whitespace, which strict readers reject.",
+                                    FORMAT_HELP),
+    "HEADER_TRAILING_WHITESPACE": Rule("warning", "padding holds whitespace other than spaces",
+                                     "The header's padding holds tabs or newlines; the format pads with spaces.",
+                                     FORMAT_HELP),
+    "METADATA_INVALID": Rule("error", "`__metadata__` is not a string → string map",
+                           "The `__metadata__` entry must map strings to strings.", FORMAT_HELP),
+    "TENSOR_ENTRY_INVALID": Rule("error", "entry not an object, or lacks dtype / shape / data_offsets",
+                               "A header entry is not a tensor description the format defines.", FORMAT_HELP),
+    "TENSOR_EXTRA_FIELD": Rule("warning", "entry has fields outside the schema",
+                             "A header entry has fields besides dtype, shape and data_offsets.", FORMAT_HELP),
+    "DTYPE_UNKNOWN": Rule("error", "dtype not defined by the format",
+                        "A tensor's dtype is not one of the safetensors dtypes.", FORMAT_HELP),
+    "SHAPE_INVALID": Rule("error", "shape not a list of non-negative integers, or overflows 64 bits",
+                        "A tensor's shape is malformed or its element count overflows.", FORMAT_HELP),
+    "OFFSETS_INVALID": Rule("error", "data_offsets not `[begin, end]` with 0 ≤ begin ≤ end",
+                          "A tensor's data_offsets are not a valid byte range.", FORMAT_HELP),
+    "SIZE_MISMATCH": Rule("error", "end − begin ≠ prod(shape) × dtype size",
+                        "A tensor's byte range does not hold exactly its shape's elements of its dtype.",
+                        FORMAT_HELP),
+    "OFFSETS_OVERLAP": Rule("error", "two tensors share bytes",
+                          "Two tensors' byte ranges overlap: writing one changes the other.", FORMAT_HELP),
+    "OFFSETS_GAP": Rule("error", "unused bytes between tensors (or before the first)",
+                      "The data buffer has bytes no tensor owns; safetensors requires a dense buffer.", FORMAT_HELP),
+    "DATA_PAST_EOF": Rule("error", "tensor data runs past the end of the file",
+                        "A tensor's bytes end after the end of the file: the shard is truncated.", FORMAT_HELP),
+    "TRAILING_BYTES": Rule("error", "bytes after the last tensor",
+                         "The file holds bytes after the last tensor's data.", FORMAT_HELP),
+    # Checkpoint: files, index, layout.
+    "NO_SAFETENSORS": Rule("error", "no `.safetensors` file at all",
+                         "The checkpoint holds no .safetensors shard, so nothing can be audited.",
+                         "Point the audit at the checkpoint directory (or download its shards)."),
+    "SHARD_UNREADABLE": Rule("error", "a shard could not be read",
+                           "Reading a shard failed (permissions, I/O or network error); its tensors are covered "
+                           "by this finding.", "Check the file or the connection and run the audit again."),
+    "CHECKPOINT_TOO_LARGE": Rule("error", "the shards' headers together pass 128 MB: the remaining shards are not read",
+                               "The headers alone exceed the audit's budget (Kimi-K2: 17.7 MB), so the rest of "
+                               "the shards are not read and their tensors are not checked.",
+                               "Such headers are abnormal for this architecture: check where the shards came from."),
+    "INDEX_INVALID": Rule("error", "index.json is not JSON, has no weight_map, or a bad total_size",
+                        "model.safetensors.index.json cannot be used to locate tensors.", INDEX_HELP),
+    "INDEX_TOO_LARGE": Rule("error", "index.json over 64 MB (refused)",
+                          "The index is far larger than any real checkpoint's and is not read.", INDEX_HELP),
+    "INDEX_DUPLICATE_KEY": Rule("error", "a key appears twice in index.json",
+                              "A tensor name appears twice in the index; loaders keep one of the two.", INDEX_HELP),
+    "INDEX_UNSAFE_PATH": Rule("error", "a shard name that is absolute, has `..`, or escapes the directory",
+                            "The index names a shard outside the checkpoint directory; it is never opened.",
+                            "Treat the checkpoint as hostile until the index is regenerated from its shards."),
+    "SYMLINK_OUTSIDE": Rule("error", "a symlink in the checkpoint directory that resolves outside it",
+                          "A file of the checkpoint links outside its directory; it is never opened "
+                          "(HF cache snapshot → blobs links are fine).",
+                          "Replace the link with the file itself, or audit the directory it points to."),
+    "INDEX_SHARD_ABSENT": Rule("error", "the index maps tensors to a shard that is not there",
+                             "A shard the index names is missing (a partial download); its tensors are covered "
+                             "by this finding.", "Download the missing shard (`kimi-audit download`)."),
+    "INDEX_MISSING": Rule("warning", "several shards and no index",
+                        "There are several shards and no model.safetensors.index.json; loaders need it.",
+                        INDEX_HELP),
+    "SHARD_NOT_IN_INDEX": Rule("warning", "a shard the index never mentions",
+                             "A .safetensors file in the directory holds no tensor the index maps; loaders "
+                             "ignore it.", "Remove the stray shard, or add its tensors to the index."),
+    "INDEX_ENTRY_MISSING": Rule("error", "a tensor in a shard that the index does not list",
+                              "A loader that follows the index never loads this tensor.", INDEX_HELP),
+    "INDEX_SHARD_MISMATCH": Rule("error", "a tensor in another shard than the index says",
+                               "The index maps the tensor to a shard that does not hold it.", INDEX_HELP),
+    "INDEX_TENSOR_ABSENT": Rule("error", "the index lists a tensor that its shard lacks",
+                              "Loading by the index fails on this tensor.", INDEX_HELP),
+    "INDEX_TOTAL_SIZE": Rule("warning", "`metadata.total_size` ≠ sum of tensor payloads",
+                           "The index's metadata.total_size disagrees with the shards' payload bytes.", INDEX_HELP),
+    "PICKLE_NOT_INSPECTED": Rule("warning", "a `.bin`/`.pt`/… pickle file: never unpickled, not inspected",
+                               "Pickle files can run code when loaded; the audit does not open them.",
+                               "Delete pickle weights from a safetensors release, or load them only if trusted."),
+    "QUANT_CONFIG": Rule("error", "`quantization_config` is not fp8 / e4m3 / [128, 128]",
+                       "config.json's quantization_config does not describe DeepSeek block FP8; the per-tensor "
+                       "dtype and scale findings it explains are covered by this one.",
+                       "Restore quant_method fp8, fmt e4m3, weight_block_size [128, 128] (or the dtypes)."),
+    "QUANT_UNSUPPORTED": Rule("error", "`quantization_config` names a scheme kimi-audit does not implement",
+                              "The tensors of Linear modules are not checked (how they are stored is unknown); the "
+                              "format, index and other checks still ran.",
+                              "Audit with a kimi-audit that implements the scheme, or use fp8 / pack-quantized."),
+    "LAYOUT_UNSUPPORTED": Rule("warning", "config.json describes a model outside the DeepseekV3 family",
+                               "Only the format, index and file checks ran: no tensor was checked against a layout.",
+                               "Point the audit at a DeepseekV3 / Kimi-K2 checkpoint, or read the other checks "
+                               "only."),
+    "TENSOR_DUPLICATE": Rule("error", "the same tensor in two shards",
+                           "Two shards hold a tensor of the same name; which one loads is undefined.", LAYOUT_HELP),
+    "TENSOR_MISSING": Rule("error", "a tensor the config implies is in no shard",
+                         "modeling_deepseek.py creates this parameter; no shard holds it, so it loads "
+                         "uninitialised.", LAYOUT_HELP),
+    "TENSOR_UNEXPECTED": Rule("error", "a tensor the config does not account for",
+                            "No module the config builds has this tensor; loaders warn and drop it.", LAYOUT_HELP),
+    "DTYPE_MISMATCH": Rule("error", "a parameter with the wrong dtype",
+                         "The stored dtype is not the one the layout expects for this parameter.", LAYOUT_HELP),
+    "SHAPE_MISMATCH": Rule("error", "a parameter with the wrong shape",
+                         "The stored shape is not the one config.json implies for this parameter.", LAYOUT_HELP),
+    "SCALE_MISSING": Rule("error", "an FP8 weight without its `weight_scale_inv`",
+                        "An F8_E4M3 weight has no block scale: it cannot be dequantized.", SCALE_HELP),
+    "SCALE_ORPHAN": Rule("error", "a `weight_scale_inv` without its weight",
+                       "A block scale whose weight is not stored.", SCALE_HELP),
+    "SCALE_UNEXPECTED": Rule("error", "a scale for a weight that is not FP8 in this layout",
+                           "A block scale for a weight the layout keeps in BF16.", SCALE_HELP),
+    "SCALE_DTYPE": Rule("error", "a scale with the wrong dtype",
+                      "A weight_scale_inv that is not F32.", SCALE_HELP),
+    "SCALE_SHAPE": Rule("error", "a scale with the wrong shape",
+                      "A weight_scale_inv that is not [ceil(out/128), ceil(in/128)] for its weight.", SCALE_HELP),
+    "SCALE_SHARD_SPLIT": Rule("warning", "a scale in another shard than its weight (breaks per-shard converters)",
+                            "Converters that dequantize shard by shard do not find this scale.",
+                            "Re-shard so that each weight_scale_inv sits in its weight's shard."),
+    "BUFFER_DTYPE": Rule("warning", "a stored buffer (`rotary_emb.inv_freq`) of unexpected dtype",
+                       "A stored buffer has an unexpected dtype; transformers recomputes it on load.", LAYOUT_HELP),
+    "BUFFER_SHAPE": Rule("warning", "a stored buffer (`rotary_emb.inv_freq`) of unexpected shape",
+                       "A stored buffer has an unexpected shape; transformers recomputes it on load.", LAYOUT_HELP),
+    "ROUTER_DTYPE": Rule("warning", "a router tensor in another float dtype than the layout's",
+                         "F32 router weights in a BF16/F16 checkpoint (transformers keeps them F32 on load) are "
+                         "info; a BF16/F16 e_score_correction_bias lost the precision DeepSeek keeps, a warning.",
+                         "Store the router's correction bias in F32, from the original weights."),
+    "MTP_ABSENT": Rule("warning", "config declares multi-token-prediction layers of which no tensor is stored",
+                     "num_nextn_predict_layers > 0 but the MTP layer is not in the shards (transformers drops it); "
+                     "speculative decoding with it is not possible. Its tensors are covered by this finding.",
+                     "Ship the MTP layer's tensors, or set num_nextn_predict_layers to 0."),
+    # Values: audit --values, tensor, rmsnorm.
+    "VALUE_NAN": Rule("error", "a gain, router bias or FP8 scale holds NaN",
+                    "A small tensor holds NaN values.", VALUES_HELP),
+    "VALUE_INF": Rule("error", "a gain, router bias or FP8 scale holds ±Inf",
+                    "A small tensor holds infinite values.", VALUES_HELP),
+    "SCALE_NOT_POSITIVE": Rule("error", "a `weight_scale_inv` block scale ≤ 0",
+                             "Dequantized weights of that block would be zero or sign-flipped.", VALUES_HELP),
+    "GAIN_ALL_ZERO": Rule("error", "an RMSNorm gain that is all zeros",
+                        "The normalized output is identically zero.", VALUES_HELP),
+    "VALUE_UNREADABLE": Rule("error", "a small tensor's bytes could not be read",
+                           "The values pass could not fetch this tensor's bytes.",
+                           "Check the source and run `audit --values` again."),
+    "DATA_NOT_PRESENT": Rule("info", "small tensors lying in a local file's sparse holes: not checked",
+                             "The values pass found small tensors whose bytes are sparse holes (a header-only or "
+                             "partial copy); their values were not checked. One finding covers them all.",
+                             "Download the whole shards (`kimi-audit download`) and run `audit --values` again."),
+    "VALUES_SKIPPED": Rule("info", "a \"small\" tensor over 64 MB, not fetched",
+                         "The values pass skips small-class tensors over 64 MB.",
+                         "Check it with `kimi-audit tensor SOURCE NAME`."),
+    "VALUES_CHECKED": Rule("info", "how many small tensors and bytes the pass read",
+                         "Summary of the values pass: tensors checked and bytes fetched.", "Nothing to do."),
+    # Release gates: audit --expect-params N, --expect-revision SHA.
+    "PARAMS_GATE": Rule("error", "the parameter count (scales and buffers excluded) is not N",
+                      "--expect-params: the parameters counted from the headers differ from the expected count.",
+                      GATE_HELP),
+    "REVISION_GATE": Rule("error", "the resolved commit does not start with SHA, or the source has no revision",
+                        "--expect-revision: the audited commit is not the expected one (a local directory records "
+                        "no commit).", GATE_HELP),
+    # The audit itself.
+    "IGNORE_UNUSED": Rule("info", "an `--ignore` rule that matched no finding",
+                        "An --ignore CODE[:GLOB] rule accepted nothing: the deviation it names is gone or the "
+                        "glob is wrong.", "Remove the stale --ignore rule, or fix its glob."),
+}
+
+
+def rule(code: str) -> Rule:
+    """The rule of a code; a generic one for a code this table lacks (tests keep it complete)."""
+    return RULES.get(code) or Rule("warning", code, f"Finding {code}.", "See README.md, Finding codes.")
