@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 PROBE = """
-import json, runpy, sys
+import json, os, runpy, sys
+
+
+def exit_here(code):  # main() ends with os._exit: turned back into SystemExit so the probe can report
+    raise SystemExit(code)
+
+
+os._exit = exit_here
 args = json.loads(sys.argv[1])
 code = None
 if args is None:

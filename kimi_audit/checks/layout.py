@@ -135,15 +135,18 @@ def _scale_shard_findings(actual: TensorTable, expected: ExpectedLayout, positio
     the same shard. The layout lists metadata right after its owner (layout.expected_layout), so the pairs
     are known by position: the shards at both compared column-wise."""
     out: list[Finding] = []
-    pairs = expected.metadata_positions()
-    if not pairs:
+    at, owners = expected.metadata_positions()
+    if not at:
         return out
-    shard_at = dict(zip(positions, actual.shards))
-    meta_shards = list(map(shard_at.get, [p for p, _ in pairs]))
-    owner_shards = list(map(shard_at.get, [q for _, q in pairs]))
+    shard_at: list[str | None] = [None] * (len(expected) + 1)  # the last slot takes unexpected names (None)
+    for p, shard in zip(positions, actual.shards):
+        shard_at[-1 if p is None else p] = shard
+    shard_at[-1] = None
+    meta_shards = list(map(shard_at.__getitem__, at))
+    owner_shards = list(map(shard_at.__getitem__, owners))
     names = expected.names
-    for (p, q), meta_shard, owner_shard in compress(zip(pairs, meta_shards, owner_shards),
-                                                    map(ne, meta_shards, owner_shards)):
+    for p, q, meta_shard, owner_shard in compress(zip(at, owners, meta_shards, owner_shards),
+                                                  map(ne, meta_shards, owner_shards)):
         if meta_shard is not None:  # an absent one is _missing's
             out.append(scale_pair_finding(names[p], names[q], meta_shard, owner_shard))
     return out

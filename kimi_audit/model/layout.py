@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from itertools import compress, repeat
+from operator import sub
 from typing import Any, NamedTuple
 
 from kimi_audit.constants import DTYPE_BITS
@@ -117,9 +118,10 @@ class ExpectedLayout(Mapping[str, ExpectedTensor]):
     dict, not an object per tensor.
     """
 
-    __slots__ = ("_entries", "layer_of", "names", "position", "spec_of", "specs")
+    __slots__ = ("_entries", "layer_of", "meta_at", "meta_owner", "names", "position", "spec_of", "specs")
 
-    def __init__(self, names: list[str], spec_of: list[int], specs: list[Spec], layer_of: list[int | None]):
+    def __init__(self, names: list[str], spec_of: list[int], specs: list[Spec], layer_of: list[int | None],
+                 meta_at: list[int] | None = None, meta_owner: list[int] | None = None):
         self.names = names
         self.position: dict[str, int] = dict(zip(names, range(len(names))))
         """Name -> its place in checkpoint order (a scale's weight is at position - 1)."""
@@ -127,6 +129,14 @@ class ExpectedLayout(Mapping[str, ExpectedTensor]):
         """Position -> index into `specs`."""
         self.specs = specs
         self.layer_of = layer_of
+        if meta_at is None or meta_owner is None:
+            offsets = [self.specs[i].owner for i in spec_of]
+            meta_at = list(compress(range(len(names)), offsets))
+            meta_owner = list(map(sub, meta_at, compress(offsets, offsets)))
+        self.meta_at = meta_at
+        """Positions of the quantization-metadata tensors (FP8 scales, INT4 group scales and shapes)."""
+        self.meta_owner = meta_owner
+        """The position of the tensor each of `meta_at` describes (it follows that tensor in its module)."""
         self._entries: list[ExpectedTensor] | None = None
 
     def entry(self, position: int) -> ExpectedTensor:
@@ -134,12 +144,9 @@ class ExpectedLayout(Mapping[str, ExpectedTensor]):
         return ExpectedTensor(self.names[position], s.dtype, s.shape, s.kind, s.component,
                               self.layer_of[position], s.block, s.nbytes, position, s.logical, s.scheme, s.owner)
 
-    def metadata_positions(self) -> list[tuple[int, int]]:
-        """(position, its owner's position) of every quantization-metadata tensor (FP8 scales, INT4 group
-        scales and shapes): each follows the tensor it describes within its module."""
-        owner = [s.owner for s in self.specs]
-        at = compress(range(len(self.names)), map(owner.__getitem__, self.spec_of))
-        return [(p, p - owner[self.spec_of[p]]) for p in at]
+    def metadata_positions(self) -> tuple[list[int], list[int]]:
+        """`meta_at` and `meta_owner`: every quantization-metadata tensor and the tensor it describes."""
+        return self.meta_at, self.meta_owner
 
     def entries(self) -> list[ExpectedTensor]:
         """Every entry, in order (made once, for callers that visit them all)."""
@@ -185,7 +192,13 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
         key = Spec(t.dtype, t.shape, t.kind, t.component, t.block, t.nbytes, t.logical, t.scheme, t.owner)
         return spec_index.setdefault(key, len(spec_index))
 
+    meta_at: list[int] = []
+    meta_owner: list[int] = []
+
     def top(t: ExpectedTensor) -> None:
+        if t.owner:
+            meta_at.append(len(names))
+            meta_owner.append(len(names) - t.owner)
         names.append(t.name)
         spec_of.append(spec(t))
         layer_of.append(None)
@@ -196,7 +209,7 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
     # (the 139,644 names of Kimi-K2 are made by map, at C speed: no bytecode per tensor). Where the
     # quantization plan picks schemes by module name (an ignore list), each layer's choices are part of
     # the template's key.
-    templates: dict[tuple[str, tuple[bool, ...]], tuple[list[str], list[int]]] = {}
+    templates: dict[tuple[str, tuple[bool, ...]], tuple[list[str], list[int], list[int], list[int]]] = {}
     modules: dict[str, list[str]] = {}
     by_name = cfg.quant is not None and cfg.quant.by_name
     for layer in range(cfg.total_layers):
@@ -214,8 +227,12 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
             if by_name and not choices:
                 assert cfg.quant is not None
                 choices = cfg.quant.quantized_mask(list(map(prefix.__add__, seen)))
-            template = templates[block, choices] = ([t.name for t in rows], [spec(t) for t in rows])
-        suffixes, specs = template
+            meta = [k for k, t in enumerate(rows) if t.owner]
+            template = templates[block, choices] = ([t.name for t in rows], [spec(t) for t in rows], meta,
+                                                    [k - rows[k].owner for k in meta])
+        suffixes, specs, meta_rel, owner_rel = template
+        meta_at.extend(map(len(names).__add__, meta_rel))
+        meta_owner.extend(map(len(names).__add__, owner_rel))
         names.extend(map(prefix.__add__, suffixes))
         spec_of.extend(specs)
         layer_of.extend(repeat(layer, len(specs)))
@@ -223,7 +240,7 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
     if not cfg.tie_word_embeddings:
         for t in _linear_tensors(cfg, "lm_head", cfg.vocab_size, h, None, None):
             top(t)
-    return ExpectedLayout(names, spec_of, list(spec_index), layer_of)
+    return ExpectedLayout(names, spec_of, list(spec_index), layer_of, meta_at, meta_owner)
 
 
 def _linear_tensors(cfg: ModelConfig, module: str, out: int, inp: int, layer: int | None,

@@ -1,0 +1,141 @@
+"""Quantization schemes as data (model.quant) and the layouts they give for each family member."""
+
+from __future__ import annotations
+
+import json
+import re
+from math import prod
+from pathlib import Path
+
+import pytest
+
+from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
+from kimi_audit.model.layout import PACKED, PARAMETER, SCALE, ExpectedLayout, expected_layout
+from kimi_audit.model.quant import Fp8Block, PackQuantized, QuantPlan, Scheme, Unquantized, quant_plan
+
+DATA = Path(__file__).parent / "data"
+THINKING_QUANT = {
+    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+    "kv_cache_scheme": None,
+    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
+                                  "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                              "group_size": 32, "dynamic": False, "actorder": None,
+                                              "observer": "minmax"}}},
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+}
+
+
+def instruct() -> dict:
+    return json.loads(pinned_config_bytes())
+
+
+def thinking() -> dict:
+    return dict(instruct(), quantization_config=THINKING_QUANT)
+
+
+def deepseek_v3() -> dict:
+    return json.loads((DATA / "deepseek-v3.config.json").read_text())
+
+
+def deepseek_v32() -> dict:
+    return dict(deepseek_v3(), model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"],
+                index_n_heads=64, index_head_dim=128, index_topk=2048)
+
+
+def layout(raw: dict) -> ExpectedLayout:
+    return expected_layout(model_config_from_dict(raw))
+
+
+def test_every_scheme_registers_under_its_config_key() -> None:
+    assert Scheme.registry == {"none": Unquantized, "fp8": Fp8Block,
+                               "compressed-tensors/pack-quantized": PackQuantized}
+
+
+def test_int4_experts_store_packed_words_group_scales_and_their_shape() -> None:
+    s = PackQuantized(bits=4, group_size=32, scale_dtype="BF16")
+    gate, down = s.stored(2048, 7168), s.stored(7168, 2048)
+    assert [(t.suffix, t.dtype, t.shape, t.kind) for t in gate] == [
+        (".weight_packed", "I32", (2048, 896), PACKED), (".weight_scale", "BF16", (2048, 224), SCALE),
+        (".weight_shape", "I64", (2,), SCALE)]
+    assert [t.shape for t in down][:2] == [(7168, 256), (7168, 64)]
+    assert gate[0].logical == 2048 * 7168 and all(t.logical == 0 for t in gate[1:])
+    asym = PackQuantized(bits=4, group_size=32, symmetric=False, actorder="group").stored(100, 70)
+    assert [(t.suffix, t.shape) for t in asym[3:]] == [(".weight_zero_point", (13, 3)), (".weight_g_idx", (70,))]
+
+
+def test_the_plan_follows_compressed_tensors_targets_and_ignore() -> None:
+    plan = quant_plan(THINKING_QUANT, "BF16")
+    assert plan is not None
+    quantized = [m for m in ("model.layers.1.mlp.experts.7.gate_proj", "model.layers.1.self_attn.q_a_proj",
+                             "model.layers.1.mlp.shared_experts.up_proj", "model.layers.0.mlp.down_proj", "lm_head",
+                             "model.layers.60.mlp.experts.383.down_proj")
+                 if plan.scheme_for(m) is plan.quantized]
+    assert quantized == ["model.layers.1.mlp.experts.7.gate_proj", "model.layers.60.mlp.experts.383.down_proj"]
+
+
+@pytest.mark.parametrize("ignore", [["re:model\\.layers\\.1\\d\\..*", "model.layers.3.mlp.experts.0.up_proj"],
+                                    ["re:.*experts\\.[0-9]\\..*"], []])
+def test_the_columnwise_mask_is_scheme_for_module_by_module(ignore: list[str]) -> None:
+    plan = quant_plan(dict(THINKING_QUANT, ignore=ignore), "BF16")
+    assert isinstance(plan, QuantPlan)
+    names = [f"model.layers.{layer}.mlp.experts.{e}.{p}" for layer in (1, 3, 12, 19, 20) for e in (0, 5, 17)
+             for p in ("gate_proj", "up_proj")] + ["lm_head", "model.layers.1.eh_proj"]
+    assert plan.quantized_mask(names) == tuple(plan.scheme_for(n) is plan.quantized for n in names)
+
+
+def test_thinking_layout_totals_equal_instructs() -> None:
+    """208,276 tensors; logical parameters 1,026,408,232,448, Instruct's; only routed experts quantized."""
+    t, i = layout(thinking()), layout(instruct())
+    assert (len(t), len(i)) == (208_276, 139_644)
+    assert sum(e.logical for e in t.values()) == sum(e.logical for e in i.values()) == 1_026_408_232_448
+    packed = [e for e in t.values() if e.kind == PACKED]
+    assert len(packed) == 60 * 384 * 3 and all(".mlp.experts." in e.name for e in packed)
+    assert t["model.layers.1.self_attn.q_a_proj.weight"].dtype == "BF16"
+    assert t["lm_head.weight"].kind == PARAMETER
+
+
+def test_per_layer_choices_make_their_own_templates() -> None:
+    """An ignore entry naming one layer's module changes that layer only."""
+    raw = dict(instruct(), quantization_config=dict(THINKING_QUANT, ignore=[
+        *THINKING_QUANT["ignore"], "model.layers.7.mlp.experts.3.gate_proj"]))
+    t = layout(raw)
+    assert t["model.layers.7.mlp.experts.3.gate_proj.weight"].dtype == "BF16"
+    assert "model.layers.7.mlp.experts.3.gate_proj.weight_packed" not in t
+    assert "model.layers.8.mlp.experts.3.gate_proj.weight_packed" in t
+    assert len(t) == 208_276 - 2  # three packed tensors become one weight
+
+
+def test_deepseek_v3_and_v32_totals() -> None:
+    v3, v32 = layout(deepseek_v3()), layout(deepseek_v32())
+    stored = [e for e in v3.values() if e.kind != "buffer"]  # V3 stores no rotary_emb.inv_freq
+    assert len(stored) == 91_991
+    assert sum(e.logical for e in v3.values()) == 684_489_845_504
+    assert sum(prod(e.shape) for e in stored) == 684_531_386_000
+    assert len(v32) == 92_425 and sum(prod(e.shape) for e in v32.values()) == 685_396_921_376
+    indexer = [e for e in v32.values() if e.layer == 5 and ".indexer." in e.name]
+    assert {(e.name.split("indexer.")[1], e.dtype, e.shape) for e in indexer} == {
+        ("wq_b.weight", "F8_E4M3", (8192, 1536)), ("wq_b.weight_scale_inv", "F32", (64, 12)),
+        ("wk.weight", "F8_E4M3", (128, 7168)), ("wk.weight_scale_inv", "F32", (1, 56)),
+        ("weights_proj.weight", "BF16", (64, 7168)), ("k_norm.weight", "F32", (128,)),
+        ("k_norm.bias", "F32", (128,))}
+    assert v32["model.layers.5.input_layernorm.weight"].dtype == "F32"
+    assert v3["model.layers.61.eh_proj.weight"].dtype == "BF16"  # the MTP projection: no scale
+    assert "model.layers.61.eh_proj.weight_scale_inv" not in v3
+
+
+@pytest.mark.parametrize("raw", [instruct, thinking, deepseek_v3, deepseek_v32], ids=lambda f: f.__name__)
+def test_stamped_metadata_columns_equal_those_derived_from_the_specs(raw) -> None:
+    t = layout(raw())
+    derived = ExpectedLayout(t.names, t.spec_of, t.specs, t.layer_of)
+    assert (t.meta_at, t.meta_owner) == (derived.meta_at, derived.meta_owner)
+    owner_suffix = re.compile(r"\.weight(_packed)?$")
+    assert all(owner_suffix.search(t.names[q]) for q in t.meta_owner)
+    assert all(t.names[p].rsplit(".", 1)[0] == t.names[q].rsplit(".", 1)[0]
+               for p, q in zip(t.meta_at, t.meta_owner))
+
+
+def test_unknown_methods_and_formats_are_named_not_raised() -> None:
+    cfg = model_config_from_dict(dict(instruct(), quantization_config={"quant_method": "awq"}))
+    assert cfg.quant is None and cfg.quant_unsupported == "quant_method 'awq'"
+    cfg = model_config_from_dict(dict(instruct(), quantization_config=dict(THINKING_QUANT, format="marlin-24")))
+    assert cfg.quant_unsupported == "compressed-tensors format 'marlin-24'"
