@@ -62,14 +62,22 @@ class AuditReport:
     def warnings(self) -> int:
         return self.count(Severity.WARNING)
 
-    def exit_code(self, fail_on: Severity = Severity.ERROR) -> int:
-        return 1 if any(f.severity.rank >= fail_on.rank for f in self.findings) else 0
+    def exit_code(self, fail_on: Severity | str = Severity.ERROR) -> int:
+        """The command line's exit code for these findings: 1 when any is at `fail_on` or worse, else 0."""
+        rank = Severity(fail_on).rank
+        return 1 if any(f.severity.rank >= rank for f in self.findings) else 0
 
-    def verdict(self, fail_on: Severity = Severity.ERROR) -> str:
+    def verdict(self, fail_on: Severity | str = Severity.ERROR) -> str:
         """The headline: PASS, FAIL, or PARTIAL (a download in progress) when shards the index names are absent."""
         if self.absent_shards:
             return f"PARTIAL: {self.absent_shards:,} of {self.listed_shards:,} shards absent"
         return "FAIL" if self.exit_code(fail_on) else "PASS"
+
+    def to_dict(self, fail_on: Severity | str = Severity.ERROR, all_findings: bool = False) -> dict[str, Any]:
+        """The report as plain data: exactly what `audit --json` prints (schema kimi-audit/audit/1)."""
+        from kimi_audit.checks.report_dict import report_dict
+
+        return report_dict(self, Severity(fail_on), all_findings)
 
 
 def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
