@@ -16,12 +16,11 @@ from typer.testing import CliRunner
 
 from hub_fixtures import *  # noqa: F403
 from hub_fixtures import TINY_REPO
-
 from kimi_audit.checks.values import plan_reads, value_findings
 from kimi_audit.cli import app
 from kimi_audit.format.header import TensorInfo
-from kimi_audit.sources import LocalSource
 from kimi_audit.model.checkpoint import load_checkpoint
+from kimi_audit.sources import LocalSource
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402
@@ -55,7 +54,7 @@ def tensor_file(d: Path, name: str) -> Path:
     return d / index["weight_map"][name]
 
 
-def load_tensor(d: Path, name: str) -> "torch.Tensor":
+def load_tensor(d: Path, name: str) -> torch.Tensor:
     return load_file(str(tensor_file(d, name)))[name]
 
 
@@ -70,7 +69,7 @@ def poke(d: Path, name: str, values: np.ndarray, start_elem: int = 0) -> None:
         f.write(raw)
 
 
-def ref_rmsnorm(x: "torch.Tensor", g: "torch.Tensor", eps: float = EPS) -> "torch.Tensor":
+def ref_rmsnorm(x: torch.Tensor, g: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     input_dtype = x.dtype
     h = x.to(torch.float32)
     variance = h.pow(2).mean(-1, keepdim=True)
@@ -78,12 +77,12 @@ def ref_rmsnorm(x: "torch.Tensor", g: "torch.Tensor", eps: float = EPS) -> "torc
     return g * h.to(input_dtype)
 
 
-def ref_position_rms(y: "torch.Tensor") -> list[float]:
+def ref_position_rms(y: torch.Tensor) -> list[float]:
     y64 = y.double().reshape(-1, y.shape[-1])
     return y64.pow(2).mean(-1).sqrt().tolist()
 
 
-def ref_dequant(w: "torch.Tensor", s: "torch.Tensor") -> "torch.Tensor":
+def ref_dequant(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     rows, cols = w.shape
     se = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:rows, :cols]
     return (w.float() * se).to(torch.bfloat16)
@@ -120,7 +119,7 @@ def test_rmsnorm_all_layers_table(tiny_dir: Path) -> None:
     assert "4 layer(s): gains finite and non-zero" in r.stdout
     assert "layer 3 output RMS per position" in r.stdout
     doc = run_json("rmsnorm", str(tiny_dir), "--all")
-    assert [(l["layer"], l["block"]) for l in doc["layers"]] == [(0, "dense"), (1, "moe"), (2, "moe"), (3, "moe")]
+    assert [(x["layer"], x["block"]) for x in doc["layers"]] == [(0, "dense"), (1, "moe"), (2, "moe"), (3, "moe")]
     # only the 4 gains and the headers of the 3 shards were read
     headers = sum(header_of(p)[0] for p in tiny_dir.glob("*.safetensors"))
     assert doc["bytes_read"] == headers + 4 * TINY_Q * 2
@@ -166,8 +165,8 @@ def test_rmsnorm_fails_on_zero_or_nan_gain(tiny_copy: Path, fault: str, needle: 
     assert r.exit_code == 1, r.output
     assert "1 of 4 layers failed the check" in r.stdout
     doc = run_json("rmsnorm", str(tiny_copy), "--all", code=1)
-    bad = [l for l in doc["layers"] if not l["ok"]]
-    assert [l["layer"] for l in bad] == [1]
+    bad = [x for x in doc["layers"] if not x["ok"]]
+    assert [x["layer"] for x in bad] == [1]
     assert any(needle in p for p in bad[0]["problems"])
 
 
@@ -178,8 +177,8 @@ def test_rmsnorm_bad_layer_is_one_line_error(tiny_dir: Path) -> None:
 
 def test_rmsnorm_on_the_replica_reads_only_gains(replica_dir: Path) -> None:
     doc = run_json("rmsnorm", str(replica_dir), "--all", "--tokens", "8")
-    assert len(doc["layers"]) == 61 and all(l["ok"] for l in doc["layers"])
-    assert [l["block"] for l in doc["layers"]].count("moe") == 60
+    assert len(doc["layers"]) == 61 and all(x["ok"] for x in doc["layers"])
+    assert [x["block"] for x in doc["layers"]].count("moe") == 60
     headers = sum(header_of(p)[0] for p in replica_dir.glob("*.safetensors"))
     assert doc["bytes_read"] == headers + 61 * 1536 * 2
     # layer 0's gain, read back independently (by offset: replica shards are 2.8-17 GB apparent)
@@ -288,7 +287,7 @@ def test_tensor_on_replica_expert_weight(replica_dir: Path) -> None:
 # ------------------------------------------------------------------ Hub
 
 
-def test_rmsnorm_and_tensor_over_the_hub(hub, tiny_dir: Path) -> None:  # noqa: F811
+def test_rmsnorm_and_tensor_over_the_hub(hub, tiny_dir: Path) -> None:
     doc = run_json("rmsnorm", TINY_REPO, "--layer", "3")
     local = run_json("rmsnorm", str(tiny_dir), "--layer", "3")
     assert doc["layers"][0]["output_rms"] == local["layers"][0]["output_rms"]
@@ -300,7 +299,7 @@ def test_rmsnorm_and_tensor_over_the_hub(hub, tiny_dir: Path) -> None:  # noqa: 
     # the header (one read sized from the index's names), then exactly the 384-byte gain
     assert ranges[-1] == f"bytes={data_start + b}-{data_start + e - 1}"
     assert all(r.startswith("bytes=0-") for r in ranges[:-1]) and len(ranges) <= 3
-    reqs, sent = hub.stats().for_path(shard)
+    _reqs, sent = hub.stats().for_path(shard)
     assert sent <= 1.2 * data_start + (e - b)
     name = "model.layers.1.mlp.shared_experts.up_proj.weight"
     assert run_json("tensor", TINY_REPO, name, "--dequant")["dequantized"] == \
@@ -388,7 +387,7 @@ def test_values_pass_on_the_replica(replica_copy: Path, replica_dir: Path) -> No
     assert (biases, scales) == (60, 69_608)
 
 
-def test_values_pass_over_the_hub_reads_only_small_tensors(hub, tiny_dir: Path) -> None:  # noqa: F811
+def test_values_pass_over_the_hub_reads_only_small_tensors(hub, tiny_dir: Path) -> None:
     import re
 
     local = run_json("audit", str(tiny_dir), "--values", "--no-progress")
@@ -408,3 +407,79 @@ def test_values_pass_over_the_hub_reads_only_small_tensors(hub, tiny_dir: Path) 
                  if n.endswith(("norm.weight", "_scale_inv", "e_score_correction_bias"))]
         lo, hi = (int(x) for x in r.range[len("bytes="):].split("-"))
         assert start + min(b for b, _ in small) <= lo and hi < start + max(e for _, e in small)
+
+
+# ------------------------------------------------------------------ issue 16: F32 gains, module names, ue8m0
+
+
+def test_rmsnorm_with_f32_gains_matches_torch(tmp_path: Path) -> None:
+    """DeepSeek-V3.2 stores every norm gain F32: torch's ``weight * h.to(bf16)`` is then float32."""
+    from tiny_checkpoint import tiny_shards, write_tiny
+
+    shards = tiny_shards()
+    for members in shards.values():
+        for k in [k for k in members if k.endswith("norm.weight")]:
+            members[k] = members[k].astype(np.float32) * np.float32(1.0 + 2.0 ** -20)  # not bf16-representable
+    d = write_tiny(tmp_path / "v32", shards)
+    doc = run_json("rmsnorm", str(d), "--layer", "1", "--seed", "3", "--tokens", "7", "--batch", "2")
+    (layer,) = doc["layers"]
+    g = load_tensor(d, gain_name(1))
+    assert g.dtype == torch.float32 and layer["ok"]
+    x32 = np.random.default_rng(3).standard_normal((2, 7, TINY_Q), dtype=np.float32)
+    y = ref_rmsnorm(torch.from_numpy(x32).to(torch.bfloat16), g)
+    assert y.dtype == torch.float32 and layer["output"]["dtype"] == "F32"
+    assert layer["output"]["min"] == float(y.min()) and layer["output"]["max"] == float(y.max())
+    assert layer["output_rms"] == pytest.approx(ref_position_rms(y), rel=1e-12)
+
+
+def test_tensor_by_module_name_is_its_weight(tiny_dir: Path) -> None:
+    module = "model.layers.1.mlp.experts.3.down_proj"
+    by_module = run_json("tensor", str(tiny_dir), module, "--dequant")
+    by_weight = run_json("tensor", str(tiny_dir), module + ".weight", "--dequant")
+    assert by_module == by_weight and by_module["tensor"] == module + ".weight"
+    assert by_module["module"] == module and by_module["scheme"] == "fp8"
+    w, s = load_tensor(tiny_dir, module + ".weight"), load_tensor(tiny_dir, module + ".weight_scale_inv")
+    assert by_module["dequantized"]["max"] == float(ref_dequant(w, s).double().max())
+    gain = "model.layers.0.self_attn.q_a_layernorm"  # a module whose tensor is `.weight`, not quantized
+    doc = run_json("tensor", str(tiny_dir), gain)
+    assert doc["tensor"] == gain + ".weight" and doc["module"] is None and doc["dequantized"] is None
+
+
+def _ue8m0_copy(d: Path) -> list[str]:
+    """Turn a tiny copy into a DeepSeek-V3.1-style checkpoint: scale_fmt ue8m0 and every FP8 scale rounded
+    to a power of two. Returns the scale names."""
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"]["scale_fmt"] = "ue8m0"
+    (d / "config.json").write_text(json.dumps(cfg))
+    names = [n for n in json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+             if n.endswith(".weight_scale_inv")]
+    for n in names:
+        s = load_tensor(d, n).numpy()
+        poke(d, n, np.exp2(np.ceil(np.log2(s))).astype(np.float32))
+    return names
+
+
+def test_values_ue8m0_scales_must_be_powers_of_two(tiny_copy: Path) -> None:
+    names = _ue8m0_copy(tiny_copy)
+    doc = run_json("audit", str(tiny_copy), "--values", "--no-progress")
+    assert [f["code"] for f in doc["findings"]] == ["VALUES_CHECKED"]
+    gate = "model.layers.2.mlp.experts.4.gate_proj.weight_scale_inv"
+    o_proj = "model.layers.3.self_attn.o_proj.weight_scale_inv"
+    assert {gate, o_proj} <= set(names)
+    poke(tiny_copy, gate, np.array([0.375, 2.0 ** -130, 3.0e-5], np.float32), start_elem=1)  # 2**-130: below E8M0
+    poke(tiny_copy, o_proj, np.array([0.1], np.float32))
+    doc = run_json("audit", str(tiny_copy), "--values", "--no-progress", code=1)
+    got = [(f["code"], f["severity"], f["tensor"], f["actual"], f["message"]) for f in doc["findings"]
+           if f["code"] == "SCALE_NOT_UE8M0"]
+    assert got == [
+        ("SCALE_NOT_UE8M0", "error", gate, 3, f"{gate}: 3 of 6 block scales are not powers of two (scale_fmt "
+         "ue8m0); the first is 0.375"),
+        ("SCALE_NOT_UE8M0", "warning", o_proj, 1, f"{o_proj}: 1 of 3 block scales are not powers of two "
+         "(scale_fmt ue8m0); the first is 0.100000001"),
+    ]
+    assert [f["code"] for f in doc["findings"] if f["severity"] == "error"] == ["SCALE_NOT_UE8M0"]
+    cfg = json.loads((tiny_copy / "config.json").read_text())
+    del cfg["quantization_config"]["scale_fmt"]  # without ue8m0 any positive finite scale is fine
+    (tiny_copy / "config.json").write_text(json.dumps(cfg))
+    assert [f["code"] for f in run_json("audit", str(tiny_copy), "--values", "--no-progress")["findings"]] == \
+        ["VALUES_CHECKED"]

@@ -34,7 +34,7 @@ class DeepseekV3RMSNorm(nn.Module):
         return self.weight * hidden_states.to(input_dtype)
 
 
-def to_np(t: "torch.Tensor") -> np.ndarray:
+def to_np(t: torch.Tensor) -> np.ndarray:
     t = t.detach().contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
@@ -54,7 +54,7 @@ def bit_mismatches(a: np.ndarray, b: np.ndarray) -> tuple[int, int]:
     return int(diff.sum()), int(both_nan.sum())
 
 
-def torch_rmsnorm(x: "torch.Tensor", gain: "torch.Tensor", eps: float = 1e-6) -> "torch.Tensor":
+def torch_rmsnorm(x: torch.Tensor, gain: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     mod = DeepseekV3RMSNorm(gain.shape[0], eps=eps)
     with torch.no_grad():
         mod.weight = nn.Parameter(gain.clone(), requires_grad=False)
@@ -62,7 +62,7 @@ def torch_rmsnorm(x: "torch.Tensor", gain: "torch.Tensor", eps: float = 1e-6) ->
 
 
 @functools.lru_cache(maxsize=4)
-def activations(rows: int, width: int, seed: int) -> "torch.Tensor":
+def activations(rows: int, width: int, seed: int) -> torch.Tensor:
     """bf16 activations with a per-row scale spanning ~6 orders of magnitude and heavy tails."""
     g = torch.Generator().manual_seed(seed)
     base = torch.randn(rows, width, generator=g)
@@ -72,7 +72,7 @@ def activations(rows: int, width: int, seed: int) -> "torch.Tensor":
     return (mix * scale).to(torch.bfloat16)
 
 
-def gains(width: int, seed: int) -> "torch.Tensor":
+def gains(width: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.rand(width, generator=g) * 2.5 + 0.02).to(torch.bfloat16)
 
@@ -121,7 +121,8 @@ def test_summation_order_matters_so_the_test_can_fail() -> None:
     g = gains(1536, seed=1537)
     ref = to_np(torch_rmsnorm(x, g))
     naive_diff, _ = bit_mismatches(_rms_with_naive_mean(to_np(x), to_np(g)), ref)
-    assert naive_diff > 0  # measured: 149 of 37,748,736 elements differ (torch 2.13.0); variance differs in 9,663 of 24,576 rows
+    # measured: 149 of 37,748,736 elements differ (torch 2.13.0); variance differs in 9,663 of 24,576 rows
+    assert naive_diff > 0
     var_torch = x.float().pow(2).mean(-1).numpy()
     sq = to_np(x).astype(np.float32) ** 2
     assert int((sq.mean(-1, dtype=np.float32) != var_torch).sum()) > 0
@@ -174,6 +175,27 @@ def test_rmsnorm_other_dtypes_follow_torch_promotion(xdt: str, gdt: str) -> None
     got = nm.rms_norm(to_np(x), to_np(g))
     assert got.dtype == to_np(ref).dtype
     assert bit_mismatches(got, to_np(ref))[0] == 0
+
+
+@pytest.mark.parametrize("xdt", ["bfloat16", "float32"])
+@pytest.mark.parametrize("width,rows", [(1536, 8192), (7168, 1024), (512, 4096)],
+                         ids=["q_a_layernorm-1536", "hidden-7168", "kv_a_layernorm-512"])
+def test_rmsnorm_f32_gains_deepseek_v32(xdt: str, width: int, rows: int) -> None:
+    """DeepSeek-V3.2 stores its norm gains F32: ``weight * h.to(input_dtype)`` promotes to float32 (the
+    bf16 value widened, one float32 multiply, never rounded back), still bit-identical."""
+    x = activations(rows, width, seed=width + 7).to(getattr(torch, xdt))
+    gen = torch.Generator().manual_seed(width)
+    g = torch.rand(width, generator=gen, dtype=torch.float32) * 2.5 + 0.02  # full float32 mantissas
+    assert (g.to(torch.bfloat16).float() != g).any()
+    ref = torch_rmsnorm(x, g)
+    assert ref.dtype == torch.float32
+    got = nm.rms_norm(to_np(x), to_np(g))
+    assert got.dtype == np.float32
+    diff, _ = bit_mismatches(got, to_np(ref))
+    assert diff == 0, f"{diff} of {rows * width} elements differ"
+    y16 = nm.rms_norm(to_np(x), to_np(g.to(torch.bfloat16)))  # the same input, bf16 gains: another result
+    assert y16.dtype == (ml_dtypes.bfloat16 if xdt == "bfloat16" else np.float32)
+    assert not np.array_equal(y16.astype(np.float32), got)
 
 
 def test_rmsnorm_rejects_bad_operands() -> None:
@@ -253,7 +275,7 @@ def test_decode_safetensors_bytes(dtype: str, tdt: str) -> None:
 # ------------------------------------------------------------------ FP8 dequantization
 
 
-def _torch_dequant(w: "torch.Tensor", s: "torch.Tensor", block=(128, 128), dtype=None):
+def _torch_dequant(w: torch.Tensor, s: torch.Tensor, block=(128, 128), dtype=None):
     rows, cols = w.shape
     se = s.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:rows, :cols]
     return (w.float() * se).to(dtype or torch.bfloat16)

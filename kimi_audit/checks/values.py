@@ -1,10 +1,14 @@
 """The opt-in `audit --values` pass: fetch every small tensor and check its values.
 
 Small tensors are the RMSNorm gains (`*norm.weight`), the router biases
-(`mlp.gate.e_score_correction_bias`) and every FP8 block scale (`*.weight_scale_inv`): about 250 MB
+(`mlp.gate.e_score_correction_bias`), every FP8 block scale (`*.weight_scale_inv`) and, for
+compressed-tensors INT4, every group scale (`*.weight_scale`) and `*.weight_shape`: about 250 MB
 of Kimi-K2's 959 GB.  Each is fetched by byte range (neighbours in a shard coalesced into one read
 when the gap between them is small), decoded with kimi_audit.numerics.kernels, and reported when it holds
-NaN or Inf, when a scale is not > 0, or when a gain is all zeros.  No big weight is ever read.
+NaN or Inf, when a scale is not > 0, when a gain is all zeros, when a `weight_shape` is not the [out, in]
+the config implies, or (quantization_config `scale_fmt: ue8m0`, DeepSeek-V3.1 on) when an FP8 scale is
+not an exact power of two (a warning for `self_attn.o_proj`, whose scales break it in the published
+V3.1 release).  No big weight is ever read.
 numpy and the kernels are imported by the functions that decode (only `audit --values` runs them).
 
 A local shard's sparse holes (a header-only or partial copy: `kimi-audit download --headers-only`)
@@ -16,14 +20,15 @@ for all of them, never zero gains or scales.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from kimi_audit.errors import SourceError
-from kimi_audit.findings import Finding, error, info
+from kimi_audit.findings import Finding, Severity, error, info, warning
 from kimi_audit.format.header import ShardHeader, TensorInfo
 from kimi_audit.model.layout import SCALE_SUFFIX
+from kimi_audit.model.quant import Fp8Block
 from kimi_audit.numerics.tensor_io import data_holes, in_hole, read_exact, windowed_map
 from kimi_audit.sources.base import Source
 
@@ -32,10 +37,17 @@ if TYPE_CHECKING:
 
     from kimi_audit.checks.audit import AuditReport
     from kimi_audit.model.checkpoint import ProgressFn
+    from kimi_audit.model.layout import ExpectedLayout
 
 GAIN = "gain"
 ROUTER_BIAS = "router_bias"
 SCALE = "scale"
+GROUP_SCALE = "group_scale"
+WEIGHT_SHAPE = "weight_shape"
+
+UE8M0_WARN_ONLY = "self_attn.o_proj"
+"""Module whose scales are not powers of two in the published DeepSeek-V3.1 release (deepseek-ai/DeepSeek-V3
+issue 961): SCALE_NOT_UE8M0 is a warning there, an error elsewhere."""
 
 ROUTER_BIAS_SUFFIX = ".e_score_correction_bias"
 
@@ -59,6 +71,10 @@ def value_kind(name: str) -> str | None:
     """Which small tensor class a name belongs to, or None for everything else."""
     if name.endswith(SCALE_SUFFIX):
         return SCALE
+    if name.endswith(".weight_scale"):
+        return GROUP_SCALE
+    if name.endswith(".weight_shape"):
+        return WEIGHT_SHAPE
     if name.endswith(ROUTER_BIAS_SUFFIX):
         return ROUTER_BIAS
     if name.endswith("norm.weight"):
@@ -111,12 +127,20 @@ def read_tensors(
             yield t, data[t.begin - g0 : t.end - g0]
 
 
-def check_values(name: str, kind: str, values: np.ndarray) -> list[tuple[str, str, int]]:
-    """(code, message, count) for what is wrong with one small tensor's values."""
+def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = False,
+                 expected_shape: tuple[int, ...] | None = None) -> list[tuple[str, str, int]]:
+    """(code, message, count) for what is wrong with one small tensor's values. `ue8m0`: FP8 scales must be
+    powers of two; `expected_shape`: what a `weight_shape` must hold."""
     import numpy as np
 
     from kimi_audit.numerics.dtypes import to_float32
 
+    if kind == WEIGHT_SHAPE:
+        held = [int(v) for v in values.reshape(-1)] if values.dtype.kind in "iu" else None
+        if expected_shape is not None and held != list(expected_shape):
+            return [("WEIGHT_SHAPE_MISMATCH", f"{name} holds {held if held is not None else values.dtype}, the "
+                     f"config implies {list(expected_shape)}", 1)]
+        return []
     f = to_float32(values).reshape(-1)
     n = f.size
     out: list[tuple[str, str, int]] = []
@@ -126,11 +150,18 @@ def check_values(name: str, kind: str, values: np.ndarray) -> list[tuple[str, st
         out.append(("VALUE_NAN", f"{name}: {nan:,} of {n:,} values are NaN", nan))
     if inf:
         out.append(("VALUE_INF", f"{name}: {inf:,} of {n:,} values are ±Inf", inf))
-    if kind == SCALE:
+    if kind in (SCALE, GROUP_SCALE):
+        what = "block" if kind == SCALE else "group"
         bad = int(np.count_nonzero(f <= 0))  # NaN compares False: counted above
         if bad:
-            out.append(("SCALE_NOT_POSITIVE", f"{name}: {bad:,} of {n:,} block scales are ≤ 0 "
+            out.append(("SCALE_NOT_POSITIVE", f"{name}: {bad:,} of {n:,} {what} scales are ≤ 0 "
                         "(dequantized weights would be zero or sign-flipped)", bad))
+        if ue8m0 and kind == SCALE:
+            mant, exp = np.frexp(f)  # f == 0.5 * 2**exp exactly for a power of two; E8M0 holds 2**-127 .. 2**127
+            off = np.flatnonzero((f > 0) & np.isfinite(f) & ((mant != 0.5) | (exp < -126)))
+            if off.size:
+                out.append(("SCALE_NOT_UE8M0", f"{name}: {off.size:,} of {n:,} block scales are not powers of two "
+                            f"(scale_fmt ue8m0); the first is {float(f[off[0]]):.9g}", int(off.size)))
     elif kind == GAIN and n and not np.any(f):
         out.append(("GAIN_ALL_ZERO", f"{name}: all {n:,} RMSNorm gains are zero "
                     "(the normalized output is identically zero)", n))
@@ -144,8 +175,12 @@ def value_findings(
     *,
     max_per_code: int = MAX_PER_CODE,
     max_gap: int = MAX_GAP,
+    ue8m0: bool = False,
+    weight_shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> list[Finding]:
-    """Fetch every small tensor (gains, router biases, FP8 scales) and report bad values."""
+    """Fetch every small tensor (gains, router biases, FP8 and INT4 scales, INT4 weight_shapes) and report bad
+    values. `ue8m0`: FP8 scales must be powers of two; `weight_shapes`: `X.weight_shape` name -> the [out, in]
+    it must hold (from the layout)."""
     from kimi_audit.numerics.dtypes import NumericsError, decode
 
     todo = small_tensors(headers)
@@ -186,11 +221,12 @@ def value_findings(
         except SourceError as e:
             return job, None, e
 
-    issues: dict[str, list[Finding]] = {}
-    totals: dict[str, int] = {}
+    issues: dict[tuple[str, Severity], list[Finding]] = {}
+    totals: dict[tuple[str, Severity], int] = {}
     findings: list[Finding] = []
     checked = 0
-    checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0}
+    checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0, GROUP_SCALE: 0, WEIGHT_SHAPE: 0}
+    shapes = weight_shapes or {}
     fetched_bytes = 0
     workers = max(1, min(int(getattr(source, "parallel_reads", 1)), 32))
     total = sum(len(j[4]) for j in jobs)
@@ -208,29 +244,37 @@ def value_findings(
                 except NumericsError:
                     continue  # size/dtype violations are the header checks' findings
                 kind = kinds[(shard, t.name)]
-                for code, message, count in check_values(t.name, kind, arr):
-                    totals[code] = totals.get(code, 0) + 1
-                    lst = issues.setdefault(code, [])
+                expected_shape = shapes.get(t.name)
+                for code, message, count in check_values(t.name, kind, arr, ue8m0=ue8m0,
+                                                         expected_shape=expected_shape):
+                    warn = code == "SCALE_NOT_UE8M0" and UE8M0_WARN_ONLY in t.name
+                    key = (code, Severity.WARNING if warn else Severity.ERROR)
+                    totals[key] = totals.get(key, 0) + 1
+                    lst = issues.setdefault(key, [])
                     if len(lst) < max_per_code:
-                        lst.append(error(code, message, tensor=t.name, shard=shard,
-                                         expected=_expected(code), actual=count))
+                        lst.append((warning if warn else error)(
+                            code, message, tensor=t.name, shard=shard, actual=count,
+                            expected=list(expected_shape) if expected_shape else _expected(code)))
                 checked += 1
                 checked_kinds[kind] += 1
             if progress:
                 progress(shard, checked, total)
-    for code, lst in issues.items():
+    for (code, sev), lst in issues.items():
         findings.extend(lst)
-        more = totals[code] - len(lst)
+        more = totals[(code, sev)] - len(lst)
         if more > 0:
-            findings.append(error(code, f"... and {more:,} more tensors with {code} "
-                                  f"({totals[code]:,} in all)", actual=totals[code]))
+            findings.append((warning if sev == Severity.WARNING else error)(
+                code, f"... and {more:,} more tensors with {code} ({totals[(code, sev)]:,} in all)",
+                actual=totals[(code, sev)]))
     if absent:
         findings.append(not_present_finding(absent))
     counts = checked_kinds
     findings.append(info(
         "VALUES_CHECKED",
         f"values pass: {checked:,} small tensors checked ({counts[GAIN]:,} gains, "
-        f"{counts[ROUTER_BIAS]:,} router biases, {counts[SCALE]:,} FP8 scales), "
+        f"{counts[ROUTER_BIAS]:,} router biases, {counts[SCALE]:,} FP8 scales"
+        + (f", {counts[GROUP_SCALE]:,} INT4 group scales, {counts[WEIGHT_SHAPE]:,} weight_shapes"
+           if counts[GROUP_SCALE] or counts[WEIGHT_SHAPE] else "") + "), "
         f"{fetched_bytes:,} bytes fetched in {len(jobs):,} reads"
         + (f"; {len(absent):,} not present (sparse holes)" if absent else ""),
         actual=checked,
@@ -262,8 +306,21 @@ def _expected(code: str) -> str | None:
         "VALUE_NAN": "no NaN",
         "VALUE_INF": "no Inf",
         "SCALE_NOT_POSITIVE": "finite scales > 0",
+        "SCALE_NOT_UE8M0": "powers of two (scale_fmt ue8m0)",
         "GAIN_ALL_ZERO": "a non-zero gain",
     }.get(code)
+
+
+def packed_shapes(layout: ExpectedLayout) -> dict[str, tuple[int, int]]:
+    """`X.weight_shape` -> the [out, in] the layout gives module X, for every packed (INT4) module."""
+    out: dict[str, tuple[int, int]] = {}
+    for pos, name in enumerate(layout.names):
+        if name.endswith(".weight_packed"):
+            spec = layout.specs[layout.spec_of[pos]]
+            rows = spec.shape[0]
+            if rows:
+                out[name[: -len("_packed")] + "_shape"] = (rows, spec.logical // rows)
+    return out
 
 
 def audit_with_values(source: Source, progress: ProgressFn | None = None,
@@ -274,5 +331,8 @@ def audit_with_values(source: Source, progress: ProgressFn | None = None,
 
     ckpt = load_checkpoint(source, progress)
     report = audit_checkpoint(ckpt)
-    extra = value_findings(source, ckpt.headers, values_progress)
+    plan = ckpt.config.quant
+    ue8m0 = plan is not None and isinstance(plan.quantized, Fp8Block) and plan.quantized.scale_fmt == "ue8m0"
+    extra = value_findings(source, ckpt.headers, values_progress, ue8m0=ue8m0,
+                           weight_shapes=packed_shapes(ckpt.expected))
     return dataclasses.replace(report, findings=tuple(report.findings) + tuple(extra), values_checked=True)

@@ -11,7 +11,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -19,16 +19,18 @@ from rich.table import Table
 from kimi_audit.cli.app import app, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import KimiAuditError
+from kimi_audit.format.header import TensorInfo
 from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import FP8_DTYPE, SCALE_SUFFIX, layer_block
+from kimi_audit.model.layout import FP8_DTYPE, SCALE_SUFFIX, expected_layout, layer_block, scheme_of
+from kimi_audit.model.quant import Fp8Block, PackQuantized, Scheme
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
 
 if TYPE_CHECKING:
-    from kimi_audit.numerics.kernels import TensorStats
     from kimi_audit.checks.rmsnorm import LayerResult
+    from kimi_audit.numerics.kernels import TensorStats
 
 
 # ------------------------------------------------------------------ rmsnorm
@@ -63,15 +65,17 @@ def _fmt(v: float | None, spec: str = ".4g") -> str:
 @app.command()
 @user_errors
 def rmsnorm(
-    source: str = typer.Argument(PINNED_REPO_ID, help="Local checkpoint directory or Hub repo id `owner/name[@revision]`."),
-    revision: Optional[str] = typer.Option(None, "--revision", "-r", help="Hub revision."),
-    layer: Optional[list[int]] = typer.Option(None, "--layer", "-l", help="Layer index (repeatable; default 0)."),
+    source: str = typer.Argument(PINNED_REPO_ID,
+                                 help="Local checkpoint directory or Hub repo id `owner/name[@revision]`."),
+    revision: str | None = typer.Option(None, "--revision", "-r", help="Hub revision."),
+    layer: list[int] | None = typer.Option(None, "--layer", "-l", help="Layer index (repeatable; default 0)."),
     all_layers: bool = typer.Option(False, "--all", help="Every layer (the MTP layer included)."),
-    input_file: Optional[Path] = typer.Option(None, "--input", help="A .npy array [B, T, q_lora_rank] (float; cast to bf16)."),
+    input_file: Path | None = typer.Option(None, "--input",
+                                           help="A .npy array [B, T, q_lora_rank] (float; cast to bf16)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random bf16 input."),
     tokens: int = typer.Option(16, "--tokens", "-t", min=1, max=1 << 16, help="Positions T of the random input."),
     batch: int = typer.Option(1, "--batch", "-b", min=1, max=1 << 12, help="Batch B of the random input."),
-    from_embeddings: Optional[str] = typer.Option(
+    from_embeddings: str | None = typer.Option(
         None, "--from-embeddings",
         help="Token ids (e.g. '1,2,3'): their embedding rows -> the layer's input_layernorm -> dequantized "
              "q_a_proj, i.e. the real query latent (of block 0 for layer 0)."),
@@ -207,64 +211,130 @@ def _stats_rows(table: Table, label: str, st: TensorStats) -> None:
         table.add_row("", "FP8 saturated |x| = 448", f"{st.saturated:,}")
 
 
+def _resolve(fetch: TensorFetcher, name: str) -> str:
+    """A tensor's name as given; a Linear module's name: its stored weight (`.weight`, INT4 `.weight_packed`)."""
+    if fetch.listed(name):
+        return name
+    for suffix in (".weight", ".weight_packed"):
+        if fetch.listed(name + suffix):
+            return name + suffix
+    return name  # not found: the read says so
+
+
+def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Scheme, int | None, int | None] | None:
+    """(module, scheme, out, in) for an FP8 `weight` or an INT4 `weight_packed`, else None. out x in comes from
+    the layout config.json implies (None for an INT4 module the layout lacks: then from weight_shape)."""
+    if t.dtype == FP8_DTYPE and name.endswith(".weight") and len(t.shape) == 2:
+        try:
+            _, cfg = load_config(src)
+        except KimiAuditError:  # no usable config: DeepSeek's 128 x 128 blocks
+            return name[: -len(".weight")], Fp8Block(), t.shape[0], t.shape[1]
+        scheme = cfg.quant.quantized if cfg.quant is not None else None
+        block = cfg.quantization.block if cfg.quantization else (128, 128)
+        return name[: -len(".weight")], scheme if isinstance(scheme, Fp8Block) else Fp8Block(block), *t.shape
+    if not name.endswith(".weight_packed"):
+        return None
+    module = name[: -len(".weight_packed")]
+    _, cfg = load_config(src)
+    packed = scheme_of(cfg, module)
+    if not isinstance(packed, PackQuantized):
+        raise KimiAuditError(f"{name}: config.json does not describe {module} as compressed-tensors pack-quantized "
+                             f"({packed.describe()})")
+    e = expected_layout(cfg).get(name)
+    if e is None or not e.shape[0]:
+        return module, packed, None, None
+    return module, packed, e.shape[0], e.logical // e.shape[0]
+
+
 @app.command()
 @user_errors
 def tensor(
     source: str = typer.Argument(..., help="Local checkpoint directory or Hub repo id `owner/name[@revision]`."),
-    name: str = typer.Argument(..., help="Tensor name, e.g. model.layers.0.self_attn.q_a_layernorm.weight"),
-    revision: Optional[str] = typer.Option(None, "--revision", "-r", help="Hub revision."),
-    dequant: bool = typer.Option(False, "--dequant", help="For an FP8 weight: statistics of the dequantized bf16 values."),
+    name: str = typer.Argument(..., help="Tensor name (model.layers.0.self_attn.q_a_layernorm.weight) or Linear "
+                                         "module name (model.layers.5.mlp.experts.7.gate_proj)."),
+    revision: str | None = typer.Option(None, "--revision", "-r", help="Hub revision."),
+    dequant: bool = typer.Option(False, "--dequant", help="For an FP8 or INT4 weight: statistics of the "
+                                 "dequantized values (FP8: bf16 block dequant; INT4: compressed-tensors' own)."),
     max_bytes: int = typer.Option(DEFAULT_MAX_TENSOR_BYTES, "--max-bytes", min=1,
                                   help="Refuse to fetch a tensor larger than this."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
 ) -> None:
-    """Fetch one tensor by byte range and print its value statistics (and its FP8 scales').
+    """Fetch one tensor by byte range and print its value statistics (and its scales').
 
-    Fails (exit 1) on NaN/Inf values, or FP8 scales that are not finite and > 0.
+    A module name stands for its stored weight: `.weight`, or `.weight_packed` for compressed-tensors INT4.
+    Fails (exit 1) on NaN/Inf values, scales that are not finite and > 0, a quantization tensor absent, or an
+    INT4 weight_shape that disagrees with the config's [out, in].
     """
     import numpy as np
 
-    from kimi_audit.numerics.kernels import dequantize_fp8, tensor_stats, to_float32
+    from kimi_audit.numerics.dtypes import NumericsError
+    from kimi_audit.numerics.kernels import tensor_stats, to_float32
 
     src = open_source(source, revision)
     fetch = TensorFetcher(src)
+    name = _resolve(fetch, name)
     arr, t, shard = fetch.read(name, max_bytes)
     st = tensor_stats(arr, dtype=t.dtype)
     problems: list[str] = []
     if st.nan or st.inf:
         problems.append(f"{name}: {st.nan:,} NaN and {st.inf:,} Inf values")
     scale_st = deq_st = None
-    scale_name = None
-    if t.dtype == FP8_DTYPE and name.endswith(".weight"):
-        scale_name = name[: -len(".weight")] + SCALE_SUFFIX
-        if fetch.has(scale_name):
-            s, _, _ = fetch.read(scale_name, max_bytes)
-            scale_st = tensor_stats(s, dtype=fetch.locate(scale_name)[1].dtype)
-            s32 = to_float32(s)
-            bad = int(np.count_nonzero(~(np.isfinite(s32) & (s32 > 0))))
-            if bad:
-                problems.append(f"{scale_name}: {bad:,} of {s32.size:,} scales are not finite and > 0")
-            if dequant:
-                block = _block_size(src)
-                check_memory(2 * arr.size, f"dequantizing {name} ({arr.size:,} values to bf16)")
-                deq_st = tensor_stats(dequantize_fp8(arr, s32, block), dtype="BF16")
-        else:
-            problems.append(f"{name} is FP8 but {scale_name} is absent")
-            scale_name = None
+    scale_name: str | None = None
+    weight_shape: list[int] | None = None
+    quant = _quantized_module(src, name, t)
+    if quant is not None:
+        module, scheme, out, inp = quant
+        kind = "FP8" if isinstance(scheme, Fp8Block) else f"INT{getattr(scheme, 'bits', '')}"
+        stored: dict[str, np.ndarray] = {name[len(module):]: arr}
+        complete = True
+        for s in scheme.stored(out or 1, inp or 1):
+            full = module + s.suffix
+            if s.suffix in stored:
+                continue
+            if not fetch.listed(full):
+                problems.append(f"{name} is {kind} but {full} is absent")
+                complete = False
+                continue
+            a, ti, _ = fetch.read(full, max_bytes)
+            stored[s.suffix] = a
+            if s.suffix in (SCALE_SUFFIX, ".weight_scale"):
+                scale_name, scale_st = full, tensor_stats(a, dtype=ti.dtype)
+                s32 = to_float32(a)
+                bad = int(np.count_nonzero(~(np.isfinite(s32) & (s32 > 0))))
+                if bad:
+                    problems.append(f"{full}: {bad:,} of {s32.size:,} scales are not finite and > 0")
+            elif s.suffix == ".weight_shape":
+                weight_shape = [int(v) for v in a.reshape(-1)]
+                if out is None and len(weight_shape) == 2:
+                    out, inp = weight_shape
+                elif weight_shape != [out, inp]:
+                    problems.append(f"WEIGHT_SHAPE_MISMATCH: {full} holds {weight_shape}, the config implies "
+                                    f"[{out}, {inp}]")
+                    complete = False
+        if dequant and complete and out is not None and inp is not None:
+            per = 2 if isinstance(scheme, Fp8Block) else 8  # the result, plus INT4's codes and float32 products
+            check_memory(per * out * inp, f"dequantizing {module} ({out * inp:,} values)")
+            try:
+                deq_st = tensor_stats(scheme.dequantize(stored, out, inp))
+            except NumericsError as e:
+                problems.append(f"{module}: cannot dequantize: {e}")
     elif dequant:
-        stderr.print(f"note: {name} is {t.dtype}, not an FP8 weight: nothing to dequantize")
+        stderr.print(f"note: {name} is {t.dtype}, not a quantized weight: nothing to dequantize")
 
     if as_json:
         doc = {
             "source": src.label,
             "revision": src.revision,
             "tensor": name,
+            "module": None if quant is None else quant[0],
+            "scheme": None if quant is None else quant[1].key,
             "shard": shard,
             "dtype": t.dtype,
             "shape": list(t.shape),
             "bytes": t.nbytes,
             "stats": st.to_json(),
             "scale": None if scale_st is None else {"tensor": scale_name, "stats": scale_st.to_json()},
+            "weight_shape": weight_shape,
             "dequantized": None if deq_st is None else deq_st.to_json(),
             "ok": not problems,
             "problems": problems,
@@ -274,24 +344,20 @@ def tensor(
         rev = f" @ {src.revision}" if src.revision else ""
         stdout.print(f"[bold]{name}[/bold] in {shard} ({src.label}{rev})")
         stdout.print(f"{t.dtype} {list(t.shape)}, {t.nbytes:,} bytes")
+        if quant is not None:
+            shape_note = f"; weight_shape {weight_shape}" if weight_shape is not None else ""
+            stdout.print(f"module {quant[0]}: {quant[1].describe()}{shape_note}", highlight=False)
         table = Table(show_header=True)
         table.add_column("values")
         table.add_column("statistic")
         table.add_column("", justify="right")
-        _stats_rows(table, t.dtype, st)
+        packed = quant is not None and isinstance(quant[1], PackQuantized)
+        _stats_rows(table, f"{t.dtype} packed words" if packed else t.dtype, st)
         if scale_st is not None:
             _stats_rows(table, f"scales {scale_st.dtype} {list(scale_st.shape)}", scale_st)
         if deq_st is not None:
-            _stats_rows(table, "dequantized BF16", deq_st)
+            _stats_rows(table, f"dequantized {deq_st.dtype}", deq_st)
         stdout.print(table)
         for p in problems:
-            stdout.print(f"[red]{p}[/red]")
+            stdout.print(f"[red]{p}[/red]", highlight=False)
     raise typer.Exit(1 if problems else 0)
-
-
-def _block_size(src: Source) -> tuple[int, int]:
-    try:
-        _, cfg = load_config(src)
-    except KimiAuditError:
-        return (128, 128)
-    return cfg.quantization.block if cfg.quantization else (128, 128)

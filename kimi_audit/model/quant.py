@@ -19,12 +19,16 @@ quantization metadata, never counted.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import not_, or_
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PARAMETER = "parameter"
 SCALE = "scale"
@@ -78,6 +82,20 @@ class Scheme:
     def describe(self) -> str:
         raise NotImplementedError
 
+    def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
+        """The module's weight [out, in] from its stored tensors (decoded, keyed by the suffixes of
+        `stored`), computed as the scheme's reference code does (kimi_audit.numerics, imported here)."""
+        raise NotImplementedError
+
+
+def _stored_weight(tensors: Mapping[str, np.ndarray], suffix: str, out: int, inp: int) -> np.ndarray:
+    from kimi_audit.numerics.dtypes import NumericsError
+
+    w = tensors[suffix]
+    if w.shape != (out, inp):
+        raise NumericsError(f"{suffix[1:]} has shape {list(w.shape)}, the module is {[out, inp]}")
+    return w
+
 
 @dataclass(frozen=True)
 class Unquantized(Scheme):
@@ -89,6 +107,9 @@ class Unquantized(Scheme):
 
     def describe(self) -> str:
         return f"{self.dtype}, not quantized"
+
+    def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
+        return _stored_weight(tensors, ".weight", out, inp)
 
 
 @dataclass(frozen=True)
@@ -106,6 +127,12 @@ class Fp8Block(Scheme):
     def describe(self) -> str:
         fmt = f", {self.scale_fmt} scales" if self.scale_fmt else ""
         return f"FP8 e4m3, one F32 scale per {self.block[0]}x{self.block[1]} block{fmt}"
+
+    def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
+        """BF16 ``(w.float() * s_expanded).to(torch.bfloat16)`` (DeepSeek's weight_dequant)."""
+        from kimi_audit.numerics.fp8 import dequantize_fp8
+
+        return dequantize_fp8(_stored_weight(tensors, ".weight", out, inp), tensors[SCALE_SUFFIX], self.block)
 
 
 @dataclass(frozen=True)
@@ -132,6 +159,28 @@ class PackQuantized(Scheme):
         kind = "symmetric" if self.symmetric else "asymmetric"
         return (f"INT{self.bits} {kind}, {32 // self.bits} per I32 word, one {self.scale_dtype} scale per "
                 f"{self.group_size} inputs (compressed-tensors pack-quantized)")
+
+    def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
+        """compressed-tensors' decompression: unpack the codes (and an asymmetric scheme's zero points),
+        then ``(q - z) * scale`` per group in the scale's dtype (BF16). `weight_shape`, when given, must
+        hold [out, in]; `weight_g_idx`, when given, assigns each input its group."""
+        from kimi_audit.numerics.dtypes import NumericsError
+        from kimi_audit.numerics.int4 import dequantize_group, unpack_int4
+
+        shape = tensors.get(".weight_shape")
+        if shape is not None and [int(v) for v in shape.reshape(-1)] != [out, inp]:
+            raise NumericsError(f"weight_shape holds {[int(v) for v in shape.reshape(-1)]}, "
+                                f"the module is {[out, inp]}")
+        q = unpack_int4(tensors[".weight_packed"], self.bits, inp)
+        if q.shape[0] != out:
+            raise NumericsError(f"weight_packed has {q.shape[0]} rows, the module {out} outputs")
+        zp = None
+        if not self.symmetric:
+            if ".weight_zero_point" not in tensors:
+                raise NumericsError("an asymmetric scheme without its weight_zero_point")
+            zp = unpack_int4(tensors[".weight_zero_point"], self.bits, out, packed_dim=0)
+        return dequantize_group(q, tensors[".weight_scale"], zp, self.group_size,
+                                g_idx=tensors.get(".weight_g_idx"))
 
 
 @dataclass(frozen=True)

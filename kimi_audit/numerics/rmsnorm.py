@@ -151,7 +151,9 @@ def rms_norm(
     """DeepseekV3RMSNorm, step for step, bit-identical to torch CPU.
 
     x: [..., d] bf16 / f16 / f32; gain: [d] bf16 / f16 / f32.  Returns the dtype torch returns
-    for ``gain * normalized.to(x.dtype)`` (bf16 for the model's bf16 gains and activations).
+    for ``gain * normalized.to(x.dtype)``: bf16 for the model's bf16 gains and activations; float32
+    for DeepSeek-V3.2's F32 gains, where torch promotes ``f32 * bf16`` to float32 (the bf16 value
+    widened exactly, one float32 multiply, no rounding back to bf16).
     """
     x = np.asarray(x)
     gain = np.asarray(gain)
@@ -188,10 +190,7 @@ def rms_norm(
         np.sqrt(var, out=var)  # rsqrt == 1 / sqrt (torch CPU, vector and scalar paths)
         np.divide(one, var, out=var)
         h *= var[:, None]
-        if in_dtype == np.float32:
-            hb = h
-        else:
-            hb = h.astype(in_dtype)  # .to(input_dtype), RNE
+        hb = h if in_dtype == np.float32 else h.astype(in_dtype)  # .to(input_dtype), RNE
         if out_dtype == in_dtype and in_dtype != np.float32:
             # gain * hb in the 16-bit dtype: the product is computed in float32 and rounded once
             prod = to_float32(hb)

@@ -24,8 +24,7 @@ from kimi_audit.constants import HEADER_LENGTH_BYTES, SAFETENSORS_SUFFIX
 from kimi_audit.errors import DataNotPresentError, KimiAuditError, ShortReadError, SourceError
 from kimi_audit.format.estimate import first_read_bytes, source_file_size
 from kimi_audit.format.header import ShardHeader, TensorInfo, read_shard_header
-from kimi_audit.format.index import IndexFile, natural_key
-from kimi_audit.format.index import load_index
+from kimi_audit.format.index import IndexFile, load_index, natural_key
 from kimi_audit.sources.base import Source
 
 if TYPE_CHECKING:
@@ -205,6 +204,15 @@ class TensorFetcher:
             return True
         except TensorNotFoundError:
             return False
+
+    def listed(self, name: str) -> bool:
+        """Whether the index lists `name` (no header read); without an index, whether a header holds it."""
+        if not self._index_loaded:
+            self._index, _ = load_index(self.source, self.files)
+            self._index_loaded = True
+        if self._index is not None:
+            return name in self._index.weight_map
+        return self.has(name)
 
     def require_present(self, name: str, shard: str, h: ShardHeader, start: int, length: int) -> None:
         """DataNotPresentError when any of the bytes [start, start + length) of `shard` is a hole."""

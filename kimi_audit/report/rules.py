@@ -179,8 +179,17 @@ RULES: dict[str, Rule] = {
                     "A small tensor holds NaN values.", VALUES_HELP),
     "VALUE_INF": Rule("error", "a gain, router bias or FP8 scale holds ±Inf",
                     "A small tensor holds infinite values.", VALUES_HELP),
-    "SCALE_NOT_POSITIVE": Rule("error", "a `weight_scale_inv` block scale ≤ 0",
+    "SCALE_NOT_POSITIVE": Rule("error", "a `weight_scale_inv` block scale or INT4 `weight_scale` group scale ≤ 0",
                              "Dequantized weights of that block would be zero or sign-flipped.", VALUES_HELP),
+    "SCALE_NOT_UE8M0": Rule("error", "`scale_fmt: ue8m0` and a `weight_scale_inv` holds scales that are not exact "
+                            "powers of two",
+                            "DeepSeek-V3.1 and later expect every FP8 block scale to be a power of two (UE8M0); one "
+                            "finding per tensor with the count and the first offending value; a warning for "
+                            "self_attn.o_proj, whose scales break this in the published V3.1 release.", VALUES_HELP),
+    "WEIGHT_SHAPE_MISMATCH": Rule("error", "an INT4 module's `weight_shape` does not hold the [out, in] its config "
+                                  "implies",
+                                  "compressed-tensors decompresses weight_packed to weight_shape; any other value "
+                                  "than the config's [out, in] gives a wrong-shaped weight.", VALUES_HELP),
     "GAIN_ALL_ZERO": Rule("error", "an RMSNorm gain that is all zeros",
                         "The normalized output is identically zero.", VALUES_HELP),
     "VALUE_UNREADABLE": Rule("error", "a small tensor's bytes could not be read",
