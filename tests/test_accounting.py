@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kimi_audit.model.accounting import UNACCOUNTED, accounting_dict, accounting_of_checkpoint, build_accounting
-from kimi_audit.model.checkpoint import load_checkpoint
-from kimi_audit.cli import app
-from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
-from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, expected_layout
-from kimi_audit.model.replica import ReplicaTensor, replica_shards, write_shard
-from kimi_audit.sources import LocalSource
 from hub_fixtures import *  # noqa: F403
 from hub_fixtures import TINY_REPO
+from kimi_audit.cli import app
+from kimi_audit.format.header import TensorInfo
+from kimi_audit.model.accounting import UNACCOUNTED, accounting_dict, accounting_of_checkpoint, build_accounting
+from kimi_audit.model.checkpoint import load_checkpoint
+from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
+from kimi_audit.model.layout import BUFFER, PACKED, PARAMETER, SCALE, expected_layout
+from kimi_audit.model.replica import ReplicaTensor, replica_shards, write_shard
+from kimi_audit.sources import LocalSource
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
 
 # Published figures for the pinned checkpoint (shared/reference/kimi-k2-instruct.layout.md): compared against,
@@ -234,3 +237,191 @@ def test_params_over_the_hub_equal_local(hub, tiny_dir):
     assert remote["tree"] == local["tree"] and remote["total"] == local["total"]
     r = runner.invoke(app, ["explain", TINY_REPO, "q_a_layernorm", "--no-progress"])
     assert r.exit_code == 0 and "Query latent RMSNorm" in r.stdout
+
+
+# --- the family beyond Kimi-K2-Instruct: INT4 (Kimi-K2-Thinking), MTP (DeepSeek-V3), indexer (V3.2) -------------
+
+DATA = Path(__file__).parent.parent / "kimi_audit" / "data"
+DEEPSEEK_V3 = Path(__file__).parent / "data" / "deepseek-v3.config.json"
+# shared/reference/family.md: Kimi-K2-Thinking's quantization_config (compressed-tensors pack-quantized)
+THINKING_QUANT = {
+    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+    "kv_cache_scheme": None, "config_groups": {"group_0": {
+        "targets": ["Linear"], "input_activations": None, "output_activations": None,
+        "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32,
+                    "dynamic": False, "actorder": None, "observer": "minmax"}}},
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]}
+# family.md (derived there from the config and the published totals)
+V3_PARAMETERS = 684_489_845_504
+V3_MAIN_ONLY = 671_026_419_200
+V3_TENSORS_WITHOUT_BUFFERS = 91_991
+V3_ELEMENTS_WITH_SCALES = 684_531_386_000
+V32_ELEMENTS_WITH_SCALES = 685_396_921_376
+EXPERT_GATE = "blocks.moe.experts.gate_proj"
+
+
+def thinking_raw() -> dict:
+    """Kimi-K2-Thinking's config: the packaged one when present, else Instruct's with family.md's quantization."""
+    path = DATA / "kimi-k2-thinking.config.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    return {**json.loads((DATA / "kimi-k2-instruct.config.json").read_text()), "quantization_config": THINKING_QUANT}
+
+
+def v32_raw() -> dict:
+    path = DATA / "deepseek-v32.config.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    raw = json.loads(DEEPSEEK_V3.read_text())
+    raw.update(model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"], index_n_heads=64,
+               index_head_dim=128, index_topk=2048)
+    raw["quantization_config"] = {**raw["quantization_config"], "scale_fmt": "ue8m0"}
+    return raw
+
+
+def as_found(layout) -> dict:
+    """Headers holding exactly the layout (a Located table, no files): the found side of a faithful checkpoint."""
+    return {e.name: (TensorInfo(e.name, e.dtype, e.shape, 0, 0), f"model-{(e.layer or 0) + 1}.safetensors")
+            for e in layout.values()}
+
+
+def layout_elements(layout, kinds=(PARAMETER, PACKED, SCALE, BUFFER)) -> Counter:
+    out: Counter = Counter()
+    for e in layout.values():
+        if e.kind in kinds:
+            out[e.dtype] += e.numel
+    return out
+
+
+@pytest.fixture(scope="module")
+def thinking():
+    cfg = model_config_from_dict(thinking_raw())
+    layout = expected_layout(cfg)
+    return cfg, layout, build_accounting(cfg, as_found(layout), layout)
+
+
+def test_thinking_counts_int4_modules_as_out_times_in(thinking):
+    cfg, layout, acc = thinking
+    _, instruct = parse_config_bytes(pinned_config_bytes())
+    derived_only = build_accounting(cfg, {})
+    assert derived_only.derived == build_accounting(instruct, {}).derived == PUBLISHED_PARAMETERS
+    assert acc.derived == acc.found == PUBLISHED_PARAMETERS
+    assert_all_agree(acc)
+    routed = 3 * cfg.moe_intermediate_size * cfg.hidden_size * cfg.n_routed_experts * 60
+    params = {r.dtype: (r.derived, r.found) for r in acc.dtypes}
+    assert params["INT4"] == (routed, routed)
+    assert params["BF16"][0] == PUBLISHED_PARAMETERS - routed - 23_040 and params["F32"] == (23_040, 23_040)
+    # stored elements by dtype add up to the layout's, tensor for tensor (packed words, group scales, shapes)
+    stored = {r.dtype: (r.derived, r.found) for r in acc.stored}
+    assert {d: v[0] for d, v in stored.items()} == layout_elements(layout)
+    assert all(d == f for d, f in stored.values())
+    assert stored["I32"][0] == routed // 8 and stored["I64"][0] == 2 * 3 * cfg.n_routed_experts * 60
+    # metadata is listed apart and never counted
+    meta = [r for r in acc.excluded if r.kind == SCALE]
+    assert {r.pattern.rsplit(".", 1)[1] for r in meta} == {"weight_scale", "weight_shape"}
+    assert sum(r.found_elements for r in meta) == sum(layout_elements(layout, (SCALE,)).values())
+
+
+def test_thinking_expert_node_shows_its_packing(thinking):
+    _, _, acc = thinking
+    gate = acc.node(EXPERT_GATE)
+    (p,) = gate.parts
+    assert (p.kind, p.dtype, p.logical_dtype) == (PACKED, "I32", "INT4")
+    assert p.component == "mlp.experts.gate_proj.weight_packed"
+    assert (p.calculation(), p.numel) == ("2,048 × 7,168", 14_680_064)
+    assert gate.formula == "2,048 × 7,168 × 384 experts × 60 MoE blocks = 338,228,674,560"
+    assert [(s.component.rsplit(".", 1)[1], s.dtype, s.shape, s.kind) for s in gate.stored_parts] == [
+        ("weight_packed", "I32", (2048, 896), PACKED), ("weight_scale", "BF16", (2048, 224), SCALE),
+        ("weight_shape", "I64", (2,), SCALE)]
+    assert gate.stored_parts[0].logical == 14_680_064 and gate.stored_parts[1].logical == 0
+    (scheme,) = gate.schemes
+    assert "INT4" in scheme and "8 per I32 word" in scheme and "32 inputs" in scheme
+    assert gate.found == gate.derived and gate.found_tensors == 23_040 and len(gate.scales) == 2 * 23_040
+    assert {r.dtype: r.derived for r in gate.stored} == {"I32": 23_040 * 2048 * 896, "BF16": 23_040 * 2048 * 224,
+                                                          "I64": 23_040 * 2}
+    # attention, shared experts, the dense MLP and lm_head stay BF16 (the ignore list), without metadata
+    for key in ("blocks.moe.attention.q_compression.q_a_proj", "blocks.moe.shared_experts.gate_proj",
+                "blocks.dense.mlp.down_proj", "lm_head"):
+        (q,) = acc.node(key).parts
+        assert (q.kind, q.dtype, q.meta) == (PARAMETER, "BF16", ()), key
+
+
+def test_thinking_missing_packed_words_and_scales(thinking):
+    cfg, layout, _ = thinking
+    found = as_found(layout)
+    del found["model.layers.7.mlp.experts.5.up_proj.weight_packed"]
+    del found["model.layers.9.mlp.experts.1.down_proj.weight_scale"]
+    acc = build_accounting(cfg, found, layout)
+    up = acc.node("blocks.moe.experts.up_proj")
+    assert up.own_mismatch and up.derived - up.found == 14_680_064
+    assert {n.key for _, n in acc.root.walk() if n.own_mismatch} == {up.key}  # metadata is no parameter
+    (row,) = [r for r in acc.excluded if r.derived_tensors != r.found_tensors]
+    assert row.kind == SCALE and row.pattern.endswith("down_proj.weight_scale")
+
+
+def test_thinking_accounting_dict(thinking):
+    _, _, acc = thinking
+    doc = json.loads(json.dumps(accounting_dict(acc)))
+    assert {r["dtype"] for r in doc["by_dtype"]} == {"INT4", "BF16", "F32"}
+    assert sum(r["derived"] for r in doc["stored_by_dtype"]) == sum(r.derived for r in acc.stored)
+    assert doc["mtp"] is None and doc["tree"]["stored_by_dtype"]
+
+    def find(n, key):
+        if n["key"] == key:
+            return n
+        return next((f for c in n.get("children", []) if (f := find(c, key))), None)
+    gate = find(doc["tree"], EXPERT_GATE)
+    assert gate["parts"][0]["dtype"] == "INT4" and gate["parts"][0]["stored_dtype"] == "I32"
+    assert [t["dtype"] for t in gate["stored_tensors"]] == ["I32", "BF16", "I64"]
+    assert gate["stored_tensors"][0]["counts_for"] == 14_680_064 and "INT4" in gate["quantization"][0]
+    assert gate["metadata"] and all(".weight_s" in m for m in gate["metadata"])
+
+
+def test_deepseek_v3_mtp_is_its_own_node():
+    cfg = model_config_from_dict(json.loads(DEEPSEEK_V3.read_text()))
+    acc = build_accounting(cfg, {})
+    assert [c.key for c in acc.root.children] == ["embedding", "blocks", "mtp", "norm", "lm_head"]
+    mtp = acc.node("mtp")
+    assert mtp.title == "Multi-token prediction (layer 61)" and mtp.layers == (61,)
+    table = cfg.vocab_size * cfg.hidden_size
+    assert acc.derived == acc.mtp.total == V3_PARAMETERS
+    assert acc.mtp.main == V3_MAIN_ONLY == V3_PARAMETERS - mtp.derived
+    assert acc.mtp.duplicates == 2 * table and acc.mtp.counted_once == V3_PARAMETERS - 2 * table
+    embed, head = acc.node("mtp.mtp_head.embed_tokens"), acc.node("mtp.mtp_head.shared_head_head")
+    assert embed.derived == head.derived == table
+    assert "model.embed_tokens" in embed.note and "lm_head" in head.note
+    (eh,) = acc.node("mtp.mtp_head.eh_proj").parts
+    assert (eh.dtype, eh.meta, eh.numel) == ("BF16", (), cfg.hidden_size * 2 * cfg.hidden_size)  # no scale
+    assert acc.node("mtp.experts.gate_proj").parts[0].meta[0].dtype == "F32"  # a full FP8 MoE block
+    # activated parameters exclude MTP
+    a = acc.activation
+    routed = acc.node("blocks.moe.experts").derived
+    assert a.mtp_excluded == mtp.derived
+    assert a.per_token == V3_MAIN_ONLY - routed + routed * cfg.num_experts_per_tok // cfg.n_routed_experts
+    # totals on a full-scale replica (family.md): tensors and elements, scales included, buffers not
+    meta = [r for r in acc.excluded if r.kind == SCALE]
+    buffers = sum(r.derived_elements for r in acc.excluded if r.kind == BUFFER)
+    assert acc.root.derived_tensors + sum(r.derived_tensors for r in meta) == V3_TENSORS_WITHOUT_BUFFERS
+    assert sum(r.derived for r in acc.stored) - buffers == V3_ELEMENTS_WITH_SCALES
+    doc = accounting_dict(acc)
+    assert doc["mtp"]["main_only"] == V3_MAIN_ONLY and doc["mtp"]["total_with_mtp"] == V3_PARAMETERS
+
+
+def test_deepseek_v32_indexer_and_f32_gains():
+    cfg = model_config_from_dict(v32_raw())
+    layout = expected_layout(cfg)
+    acc = build_accounting(cfg, as_found(layout), layout)
+    assert_all_agree(acc)
+    idx = acc.node("blocks.moe.attention.indexer")
+    assert [c.name for c in idx.children] == ["wq_b", "wk", "k_norm", "weights_proj"]
+    assert idx.per_instance == 8192 * 1536 + 128 * 7168 + 2 * 128 + 64 * 7168
+    assert [(p.label, p.dtype) for p in acc.node("blocks.moe.attention.indexer.k_norm").parts] == [
+        ("Learned gain", "F32"), ("Bias", "F32")]
+    assert [s.shape for s in acc.node("blocks.moe.attention.indexer.wq_b").stored_parts] == [(8192, 1536), (64, 12)]
+    assert acc.node("mtp.attention.indexer").derived == idx.per_instance
+    for key in ("blocks.moe.norms.input_layernorm", "blocks.dense.attention.q_compression.q_a_layernorm",
+                "mtp.mtp_head.enorm", "norm"):
+        assert {p.dtype for p in acc.node(key).parts} == {"F32"}, key
+        assert {t.dtype for t in acc.node(key).tensors} == {"F32"}, key
+    buffers = sum(r.derived_elements for r in acc.excluded if r.kind == BUFFER)
+    assert sum(r.derived for r in acc.stored) - buffers == V32_ELEMENTS_WITH_SCALES

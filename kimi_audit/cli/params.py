@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -14,15 +13,16 @@ from rich.tree import Tree
 
 from kimi_audit.cli.app import app, shard_progress, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
-from kimi_audit.model.accounting import Accounting, Node, accounting_dict, accounting_of_checkpoint
+from kimi_audit.model.accounting import Accounting, DtypeRow, Node, accounting_dict, accounting_of_checkpoint
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.explain import build_card, card_dict, card_text, find_nodes
+from kimi_audit.model.layout import PARAMETER
 from kimi_audit.sources import open_source
 
 SOURCE_HELP = "A local checkpoint directory, or a Hub repo id `owner/name[@revision]`."
 
 
-def _load(source: str, revision: Optional[str], progress: bool):  # type: ignore[no-untyped-def]
+def _load(source: str, revision: str | None, progress: bool):  # type: ignore[no-untyped-def]
     src = open_source(source, revision)
     with shard_progress("reading headers", progress) as update:
         ckpt = load_checkpoint(src, update)
@@ -46,7 +46,16 @@ def node_label(n: Node) -> Text:
     if n.is_leaf and n.name != n.title:
         label += Text(f" ({n.name})", style="dim")
     label += Text("  ") + _status(n) + Text(f"  {n.derived:,}")
+    if n.is_leaf and n.parts:
+        label += Text("  " + "/".join(dict.fromkeys(p.logical_dtype for p in n.parts)), style="dim")
     label += Text("\n" + n.formula, style="dim")
+    if n.is_leaf and any(s.kind != PARAMETER for s in n.stored_parts):
+        # a quantized Linear module: how one instance is stored, its metadata apart
+        tensors = " + ".join(f"{s.component.rpartition('.')[2]} {s.dtype} [{', '.join(f'{d:,}' for d in s.shape)}]"
+                             for s in n.stored_parts)
+        label += Text(f"\nstored ({n.parts[0].logical_dtype}): {tensors}; metadata not counted", style="dim cyan")
+    if n.note:
+        label += Text("\n" + n.note, style="dim italic")
     if n.own_mismatch:
         label += Text(f"\nfound {n.found:,} in {_plural(n.found_tensors, 'tensor')} "
                       f"(derived: {_plural(n.derived_tensors, 'tensor')})"
@@ -70,15 +79,10 @@ def render_params(acc: Accounting, console: Console, depth: int | None = None) -
     console.print(Text(title, style="bold"))
     console.print(tree)
 
-    dt = Table(title="Parameters by dtype (scales and buffers excluded)", title_justify="left")
-    for col in ("dtype", "derived", "found", ""):
-        dt.add_column(col, justify="left" if col == "dtype" else "right")
-    for r in acc.dtypes:
-        dt.add_row(r.dtype, f"{r.derived:,}", f"{r.found:,}",
-                   Text("✓", style="green") if r.derived == r.found else Text("✗", style="bold red"))
-    console.print(dt)
+    console.print(_dtype_table("Parameters by dtype (metadata excluded)", acc.dtypes))
+    console.print(_dtype_table("Stored elements by dtype (all tensors)", acc.stored))
 
-    ex = Table(title="Listed apart, not parameters: FP8 scales and stored buffers", title_justify="left")
+    ex = Table(title="Listed apart, not parameters: quantization metadata and stored buffers", title_justify="left")
     ex.add_column("class")
     ex.add_column("tensors", overflow="fold", ratio=1)
     ex.add_column("count", justify="right", no_wrap=True)
@@ -86,13 +90,13 @@ def render_params(acc: Accounting, console: Console, depth: int | None = None) -
     for x in acc.excluded:
         ok = x.derived_tensors == x.found_tensors
         count = f"{x.found_tensors:,}" if ok else f"{x.found_tensors:,} (derived {x.derived_tensors:,})"
-        ex.add_row(Text(f"{x.kind} {x.dtype}"), Text(x.pattern), Text(count, style="" if ok else "bold red"),
-                   f"{x.found_elements:,}")
+        ex.add_row(Text(f"{_KIND.get(x.kind, x.kind)} {x.dtype}"), Text(x.pattern),
+                   Text(count, style="" if ok else "bold red"), f"{x.found_elements:,}")
     for kind in ("scale", "buffer"):
         rows = [r for r in acc.excluded if r.kind == kind]
         if rows:
-            ex.add_row(Text(f"all {kind}s", style="bold"), "", f"{sum(r.found_tensors for r in rows):,}",
-                       f"{sum(r.found_elements for r in rows):,}")
+            ex.add_row(Text(f"all {_KIND.get(kind, kind)}", style="bold"), "",
+                       f"{sum(r.found_tensors for r in rows):,}", f"{sum(r.found_elements for r in rows):,}")
     console.print(ex)
 
     a = acc.activation
@@ -102,6 +106,12 @@ def render_params(acc: Accounting, console: Console, depth: int | None = None) -
         f"{a.moe_blocks} MoE blocks ({a.routed_active:,})" + (f"; MTP layers ({a.mtp_excluded:,}) not counted"
                                                              if a.mtp_excluded else ""), highlight=False)
     console.print(f"  without the embedding table: {a.without_embedding:,}", highlight=False)
+    if acc.mtp is not None:
+        m = acc.mtp
+        console.print(
+            f"with MTP: total {m.total:,} = main model {m.main:,} + {_plural(len(m.layers), 'MTP layer')} "
+            f"{m.parameters:,}; the MTP embed_tokens and shared_head.head ({m.duplicates:,}) copy the main "
+            f"embedding and lm_head: counted once, {m.counted_once:,}", highlight=False)
     if acc.comparisons:
         ct = Table(title="Against the published figures (reference constants)", title_justify="left")
         for col in ("source", "total", "computed / published", "activated", "computed / published"):
@@ -114,6 +124,19 @@ def render_params(acc: Accounting, console: Console, depth: int | None = None) -
     console.print(Text.assemble(verdict, f"  total derived {acc.derived:,} · found {acc.found:,}"))
 
 
+_KIND = {"scale": "metadata", "buffer": "buffers"}
+
+
+def _dtype_table(title: str, rows: tuple[DtypeRow, ...]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("dtype", "derived", "found", ""):
+        t.add_column(col, justify="left" if col == "dtype" else "right")
+    for r in rows:
+        t.add_row(r.dtype, f"{r.derived:,}", f"{r.found:,}",
+                  Text("✓", style="green") if r.derived == r.found else Text("✗", style="bold red"))
+    return t
+
+
 def _ratio(r: float, consistent: bool) -> Text:
     return Text(f"{r:.4f}" + (" (rounds to it)" if consistent else ""), style="green" if consistent else "yellow")
 
@@ -122,8 +145,8 @@ def _ratio(r: float, consistent: bool) -> Text:
 @user_errors
 def params(
     source: str = typer.Argument(PINNED_REPO_ID, help=SOURCE_HELP),
-    revision: Optional[str] = typer.Option(None, "--revision", "-r", help="Hub revision (commit, branch or tag)."),
-    depth: Optional[int] = typer.Option(None, "--depth", "-d", min=0,
+    revision: str | None = typer.Option(None, "--revision", "-r", help="Hub revision (commit, branch or tag)."),
+    depth: int | None = typer.Option(None, "--depth", "-d", min=0,
                                         help="Show the tree down to this depth (0 = the model total only)."),
     as_json: bool = typer.Option(False, "--json", help="Print the tree as JSON (schema kimi-audit/params/1)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
@@ -147,7 +170,7 @@ def explain(
     source: str = typer.Argument(..., help=SOURCE_HELP),
     component: str = typer.Argument(..., help="A node: `q_a_layernorm`, `experts.gate_proj`, a key such as "
                                               "`blocks.moe.router`, a title, or a tensor name."),
-    revision: Optional[str] = typer.Option(None, "--revision", "-r", help="Hub revision (commit, branch or tag)."),
+    revision: str | None = typer.Option(None, "--revision", "-r", help="Hub revision (commit, branch or tag)."),
     as_json: bool = typer.Option(False, "--json", help="Print the card(s) as JSON."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
 ) -> None:

@@ -23,8 +23,17 @@ A node is flagged (`mismatch`) when they differ, when the number of tensors diff
 tensor has another dtype than the config implies, or when any descendant is flagged. Tensors the
 config does not account for land in an extra "unaccounted" node, which is always a mismatch.
 
-FP8 block scales (`weight_scale_inv`) and stored buffers (`rotary_emb.inv_freq`) are not parameters:
-they are listed apart (`Accounting.excluded`) and counted in no node.
+A Linear module counts out × in parameters, however it is stored: FP8 e4m3 weights element for element,
+INT4 weights (compressed-tensors pack-quantized, Kimi-K2-Thinking) through their `weight_packed` I32 words,
+eight parameters a word. Quantization metadata (FP8 block scales `weight_scale_inv`, INT4 group scales
+`weight_scale` and `weight_shape`, zero points, group indices) and stored buffers (`rotary_emb.inv_freq`)
+are not parameters: they are listed apart (`Accounting.excluded`) and counted in no node. Every node also
+carries its stored elements by tensor dtype, metadata included (`Node.stored`; `Accounting.stored` over
+the whole checkpoint, buffers too), beside its parameters by dtype (`Node.by_dtype`: INT4 for packed words).
+
+Multi-token-prediction layers (DeepSeek-V3's `model.layers.61`) are their own node: their embedding and
+output head copy the main model's, so `Accounting.mtp` gives the total with MTP, main-only and with those
+copies counted once ("671B main + 14B MTP = 685B").
 
 Activated parameters per token (`Activation`) are counted as follows:
   * every parameter outside the routed experts of the main stack counts in full: embedding, all
@@ -42,20 +51,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kimi_audit.format.table import Located
-from kimi_audit.model.accounting_build import Builder
-from kimi_audit.model.accounting_tree import (
+from kimi_audit.model.accounting_model import ModelBuilder
+from kimi_audit.model.accounting_summary import (
     PUBLISHED,
-    UNACCOUNTED,
-    Accounting,
     Activation,
     Comparison,
     DtypeRow,
     ExcludedRow,
+    MtpSummary,
+    PublishedFigure,
+)
+from kimi_audit.model.accounting_tree import (
+    UNACCOUNTED,
+    Accounting,
     Factor,
     FoundTensor,
     Node,
     Part,
-    PublishedFigure,
+    StoredPart,
     collapse,
     tensor_slot,
 )
@@ -64,21 +77,18 @@ from kimi_audit.model.layout import ExpectedTensor, expected_layout
 
 __all__ = [
     "PUBLISHED", "UNACCOUNTED", "Accounting", "Activation", "Comparison", "DtypeRow", "ExcludedRow", "Factor",
-    "FoundTensor", "Node", "Part", "PublishedFigure", "accounting_dict", "accounting_of_checkpoint",
-    "build_accounting", "collapse", "compare_published", "published_applies", "tensor_slot",
+    "FoundTensor", "MtpSummary", "Node", "Part", "PublishedFigure", "StoredPart", "accounting_dict",
+    "accounting_of_checkpoint", "build_accounting", "collapse", "compare_published", "published_applies",
+    "tensor_slot",
 ]
 
 
-def _dtype_rows(root: Node) -> tuple[DtypeRow, ...]:
-    derived: dict[str, int] = {}
-    found: dict[str, int] = {}
-    for leaf in root.leaves():
-        for p in leaf.parts:
-            derived[p.dtype] = derived.get(p.dtype, 0) + p.numel * leaf.instances
-        for t in leaf.tensors:
-            found[t.dtype] = found.get(t.dtype, 0) + t.numel
-    keys = sorted(set(derived) | set(found), key=lambda d: -max(derived.get(d, 0), found.get(d, 0)))
-    return tuple(DtypeRow(d, derived.get(d, 0), found.get(d, 0)) for d in keys)
+def _mtp(root: Node) -> MtpSummary | None:
+    mtp = next((c for c in root.children if c.key == "mtp"), None)
+    if mtp is None:
+        return None
+    copies = sum(n.derived for _, n in mtp.walk() if n.role in ("embed_tokens", "shared_head_head"))
+    return MtpSummary(mtp.layers, root.derived, mtp.derived, copies)
 
 
 def _activation(cfg: ModelConfig, root: Node) -> Activation:
@@ -103,7 +113,7 @@ def _round_sig(x: float, sig: int) -> float:
         return 0.0
     from math import floor, log10
 
-    return round(x, -int(floor(log10(abs(x)))) + sig - 1)
+    return round(x, -floor(log10(abs(x))) + sig - 1)
 
 
 def published_applies(cfg: ModelConfig) -> bool:
@@ -123,11 +133,12 @@ def compare_published(total: int, activated: int) -> tuple[Comparison, ...]:
 def build_accounting(cfg: ModelConfig, actual: Located, expected: Mapping[str, ExpectedTensor] | None = None,
                      *, source: str = "", revision: str | None = None) -> Accounting:
     """The tree for `cfg`, with found counts from `actual` (tensor name -> (header entry, shard))."""
-    b = Builder(cfg, actual, expected if expected is not None else expected_layout(cfg))
+    b = ModelBuilder(cfg, actual, expected if expected is not None else expected_layout(cfg))
     root = b.model()
     act = _activation(cfg, root)
     comps = compare_published(root.derived, act.per_token) if published_applies(cfg) else ()
-    return Accounting(root, b.excluded(), _dtype_rows(root), act, comps, source, revision)
+    return Accounting(root, b.excluded(), root.by_dtype, act, comps, source, revision,
+                      stored=b.stored_totals(root), mtp=_mtp(root))
 
 
 def accounting_of_checkpoint(ckpt) -> Accounting:  # type: ignore[no-untyped-def]
@@ -136,6 +147,10 @@ def accounting_of_checkpoint(ckpt) -> Accounting:  # type: ignore[no-untyped-def
 
     actual, _ = locate_tensors(ckpt.headers)
     return build_accounting(ckpt.config, actual, ckpt.expected, source=ckpt.label, revision=ckpt.revision)
+
+
+def _rows(rows: tuple[DtypeRow, ...]) -> list[dict[str, object]]:
+    return [{"dtype": r.dtype, "derived": r.derived, "found": r.found} for r in rows]
 
 
 def accounting_dict(acc: Accounting, depth: int | None = None) -> dict[str, object]:
@@ -148,12 +163,21 @@ def accounting_dict(acc: Accounting, depth: int | None = None) -> dict[str, obje
             "found_tensors": n.found_tensors, "per_instance": n.per_instance,
             "instances": [{"count": v, "of": label} for v, label in n.mult],
             "mismatch": n.mismatch, "config_keys": list(n.config_keys),
+            "by_dtype": _rows(n.by_dtype), "stored_by_dtype": _rows(n.stored),
         }
+        if n.note:
+            out["note"] = n.note
         if n.is_leaf:
             out["parts"] = [{"label": p.label, "tensor": p.component, "calculation": p.calculation(),
-                             "parameters": p.numel, "dtype": p.dtype} for p in n.parts]
+                             "parameters": p.numel, "dtype": p.logical_dtype, "stored_dtype": p.dtype,
+                             "stored_shape": list(p.stored_shape)} for p in n.parts]
             out["tensors"] = collapse(t.name for t in n.tensors)
             out["dtype_ok"] = n.dtype_ok
+            if n.schemes:
+                out["quantization"] = list(n.schemes)
+                out["stored_tensors"] = [{"tensor": s.component, "dtype": s.dtype, "shape": list(s.shape),
+                                          "kind": s.kind, "counts_for": s.logical} for s in n.stored_parts]
+                out["metadata"] = collapse(sorted(t.name for t in n.scales))
         elif depth is None or d < depth:
             out["children"] = [node(c, d + 1) for c in n.children]
         return out
@@ -165,7 +189,14 @@ def accounting_dict(acc: Accounting, depth: int | None = None) -> dict[str, obje
         "revision": acc.revision,
         "total": {"derived": acc.derived, "found": acc.found, "mismatch": acc.mismatch},
         "tree": node(acc.root, 0),
-        "by_dtype": [{"dtype": r.dtype, "derived": r.derived, "found": r.found} for r in acc.dtypes],
+        "by_dtype": _rows(acc.dtypes),
+        "stored_by_dtype": _rows(acc.stored),
+        "mtp": None if acc.mtp is None else {
+            "layers": list(acc.mtp.layers), "parameters": acc.mtp.parameters, "total_with_mtp": acc.mtp.total,
+            "main_only": acc.mtp.main, "duplicates": acc.mtp.duplicates, "counted_once": acc.mtp.counted_once,
+            "definition": "the MTP layers' embed_tokens and shared_head.head copy model.embed_tokens and "
+                          "lm_head; counted_once is the total without those copies",
+        },
         "excluded": [{"kind": r.kind, "tensors": r.pattern, "dtype": r.dtype, "derived_tensors": r.derived_tensors,
                       "found_tensors": r.found_tensors, "derived_elements": r.derived_elements,
                       "found_elements": r.found_elements} for r in acc.excluded],

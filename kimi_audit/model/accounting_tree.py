@@ -1,9 +1,10 @@
-"""The parameter accounting tree's types: nodes, their formulas' factors, found tensors, the summary rows.
+"""The parameter accounting tree's types: nodes, their formulas' factors, stored and found tensors.
 
 `Node` is one component of the tree (a leaf holds the tensors of one instance as `Part`s, multiplied
 by its instance factors), `Accounting` the whole result. `tensor_slot` and `collapse` map checkpoint
 tensor names to the tree's (block, component) slots and back to compact patterns. The tree is built
-by accounting_build.py; accounting.py is the public entry point and re-exports everything here.
+by accounting_build.py and accounting_model.py; accounting.py is the public entry point and re-exports
+everything here and in accounting_summary.py (the summary rows).
 """
 
 from __future__ import annotations
@@ -15,29 +16,21 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kimi_audit.format.names import ranges
+from kimi_audit.model.accounting_summary import (
+    Activation,
+    Comparison,
+    DtypeRow,
+    ExcludedRow,
+    MtpSummary,
+)
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import layer_block
+from kimi_audit.model.layout import PARAMETER, layer_block
 
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 EXPERT_RE = re.compile(r"(?<=\.experts\.)\d+\.")
 DIGITS_RE = re.compile(r"\d+")
 
 UNACCOUNTED = "unaccounted"
-
-
-@dataclass(frozen=True)
-class PublishedFigure:
-    source: str
-    total: float
-    activated: float
-    significant: int
-    """Significant figures the source states (for the 'consistent when rounded' verdict)."""
-
-
-PUBLISHED: tuple[PublishedFigure, ...] = (
-    PublishedFigure("Kimi K2 tech report (arXiv:2507.20534)", 1.04e12, 32.6e9, 3),
-    PublishedFigure("Kimi-K2-Instruct model card", 1e12, 32e9, 2),
-)
 
 
 @dataclass(frozen=True)
@@ -55,14 +48,42 @@ class Factor:
 
 
 @dataclass(frozen=True)
+class StoredPart:
+    """One tensor storing one instance of a leaf, as its quantization scheme lays it out."""
+
+    component: str
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str
+    """PARAMETER, PACKED (quantized words) or SCALE (quantization metadata: never counted)."""
+    logical: int
+    """Parameters it counts for: its elements (PARAMETER), its module's out × in (PACKED), 0 (metadata)."""
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
 class Part:
-    """One tensor of one instance of a leaf: e.g. the weight of a q_a_proj."""
+    """One counted tensor of one instance of a leaf: e.g. the weight of a q_a_proj. Its parameters are the
+    product of its factors (out × in for a Linear module, however the weight is stored)."""
 
     label: str
     component: str
     """Tensor name relative to the layer prefix (`self_attn.q_a_proj.weight`), or the full name outside layers."""
     factors: tuple[Factor, ...]
     dtype: str
+    """The stored tensor's dtype (I32 for INT4 packed words)."""
+    kind: str = PARAMETER
+    shape: tuple[int, ...] | None = None
+    """The stored tensor's shape; None: the factors' values (a tensor holding its parameters as they are)."""
+    param_dtype: str = ""
+    """The parameters' dtype where the tensor packs them into another (`INT4` in I32 words); "": `dtype`."""
+    scheme: str = ""
+    """How its Linear module is stored (model.quant's `Scheme.describe()`); "" outside Linear modules."""
+    meta: tuple[StoredPart, ...] = ()
+    """Quantization metadata stored beside it (FP8 block scales, INT4 group scales, weight_shape)."""
 
     @property
     def numel(self) -> int:
@@ -70,6 +91,18 @@ class Part:
         for f in self.factors:
             n *= f.value
         return n
+
+    @property
+    def logical_dtype(self) -> str:
+        return self.param_dtype or self.dtype
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        return self.shape if self.shape is not None else tuple(f.value for f in self.factors)
+
+    def stored(self) -> tuple[StoredPart, ...]:
+        """Every tensor storing one instance of this part: itself, then its metadata."""
+        return (StoredPart(self.component, self.dtype, self.stored_shape, self.kind, self.numel),) + self.meta
 
     def calculation(self) -> str:
         return " × ".join(f.text() for f in self.factors)
@@ -80,10 +113,16 @@ class FoundTensor(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     shard: str
+    logical: int = -1
+    """Parameters it counts for where that is not its elements (INT4 packed words: out × in); -1: numel."""
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def parameters(self) -> int:
+        return self.numel if self.logical < 0 else self.logical
 
 
 @dataclass(frozen=True)
@@ -107,12 +146,29 @@ class Node:
     tensors: tuple[FoundTensor, ...] = ()
     """Leaves: the checkpoint tensors counted in `found`."""
     scales: tuple[FoundTensor, ...] = ()
-    """Leaves: the FP8 scales of those tensors (excluded from every count)."""
+    """Leaves: the quantization metadata found beside those tensors (FP8 block scales, INT4 group scales and
+    weight_shape): listed, excluded from every count."""
     config_keys: tuple[str, ...] = ()
     dtype_ok: bool = True
     """Leaves: every found tensor has the dtype the config implies."""
     layers: tuple[int, ...] = ()
     """Decoder layers this node's instances live in (empty outside the blocks)."""
+    by_dtype: tuple[DtypeRow, ...] = ()
+    """Parameters by their dtype (derived, found): INT4 for packed words, metadata never counted."""
+    stored: tuple[DtypeRow, ...] = ()
+    """Stored elements by tensor dtype (derived, found), quantization metadata included."""
+    note: str = ""
+    """A remark shown with the node (e.g. an MTP table duplicating the main embedding)."""
+
+    @property
+    def schemes(self) -> tuple[str, ...]:
+        """How the node's Linear modules are stored (model.quant descriptions), each once."""
+        return tuple(dict.fromkeys(p.scheme for p in self.parts if p.scheme))
+
+    @property
+    def stored_parts(self) -> tuple[StoredPart, ...]:
+        """Leaves: every tensor storing one instance, metadata included."""
+        return tuple(s for p in self.parts for s in p.stored())
 
     @property
     def is_leaf(self) -> bool:
@@ -176,57 +232,6 @@ class Node:
 
 
 @dataclass(frozen=True)
-class ExcludedRow:
-    """Scales or buffers of one component (indices collapsed): listed, never counted."""
-
-    kind: str
-    pattern: str
-    dtype: str
-    derived_tensors: int
-    found_tensors: int
-    derived_elements: int
-    found_elements: int
-
-
-@dataclass(frozen=True)
-class DtypeRow:
-    dtype: str
-    derived: int
-    found: int
-
-
-@dataclass(frozen=True)
-class Comparison:
-    source: str
-    published_total: float
-    published_activated: float
-    total_ratio: float
-    activated_ratio: float
-    total_consistent: bool
-    """The computed total, rounded to the published significant figures, equals the published one."""
-    activated_consistent: bool
-
-
-@dataclass(frozen=True)
-class Activation:
-    per_token: int
-    always_active: int
-    """Parameters outside the routed experts of the main stack, MTP layers excluded."""
-    routed_total: int
-    routed_active: int
-    top_k: int
-    experts: int
-    moe_blocks: int
-    per_expert: int
-    mtp_excluded: int
-    embedding: int
-
-    @property
-    def without_embedding(self) -> int:
-        return self.per_token - self.embedding
-
-
-@dataclass(frozen=True)
 class Accounting:
     root: Node
     excluded: tuple[ExcludedRow, ...]
@@ -237,6 +242,11 @@ class Accounting:
     source: str = ""
     revision: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    stored: tuple[DtypeRow, ...] = ()
+    """Stored elements by tensor dtype (derived, found), every tensor: parameters, packed words,
+    quantization metadata and buffers."""
+    mtp: MtpSummary | None = None
+    """The MTP layers against the main model; None when the config has none."""
 
     @property
     def derived(self) -> int:
