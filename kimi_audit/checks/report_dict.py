@@ -14,9 +14,9 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from kimi_audit import __version__
+from kimi_audit.checks.grouping import FindingGroup, group_findings
 from kimi_audit.checks.ignore import ignored_counts
 from kimi_audit.findings import Finding, Severity
-from kimi_audit.checks.grouping import FindingGroup, group_findings
 
 if TYPE_CHECKING:
     from kimi_audit.checks.audit import AuditReport
