@@ -1,6 +1,7 @@
 """Benchmark: the kimi-audit CLI against its peers, as whole processes, in one run.
 
-    python bench/cli.py [--replica DIR] [--repeats 5] [--latency-ms 20] [--only local|version|remote] [--json]
+    python bench/cli.py [--replica DIR] [--repeats 5] [--latency-ms 20] [--only local|version|remote|family]
+                        [--json]
 
 Every command is a fresh process started with this Python (`sys.executable`); kimi-audit runs as
 `python -m kimi_audit ...` (not the console-script wrapper), each peer as a small script written to a
@@ -27,6 +28,9 @@ remote: `kimi-audit audit moonshotai/Kimi-K2-Instruct --json` (the pinned revisi
   is config.json + index + every shard's 8 + N header bytes.
   Targets, idle and loaded: audit <= 0.5x the hf script's wall; the audit's requests and bytes as
   today: <= 64 requests, <= 1.02x needed (the worst run of each counts).
+family: `kimi-audit audit THINKING --json` against `kimi-audit audit INSTRUCT --json`, both full-scale
+  replicas (Kimi-K2-Thinking's 62 INT4 shards, 208,276 tensors, built in a temp dir; Kimi-K2-Instruct's as
+  for local). Target: Thinking's wall <= 1.6x Instruct's.
 It is a benchmark, not a test: nothing is asserted; each target is shown PASS or MISS.
 """
 
@@ -372,17 +376,38 @@ def bench_remote(replica: Path, repeats: int, latency_ms: float, tmp: Path) -> t
     return lines, out
 
 
+def bench_family(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
+    from kimi_audit.model.replica import build_replica
+
+    t0 = time.perf_counter()
+    thinking = build_replica(tmp / "thinking", model="kimi-k2-thinking").resolve()
+    built = time.perf_counter() - t0
+    env = base_env()
+    py = sys.executable
+    think = Cmd("audit Kimi-K2-Thinking --json", [py, "-m", "kimi_audit", "audit", str(thinking), "--json"], env)
+    inst = Cmd("audit Kimi-K2-Instruct --json", [py, "-m", "kimi_audit", "audit", str(replica), "--json"], env)
+    cmds = [think, inst]
+    alternate(cmds, repeats, tmp)
+    r = think.median_wall() / inst.median_wall()
+    targets = [Target("Thinking (208,276 tensors) wall <= 1.6x Instruct's (139,644)", f"{r:.2f}x", r <= 1.6)]
+    lines = [f"built the Kimi-K2-Thinking replica in {built:.0f} s: {thinking}"]
+    lines += table(f"family, full-scale replicas: medians of {repeats} alternating runs", cmds, targets)
+    lines.append(f"  ratios Thinking / Instruct: wall {r:.2f}x, CPU {think.median_cpu() / inst.median_cpu():.2f}x, "
+                 f"RSS {think.median_rss() / inst.median_rss():.2f}x")
+    return lines, _json_group(cmds, targets)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replica", type=Path, default=None, help="an existing replica directory (default: build one)")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of each command (default 5)")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="the hub's latency per request (default 20)")
-    ap.add_argument("--only", action="append", choices=("local", "version", "remote"),
+    ap.add_argument("--only", action="append", choices=("local", "version", "remote", "family"),
                     help="run only this part (repeatable; default: all)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     args = ap.parse_args()
-    parts = args.only or ["local", "version", "remote"]
+    parts = args.only or ["local", "version", "remote", "family"]
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
 
@@ -392,7 +417,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kimi-audit-bench-cli-") as tmp_name:
         tmp = Path(tmp_name)
         replica = args.replica
-        if replica is None and ("local" in parts or "remote" in parts):
+        if replica is None and ("local" in parts or "remote" in parts or "family" in parts):
             from kimi_audit.model.replica import build_replica
 
             t0 = time.perf_counter()
@@ -413,6 +438,10 @@ def main() -> int:
         if "remote" in parts:
             lines.append("")
             text, results["remote"] = bench_remote(replica, args.repeats, args.latency_ms, tmp)
+            lines += text
+        if "family" in parts:
+            lines.append("")
+            text, results["family"] = bench_family(replica, args.repeats, tmp)
             lines += text
     print(json.dumps(results, indent=2) if args.json else "\n".join(lines))
     return 0

@@ -8,11 +8,12 @@ from typing import NamedTuple
 
 from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.table import TensorTable
-from kimi_audit.model.layout import BUFFER, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedLayout, ExpectedTensor
+from kimi_audit.model.layout import BUFFER, PACKED, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedLayout, ExpectedTensor
 from kimi_audit.model.quant import METADATA_SUFFIXES
 
 MISMATCH_CODES = {
     PARAMETER: ("DTYPE_MISMATCH", "SHAPE_MISMATCH"),
+    PACKED: ("DTYPE_MISMATCH", "SHAPE_MISMATCH"),
     SCALE: ("SCALE_DTYPE", "SCALE_SHAPE"),
     BUFFER: ("BUFFER_DTYPE", "BUFFER_SHAPE"),
 }
@@ -110,7 +111,8 @@ def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str,
         dtype = e.dtype  # reported above: the shape is still checked
     dtype_code, shape_code = MISMATCH_CODES[e.kind]
     make = info if e.kind == BUFFER else error  # a stored buffer is dropped by every loader: not a fault
-    what = {PARAMETER: "", SCALE: "scale ", BUFFER: "stored buffer (not a parameter) "}[e.kind]
+    what = {PARAMETER: "", PACKED: "packed weight ", SCALE: "quantization metadata ",
+            BUFFER: "stored buffer (not a parameter) "}[e.kind]
     if dtype != e.dtype:
         out.append(make(dtype_code, f"{name}: {what}dtype {dtype}, expected {e.dtype}",
                         tensor=name, shard=shard, expected=e.dtype, actual=dtype))

@@ -1,13 +1,16 @@
-"""A full-scale header replica of moonshotai/Kimi-K2-Instruct at the pinned revision.
+"""Full-scale header replicas of the family: Kimi-K2-Instruct at the pinned revision (the default), and
+Kimi-K2-Base, -Instruct-0905, -Thinking, DeepSeek-V3 and V3.2 from their published facts (replica_models).
 
-61 sparse shards `model-{i}-of-61.safetensors` whose headers hold every tensor of the published layout,
-plus `config.json` (the pinned one) and `model.safetensors.index.json`. Big tensors are holes: the files
-are ~959 GB apparent and a few hundred MB on disk. Small tensors (norm gains, router biases, FP8 scales,
-rotary buffers) get deterministic synthetic values so the numeric commands have something real to read;
+Sparse shards whose headers hold every tensor of the published layout, plus `config.json` (shipped as
+package data) and `model.safetensors.index.json`. Big tensors are holes: Kimi-K2-Instruct's files are
+~959 GB apparent and a few hundred MB on disk. Small tensors (norm gains, router biases, FP8 scales,
+rotary buffers, INT4 `weight_shape`s, and the INT4 group scales of expert 0 of each layer: all of them
+would be 63 GB) get deterministic synthetic values so the numeric commands have something real to read;
 numpy and ml_dtypes are imported by the functions that make them.
 
-Shard assignment follows the published description: shard 1 holds the embedding and layer 0,
-shard i holds layer i-1, shard 61 also holds `model.norm.weight` and `lm_head.weight`.
+Shard names, count and assignment are the model's (replica_models); Kimi-K2-Instruct's follows the
+published description: shard 1 holds the embedding and layer 0, shard i holds layer i-1, shard 61 also
+holds `model.norm.weight` and `lm_head.weight`.
 """
 
 from __future__ import annotations
@@ -20,15 +23,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kimi_audit.constants import CONFIG_FILE, DTYPE_BITS, INDEX_FILE
-from kimi_audit.model.config import ModelConfig, parse_config_bytes, pinned_config_bytes
+from kimi_audit.model.config import ModelConfig, parse_config_bytes
 from kimi_audit.model.layout import BUFFER, expected_layout
+from kimi_audit.model.replica_models import (
+    DEFAULT_MODEL,
+    PUBLISHED_INV_FREQ_SHAPE,
+    REPLICA_MODELS,
+    ReplicaModel,
+    plain_name,
+    replica_model,
+)
 
 if TYPE_CHECKING:
     import numpy as np
 
-# Published fact: the checkpoint stores rotary_emb.inv_freq as BF16 [56], not [qk_rope_head_dim / 2].
-PUBLISHED_INV_FREQ_SHAPE = (56,)
+__all__ = ["DEFAULT_MODEL", "PUBLISHED_INV_FREQ_SHAPE", "REPLICA_MODELS", "ReplicaModel", "replica_model"]
+
 SMALL_TENSOR_BYTES = 1 << 20
+FILLED_DTYPES = ("BF16", "F32", "F16")
+GROUP_SCALE_SUFFIX = ".weight_scale"
+FILLED_EXPERT = ".mlp.experts.0."
+"""INT4 group scales (~0.9 MB each, 1,152 a layer) get values in this expert only."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,8 @@ class ReplicaTensor:
     name: str
     dtype: str
     shape: tuple[int, ...]
+    values: tuple[int, ...] | None = None
+    """Exact integer values to store (an INT4 `weight_shape`: [out, in]); None: synthetic or a hole."""
 
     @property
     def nbytes(self) -> int:
@@ -44,26 +61,45 @@ class ReplicaTensor:
             n *= d
         return n * DTYPE_BITS[self.dtype] // 8
 
+    @property
+    def filled(self) -> bool:
+        """Whether the replica writes values for it (else it is a hole)."""
+        if self.values is not None:
+            return True
+        if self.nbytes > SMALL_TENSOR_BYTES or self.dtype not in FILLED_DTYPES:
+            return False
+        return not self.name.endswith(GROUP_SCALE_SUFFIX) or FILLED_EXPERT in self.name
+
 
 def shard_name(i: int, n: int) -> str:
-    return f"model-{i}-of-{n}.safetensors"
+    """Kimi-K2-Instruct's shard names (each model's: ReplicaModel.shard_name)."""
+    return plain_name(i, n)
 
 
-def replica_shards(cfg: ModelConfig) -> dict[str, list[ReplicaTensor]]:
-    """Shard name -> tensors in it, one decoder layer per shard."""
+def model_config(model: str = DEFAULT_MODEL) -> ModelConfig:
+    return parse_config_bytes(replica_model(model).config_bytes())[1]
+
+
+def replica_shards(cfg: ModelConfig | None = None, *, model: str = DEFAULT_MODEL) -> dict[str, list[ReplicaTensor]]:
+    """Shard name -> tensors in it, in the safetensors writer's order, as the model's release stores them.
+    `cfg`: the model's config (default: the one shipped for it)."""
+    m = replica_model(model)
+    if cfg is None:
+        cfg = model_config(model)
     layout = expected_layout(cfg)
-    n = cfg.total_layers
-    shards: dict[str, list[ReplicaTensor]] = {shard_name(i + 1, n): [] for i in range(n)}
-    for t in layout.values():
-        if t.layer is not None:
-            shard = shard_name(t.layer + 1, n)
-        elif t.name == "model.embed_tokens.weight":
-            shard = shard_name(1, n)
-        else:
-            shard = shard_name(n, n)
-        shape = PUBLISHED_INV_FREQ_SHAPE if t.kind == BUFFER else t.shape
-        shards[shard].append(ReplicaTensor(t.name, t.dtype, shape))
-    for tensors in shards.values():
+    entries = [t for t in layout.values() if t.kind != BUFFER or m.inv_freq is not None]
+    shards: dict[str, list[ReplicaTensor]] = {m.shard_name(i + 1, m.shards): [] for i in range(m.shards)}
+    names = list(shards)
+    for t, i in zip(entries, m.assign(entries, m.shards)):
+        shape = m.inv_freq if t.kind == BUFFER and m.inv_freq is not None else t.shape
+        values = None
+        if t.name.endswith(".weight_shape") and t.owner:  # [out, in] of the packed weight it describes
+            w = layout.entry(t.position - t.owner)
+            values = (w.shape[0], w.logical // w.shape[0])
+        shards[names[i - 1]].append(ReplicaTensor(t.name, t.dtype, shape, values))
+    for shard, tensors in shards.items():
+        if not tensors:
+            raise ValueError(f"replica of {model}: shard {shard} would be empty")
         # The safetensors writer's order: wider dtypes first, then by name. It also keeps the small
         # F32/BF16 tensors together, so the replica's written blocks stay few.
         tensors.sort(key=lambda t: (-DTYPE_BITS[t.dtype], t.name))
@@ -85,15 +121,20 @@ def header_bytes(tensors: Iterable[ReplicaTensor], metadata: dict[str, str] | No
 
 
 def synthetic_values(t: ReplicaTensor, rng: np.random.Generator) -> np.ndarray:
-    """Plausible values for a small tensor: gains near 1, small biases, positive scales, rotary frequencies."""
+    """Plausible values for a small tensor: gains near 1, small biases, positive scales, rotary frequencies,
+    the exact values of a `weight_shape`."""
     import ml_dtypes
     import numpy as np
 
+    if t.values is not None:
+        return np.array(t.values, dtype={"I64": np.int64, "I32": np.int32}[t.dtype])
     n = t.nbytes * 8 // DTYPE_BITS[t.dtype]
     if t.name.endswith(".inv_freq"):
         v = 1.0 / (50000.0 ** (np.arange(n, dtype=np.float64) * 2 / (2 * n)))
     elif t.name.endswith("_scale_inv"):
         v = rng.uniform(2e-5, 4e-4, n)
+    elif t.name.endswith(GROUP_SCALE_SUFFIX):  # INT4 group scales: max |w| of 32 weights / 7
+        v = rng.uniform(2e-4, 4e-3, n)
     elif t.name.endswith("e_score_correction_bias"):
         v = rng.normal(0.0, 0.02, n)
     else:
@@ -115,7 +156,7 @@ def write_shard(path: Path, tensors: list[ReplicaTensor], *, seed: int, fill_sma
         if fill_small:
             pos = len(head)
             for t in tensors:
-                if t.nbytes <= SMALL_TENSOR_BYTES and t.dtype in ("BF16", "F32", "F16"):
+                if t.filled:
                     f.seek(pos)
                     f.write(synthetic_values(t, rng).tobytes())
                 pos += t.nbytes
@@ -123,25 +164,32 @@ def write_shard(path: Path, tensors: list[ReplicaTensor], *, seed: int, fill_sma
     return payload
 
 
+def write_index(directory: Path, weight_map: dict[str, str], total_size: int) -> None:
+    index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
 def build_replica(
     directory: str | os.PathLike[str],
     *,
+    model: str = DEFAULT_MODEL,
     fill_small: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> Path:
-    """Write the replica into `directory` (created if needed). Returns the directory."""
+    """Write the replica of `model` (a REPLICA_MODELS name) into `directory` (created if needed). Returns the
+    directory."""
+    m = replica_model(model)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    raw_cfg = pinned_config_bytes()
+    raw_cfg = m.config_bytes()
     _, cfg = parse_config_bytes(raw_cfg)
     (out / CONFIG_FILE).write_bytes(raw_cfg)
     weight_map: dict[str, str] = {}
     total = 0
-    for seed, (shard, tensors) in enumerate(replica_shards(cfg).items()):
+    for seed, (shard, tensors) in enumerate(replica_shards(cfg, model=model).items()):
         total += write_shard(out / shard, tensors, seed=seed, fill_small=fill_small)
         weight_map.update((t.name, shard) for t in tensors)
         if progress:
             progress(shard)
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    write_index(out, weight_map, total)
     return out

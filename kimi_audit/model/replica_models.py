@@ -1,0 +1,112 @@
+"""The family members a replica can be built of: config, shard names and count, what is stored, and which
+shard holds each tensor (facts from the releases; see model.replica for the writing).
+
+- kimi-k2-instruct, kimi-k2-base: `model-{i}-of-61.safetensors`, one decoder layer per shard (shard 1 also
+  holds the embedding, shard 61 the final norm and lm_head); FP8 block scales.
+- kimi-k2-instruct-0905, kimi-k2-thinking: 62 shards `model-00001-of-000062.safetensors`: the embedding
+  alone in shard 1, layer i in shard i + 2, the final norm and lm_head with the last layer. Thinking
+  stores its routed experts INT4 (compressed-tensors pack-quantized).
+- deepseek-v3, deepseek-v32: 163 shards `model-00001-of-000163.safetensors`: the multi-token-prediction
+  layer (61) alone in the last one, everything before it cut into 162 shards of about equal bytes.
+  No `rotary_emb.inv_freq` is stored.
+
+Every assignment keeps a weight and its quantization metadata (FP8 scale, INT4 group scale and shape) in
+one shard: the published DeepSeek-V3 splits a few pairs, which audits as SCALE_SHARD_SPLIT warnings, and a
+clean replica must audit clean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+
+from kimi_audit.model.layout import MTP, ExpectedTensor
+
+# Published fact: Kimi-K2 checkpoints store rotary_emb.inv_freq as BF16 [56], not [qk_rope_head_dim / 2].
+PUBLISHED_INV_FREQ_SHAPE = (56,)
+
+Assign = Callable[[Sequence[ExpectedTensor], int], list[int]]
+"""(the tensors to store, in layout order; the shard count) -> each one's shard number, 1-based."""
+
+
+def plain_name(i: int, n: int) -> str:
+    return f"model-{i}-of-{n}.safetensors"
+
+
+def padded_name(i: int, n: int) -> str:
+    return f"model-{i:05d}-of-{n:06d}.safetensors"
+
+
+def layer_per_shard(tensors: Sequence[ExpectedTensor], n: int) -> list[int]:
+    """Layer i in shard i + 1; the embedding in the first, everything else outside the layers in the last."""
+    return [t.layer + 1 if t.layer is not None else 1 if t.name == "model.embed_tokens.weight" else n
+            for t in tensors]
+
+
+def embedding_alone(tensors: Sequence[ExpectedTensor], n: int) -> list[int]:
+    """The embedding alone in shard 1, layer i in shard i + 2, the rest (norm, lm_head) in the last."""
+    return [t.layer + 2 if t.layer is not None else 1 if t.name == "model.embed_tokens.weight" else n
+            for t in tensors]
+
+
+def balanced_mtp_last(tensors: Sequence[ExpectedTensor], n: int) -> list[int]:
+    """The MTP layers alone in the last shard; the rest cut in layout order into n - 1 shards of about equal
+    payload, never between a tensor and the quantization metadata after it (`owner`). Shard k holds the
+    modules whose first byte falls in the k-th (n - 1)-th of the bytes: none is empty while no module is
+    bigger than a shard's share."""
+    main = [t for t in tensors if t.block != MTP]
+    total = sum(t.nbytes or 0 for t in main)
+    cuts = n - 1
+    out: list[int] = []
+    pos, shard = 0, 1
+    for t in tensors:
+        if t.block == MTP:
+            out.append(n)
+            continue
+        if not t.owner:  # a module's first tensor: it may open the next shard
+            shard = min(cuts, pos * cuts // total + 1)
+        out.append(shard)
+        pos += t.nbytes or 0
+    return out
+
+
+@dataclass(frozen=True)
+class ReplicaModel:
+    name: str
+    title: str
+    """The release it replicates, as the demo names it (`replica of the TITLE layout`)."""
+    config: str
+    """config.json shipped as package data (kimi_audit/data/)."""
+    shards: int
+    shard_name: Callable[[int, int], str]
+    assign: Assign
+    inv_freq: tuple[int, ...] | None
+    """The shape `rotary_emb.inv_freq` is stored in (None: not stored)."""
+
+    def config_bytes(self) -> bytes:
+        return resources.files("kimi_audit").joinpath(f"data/{self.config}").read_bytes()
+
+
+REPLICA_MODELS: dict[str, ReplicaModel] = {m.name: m for m in (
+    ReplicaModel("kimi-k2-instruct", "pinned Kimi-K2-Instruct",
+                 "kimi-k2-instruct.config.json", 61, plain_name, layer_per_shard, PUBLISHED_INV_FREQ_SHAPE),
+    ReplicaModel("kimi-k2-base", "Kimi-K2-Base (as Instruct)", "kimi-k2-instruct.config.json",
+                 61, plain_name, layer_per_shard, PUBLISHED_INV_FREQ_SHAPE),
+    ReplicaModel("kimi-k2-instruct-0905", "Kimi-K2-Instruct-0905", "kimi-k2-instruct-0905.config.json",
+                 62, padded_name, embedding_alone, PUBLISHED_INV_FREQ_SHAPE),
+    ReplicaModel("kimi-k2-thinking", "Kimi-K2-Thinking (INT4)", "kimi-k2-thinking.config.json",
+                 62, padded_name, embedding_alone, PUBLISHED_INV_FREQ_SHAPE),
+    ReplicaModel("deepseek-v3", "DeepSeek-V3 (with MTP)", "deepseek-v3.config.json",
+                 163, padded_name, balanced_mtp_last, None),
+    ReplicaModel("deepseek-v32", "DeepSeek-V3.2 (with MTP)",
+                 "deepseek-v32.config.json", 163, padded_name, balanced_mtp_last, None),
+)}
+DEFAULT_MODEL = "kimi-k2-instruct"
+
+
+def replica_model(name: str) -> ReplicaModel:
+    try:
+        return REPLICA_MODELS[name]
+    except KeyError:
+        raise ValueError(f"no replica of {name!r}; one of {', '.join(REPLICA_MODELS)}") from None
