@@ -80,5 +80,5 @@ def test_no_module_over_400_lines(path: Path) -> None:
 
 def test_the_check_recognises_a_backward_import(tmp_path: Path) -> None:
     bad = tmp_path / "x.py"
-    bad.write_text("def f():\n    from kimi_audit.cli.app import app\n")
+    bad.write_text("def f():\n    from kimi_audit.cli.application import app\n")
     assert stage_of(imported(bad)[0][1]) == STAGES.index("cli")

@@ -18,7 +18,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from kimi_audit.cli import app
-from kimi_audit.cli.app import reflow
+from kimi_audit.cli.application import reflow
 from kimi_audit.errors import KimiAuditError
 
 runner = CliRunner()

@@ -35,7 +35,9 @@ else:
     except SystemExit as e:
         code = e.code
 print("\\nPROBE " + json.dumps({"code": code, "numpy": "numpy" in sys.modules,
-                               "ml_dtypes": "ml_dtypes" in sys.modules}))
+                               "ml_dtypes": "ml_dtypes" in sys.modules, "typer": "typer" in sys.modules,
+                               "stages": sorted(m for m in sys.modules if m.count(".") == 1
+                                                and m.startswith("kimi_audit."))}))
 """
 
 HEADER_ONLY = {
@@ -93,6 +95,15 @@ def test_header_audit_does_not_load_ml_dtypes(tiny_dir: Path) -> None:
     got, log = probe(["audit", str(tiny_dir), "--json", "--no-progress"])
     assert got["code"] == 0
     assert not got["ml_dtypes"], f"audit imported ml_dtypes (via {importer_of(log, 'ml_dtypes')})"
+
+
+def test_version_answers_before_loading_the_app() -> None:
+    """`--version` prints from the package root: no Typer, no rich, no stage of the pipeline."""
+    got, _ = probe(["--version"])
+    assert got["code"] == 0 and not got["typer"]
+    assert set(got["stages"]) <= {"kimi_audit.cli"}, got["stages"]
+    got, _ = probe(["--help"])  # the control: help needs the app
+    assert got["typer"] and "kimi_audit.checks" in got["stages"]
 
 
 def test_rmsnorm_loads_the_numerics_when_it_runs(tiny_dir: Path) -> None:

@@ -1,19 +1,31 @@
-"""The `kimi-audit` command line: the Typer app (app.py) and one module per command group.
+"""The `kimi-audit` command line: the Typer app (application.py) and one module per command group.
 
 Each command is a thin shell: parse options, open a source, call the core, render. Errors that make the
-input unusable are KimiAuditError: one line on stderr, exit code 2. Findings exit 1. Importing this
-package registers every command on `app`; no command module imports this package back.
+input unusable are KimiAuditError: one line on stderr, exit code 2. Findings exit 1. `app` (every
+command registered, commands.py) loads on first use, so `kimi-audit --version` answers without loading
+Typer, rich or any stage; no command module imports this package back.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
-from kimi_audit.cli import audit, diff, hub, numerics, params  # noqa: F401  (each registers its commands)
-from kimi_audit.cli.app import EXIT_BROKEN_PIPE, app, silence_stdout
+from kimi_audit import __version__
+
+if TYPE_CHECKING:
+    from kimi_audit.cli.commands import app
 
 __all__ = ["app", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        from kimi_audit.cli.commands import app
+
+        return app
+    raise AttributeError(f"module 'kimi_audit.cli' has no attribute {name!r}")
 
 
 def main() -> None:
@@ -24,6 +36,13 @@ def main() -> None:
     1 s audit (bench/audit_local.py, phase "exit"), and the operating system reclaims them at once.
     Nothing is left to run by then: temporary directories are removed by the commands themselves.
     """
+    if sys.argv[1:] == ["--version"]:  # the whole answer: no need for the app
+        print(f"kimi-audit {__version__}")
+        sys.stdout.flush()
+        os._exit(0)
+    from kimi_audit.cli.application import EXIT_BROKEN_PIPE, silence_stdout
+    from kimi_audit.cli.commands import app
+
     code: int | str | None = 0
     try:
         try:

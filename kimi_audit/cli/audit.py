@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kimi_audit.checks.audit import AuditReport, audit_source
-from kimi_audit.cli.app import app, shard_progress, sigterm_exits, stderr, stdout, user_errors
+from kimi_audit.cli.application import app, shard_progress, sigterm_exits, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import DirectoryNotEmptyError, KimiAuditError
 from kimi_audit.model.replica_models import DEFAULT_MODEL, REPLICA_MODELS

@@ -39,7 +39,7 @@ from kimi_audit.checks.diff import (
     summarize,
     verdict,
 )
-from kimi_audit.cli.app import app, shard_progress, stderr, stdout, user_errors
+from kimi_audit.cli.application import app, shard_progress, stderr, stdout, user_errors
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.sources import open_source

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
-from kimi_audit.cli.app import app, stderr, stdout, user_errors
+from kimi_audit.cli.application import app, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.format.header import TensorInfo

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from kimi_audit.cli.app import app, shard_progress, stdout, user_errors
+from kimi_audit.cli.application import app, shard_progress, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.model.accounting import Accounting, DtypeRow, Node, accounting_dict, accounting_of_checkpoint
 from kimi_audit.model.checkpoint import load_checkpoint
