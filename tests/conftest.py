@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kimi_audit.model.replica import build_replica
+from shard_builder import sparse_copy
 from tiny_checkpoint import build_tiny
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -32,17 +33,6 @@ def tiny_copy(tiny_dir: Path, tmp_path: Path) -> Path:
 def replica_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The full-scale sparse header replica of Kimi-K2-Instruct. Do not modify: use `replica_copy`."""
     return build_replica(tmp_path_factory.mktemp("replica") / "kimi-k2")
-
-
-def sparse_copy(src: Path, dst: Path) -> Path:
-    """Copy a replica directory: shards as hard links (never write to them), small files as copies."""
-    dst.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.suffix == ".safetensors":
-            os.link(f, dst / f.name)
-        else:
-            shutil.copy2(f, dst / f.name)
-    return dst
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
-"""Hand-made safetensors files for parser tests: any header bytes, any data length."""
+"""Hand-made safetensors files for parser tests (any header bytes, any data length), and copies of replicas."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +37,14 @@ def write_shard(path: Path, header: bytes | dict[str, Any], data_len: int | None
 
 def entry(dtype: str, shape: list[int], begin: int, end: int) -> dict[str, Any]:
     return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+def sparse_copy(src: Path, dst: Path) -> Path:
+    """Copy a replica directory: shards as hard links (never write to them), small files as copies."""
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            os.link(f, dst / f.name)
+        else:
+            shutil.copy2(f, dst / f.name)
+    return dst

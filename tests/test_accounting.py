@@ -243,14 +243,6 @@ def test_params_over_the_hub_equal_local(hub, tiny_dir):
 
 DATA = Path(__file__).parent.parent / "kimi_audit" / "data"
 DEEPSEEK_V3 = Path(__file__).parent / "data" / "deepseek-v3.config.json"
-# shared/reference/family.md: Kimi-K2-Thinking's quantization_config (compressed-tensors pack-quantized)
-THINKING_QUANT = {
-    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-    "kv_cache_scheme": None, "config_groups": {"group_0": {
-        "targets": ["Linear"], "input_activations": None, "output_activations": None,
-        "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32,
-                    "dynamic": False, "actorder": None, "observer": "minmax"}}},
-    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]}
 # family.md (derived there from the config and the published totals)
 V3_PARAMETERS = 684_489_845_504
 V3_MAIN_ONLY = 671_026_419_200
@@ -261,22 +253,13 @@ EXPERT_GATE = "blocks.moe.experts.gate_proj"
 
 
 def thinking_raw() -> dict:
-    """Kimi-K2-Thinking's config: the packaged one when present, else Instruct's with family.md's quantization."""
-    path = DATA / "kimi-k2-thinking.config.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    return {**json.loads((DATA / "kimi-k2-instruct.config.json").read_text()), "quantization_config": THINKING_QUANT}
+    """Kimi-K2-Thinking's config, as the package ships it."""
+    return json.loads((DATA / "kimi-k2-thinking.config.json").read_text())
 
 
 def v32_raw() -> dict:
-    path = DATA / "deepseek-v32.config.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    raw = json.loads(DEEPSEEK_V3.read_text())
-    raw.update(model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"], index_n_heads=64,
-               index_head_dim=128, index_topk=2048)
-    raw["quantization_config"] = {**raw["quantization_config"], "scale_fmt": "ue8m0"}
-    return raw
+    """DeepSeek-V3.2's config, as the package ships it."""
+    return json.loads((DATA / "deepseek-v32.config.json").read_text())
 
 
 def as_found(layout) -> dict:

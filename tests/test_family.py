@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from kimi_audit.constants import INDEX_FILE
 from kimi_audit.model.replica import ReplicaTensor, build_replica, replica_shards, write_shard
 from kimi_audit.model.replica_models import REPLICA_MODELS
 from kimi_audit.sources import LocalSource
+from shard_builder import sparse_copy
 
 PUBLISHED = {
     # model: (tensors, shards, parameters, elements with scales and packed words), as the audit computes them
@@ -57,13 +57,7 @@ def clean_reports(family: Callable[[str], Path]) -> Callable[[str], AuditReport]
 
 def copy_of(src: Path, dst: Path) -> Path:
     """Shards as hard links (replace one, never write into it), the small files as copies."""
-    dst.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.suffix == ".safetensors":
-            os.link(f, dst / f.name)
-        else:
-            shutil.copy2(f, dst / f.name)
-    return dst
+    return sparse_copy(src, dst)
 
 
 def payload_of(path: Path) -> int:

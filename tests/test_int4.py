@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from kimi_audit.model.quant import PackQuantized
+from kimi_audit.model.replica_models import replica_model
 from kimi_audit.numerics.dtypes import NumericsError
 from kimi_audit.numerics.int4 import dequantize_group, packed_words, unpack_int4
 
@@ -225,16 +226,8 @@ def test_scheme_dequantize_equals_compressed_tensors_decompress(shape: tuple[int
 
 # ------------------------------------------------------------------ a tiny INT4 checkpoint: `tensor`, `audit --values`
 
-KIMI_THINKING_QUANT = {
-    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-    "kv_cache_scheme": None,
-    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
-                                  "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                                              "group_size": 32, "dynamic": False, "actorder": None,
-                                              "observer": "minmax"}}},
-    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
-}
-"""Kimi-K2-Thinking's quantization_config (shared/reference/family.md): routed experts INT4, all else BF16."""
+KIMI_THINKING_QUANT = json.loads(replica_model("kimi-k2-thinking").config_bytes())["quantization_config"]
+"""Kimi-K2-Thinking's compressed-tensors quantization_config, as the package ships it."""
 
 EXPERT = "model.layers.2.mlp.experts.7.gate_proj"
 

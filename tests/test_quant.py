@@ -12,17 +12,11 @@ import pytest
 from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
 from kimi_audit.model.layout import PACKED, PARAMETER, SCALE, ExpectedLayout, expected_layout
 from kimi_audit.model.quant import Fp8Block, PackQuantized, QuantPlan, Scheme, Unquantized, quant_plan
+from kimi_audit.model.replica_models import replica_model
 
 DATA = Path(__file__).parent / "data"
-THINKING_QUANT = {
-    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-    "kv_cache_scheme": None,
-    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
-                                  "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                                              "group_size": 32, "dynamic": False, "actorder": None,
-                                              "observer": "minmax"}}},
-    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
-}
+THINKING_QUANT = json.loads(replica_model("kimi-k2-thinking").config_bytes())["quantization_config"]
+"""Kimi-K2-Thinking's compressed-tensors quantization_config, as the package ships it."""
 
 
 def instruct() -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kimi_audit.errors import (
@@ -113,9 +115,9 @@ class LocalSource:
         except OSError as e:
             raise SourceError(f"{name}: {e.strerror or e}") from None
 
-    def read_range(self, name: str, start: int, length: int) -> RangeRead:
-        if start < 0 or length < 0:
-            raise ValueError("negative range")
+    @contextmanager
+    def _opened(self, name: str) -> Iterator[int]:
+        """A read-only descriptor of a member file; OS errors as SourceError, naming the file."""
         path = self._path(name)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -124,6 +126,16 @@ class LocalSource:
         except OSError as e:
             raise SourceError(f"{name}: {e.strerror or e}") from None
         try:
+            yield fd
+        except OSError as e:
+            raise SourceError(f"{name}: {e.strerror or e}") from None
+        finally:
+            os.close(fd)
+
+    def read_range(self, name: str, start: int, length: int) -> RangeRead:
+        if start < 0 or length < 0:
+            raise ValueError("negative range")
+        with self._opened(name) as fd:
             size = os.fstat(fd).st_size
             want = max(0, min(length, size - start))
             chunks = []
@@ -135,10 +147,6 @@ class LocalSource:
                 chunks.append(chunk)
                 got += len(chunk)
             return RangeRead(b"".join(chunks), size)
-        except OSError as e:
-            raise SourceError(f"{name}: {e.strerror or e}") from None
-        finally:
-            os.close(fd)
 
     def holes(self, name: str, start: int = 0, length: int | None = None) -> tuple[tuple[int, int], ...]:
         """The sparse holes of a file that overlap [start, start + length), as (begin, end) offsets
@@ -156,14 +164,7 @@ class LocalSource:
             raise ValueError("negative range")
         if seek_hole is None or seek_data is None:
             return ()
-        path = self._path(name)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise FileMissingError(f"{name}: no such file in {self.root}") from None
-        except OSError as e:
-            raise SourceError(f"{name}: {e.strerror or e}") from None
-        try:
+        with self._opened(name) as fd:
             size = os.fstat(fd).st_size
             end = size if length is None else min(size, start + length)
             out: list[tuple[int, int]] = []
@@ -190,10 +191,6 @@ class LocalSource:
                 out.append((hole, min(data, end)))
                 pos = data
             return tuple(out)
-        except OSError as e:
-            raise SourceError(f"{name}: {e.strerror or e}") from None
-        finally:
-            os.close(fd)
 
 
 _NO_HOLE_SUPPORT = frozenset(
