@@ -112,6 +112,14 @@ def test_scale_of_wrong_shape_and_dtype(tmp_path):
     assert found(r, "SCALE_DTYPE") == [(b, "error")]
 
 
+def test_an_f16_fp8_scale_is_accepted_with_a_warning(tmp_path):
+    """Third-party FP8 checkpoints store some weight_scale_inv as F16: it loads, so a warning, not an error."""
+    b = L1 + "self_attn.o_proj.weight_scale_inv"
+    r = audit(mutated(tmp_path, lambda s: s[S2].__setitem__(b, s[S2][b].astype(np.float16))))
+    assert [(f.code, f.tensor, f.severity.value) for f in r.findings] == [("SCALE_DTYPE", b, "warning")]
+    assert r.exit_code() == 0 and "F16" in r.findings[0].message
+
+
 def test_scale_in_another_shard_than_its_weight(tmp_path):
     scale = L1 + "self_attn.q_a_proj.weight_scale_inv"
     r = audit(mutated(tmp_path, lambda s: s[S3].__setitem__(scale, s[S2].pop(scale))))

@@ -114,8 +114,12 @@ def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str,
     what = {PARAMETER: "", PACKED: "packed weight ", SCALE: "quantization metadata ",
             BUFFER: "stored buffer (not a parameter) "}[e.kind]
     if dtype != e.dtype:
-        out.append(make(dtype_code, f"{name}: {what}dtype {dtype}, expected {e.dtype}",
-                        tensor=name, shard=shard, expected=e.dtype, actual=dtype))
+        f16_scale = e.scheme == "fp8" and e.kind == SCALE and (e.dtype, dtype) == ("F32", "F16")
+        # an F16 block scale (seen in third-party FP8 checkpoints) loads, with less range: a warning
+        out.append((warning if f16_scale else make)(
+            dtype_code, f"{name}: {what}dtype {dtype}, expected {e.dtype}" + (
+                " (an F16 block scale: loaders accept it, its range and precision are F16's)" if f16_scale else ""),
+            tensor=name, shard=shard, expected=e.dtype, actual=dtype))
     if shape != e.shape:
         out.append(make(shape_code, f"{name}: {what}shape {list(shape)}, expected {list(e.shape)}",
                         tensor=name, shard=shard, expected=list(e.shape), actual=list(shape)))

@@ -37,12 +37,14 @@ def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> 
             f"| model | {cell(m['model_type'])} · {blocks} · {m['routed_experts'] or 0} routed experts |",
             f"| shards | {s.shards:,} ({s.file_bytes:,} bytes; headers {s.header_bytes:,} bytes) |",
             f"| tensors | {s.tensors:,} |",
-            f"| parameters | **{s.parameters:,}** (FP8 scales and stored buffers excluded) |",
+            f"| parameters | **{s.parameters:,}** (logical; quantization metadata and stored buffers excluded) |",
             f"| findings | {report.errors} errors, {report.warnings} warnings (fail on {fail_on.value}) |", ""]
-    out += ["### Tensors by class and dtype", "", "| class | dtype | tensors | elements | bytes |",
-            "|---|---|---:|---:|---:|"]
-    out += [f"| {r.kind} | {r.dtype} | {r.tensors:,} | {r.elements:,} | {r.bytes:,} |" for r in s.rows]
-    out += [f"| **all** | | **{s.tensors:,}** | **{s.elements:,}** | **{s.payload_bytes:,}** |", ""]
+    out += ["### Tensors by class and dtype", "",
+            "| class | dtype | tensors | stored elements | bytes | parameters |", "|---|---|---:|---:|---:|---:|"]
+    out += [f"| {r.kind} | {r.dtype} | {r.tensors:,} | {r.elements:,} | {r.bytes:,} | {r.parameters:,} |"
+            for r in s.rows]
+    out += [f"| **all** | | **{s.tensors:,}** | **{s.elements:,}** | **{s.payload_bytes:,}** | **{s.parameters:,}** |",
+            ""]
     if qa.width is not None:
         out += [f"### q_a_layernorm (query latent RMSNorm, [{qa.width:,}] each): {qa.total_params:,}", ""]
         out += [f"- {'✅' if qa.ok else '❌'} {cell(t.line(qa.width))}" for t in qa.totals]

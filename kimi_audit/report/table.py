@@ -40,14 +40,15 @@ def render_table(report: AuditReport, console: Console, fail_on: Severity = Seve
     console.print(Panel(head, title="kimi-audit", expand=False))
 
     classes = Table(title="Tensors by class and dtype", title_justify="left")
-    for col in ("class", "dtype", "tensors", "elements", "bytes"):
-        classes.add_column(col, justify="left" if col in ("class", "dtype") else "right")
+    for col in ("class", "dtype", "tensors", "stored elements", "parameters"):  # bytes: in --json and markdown
+        classes.add_column(col, justify="left" if col in ("class", "dtype") else "right", overflow="fold")
     for row in s.rows:
-        classes.add_row(row.kind, row.dtype, _n(row.tensors), _n(row.elements), _n(row.bytes))
+        classes.add_row(row.kind, row.dtype, _n(row.tensors), _n(row.elements), _n(row.parameters))
     classes.add_section()
-    classes.add_row("all", "", _n(s.tensors), _n(s.elements), _n(s.payload_bytes), style="bold")
+    classes.add_row("all", "", _n(s.tensors), _n(s.elements), _n(s.parameters), style="bold")
     console.print(classes)
-    console.print(f"parameters (excluding FP8 scales and stored buffers): [bold]{_n(s.parameters)}[/bold]")
+    console.print(f"parameters (logical: packed INT4 words count for out x in; quantization metadata and stored "
+                  f"buffers excluded): [bold]{_n(s.parameters)}[/bold]")
 
     if qa.width is None:
         console.print("q_a_layernorm: not applicable (config has no q_lora_rank)")
