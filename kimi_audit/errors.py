@@ -74,3 +74,9 @@ class DirectoryNotEmptyError(KimiAuditError):
     """A command would write into a directory that already holds files (and --force was not given)."""
 
     code = "DIRECTORY_NOT_EMPTY"
+
+
+class ManifestError(KimiAuditError):
+    """A model manifest (`verify --manifest`) that cannot be read or is not model-signing's form."""
+
+    code = "MANIFEST_INVALID"

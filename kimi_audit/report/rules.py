@@ -28,6 +28,10 @@ SCALE_HELP = ("Every F8_E4M3 weight [out, in] needs `<name>_scale_inv` F32 [ceil
 VALUES_HELP = ("Inspect the tensor with `kimi-audit tensor SOURCE NAME`; bad gains or scales silently "
                "corrupt every forward pass, so re-export the checkpoint from a good copy.")
 GATE_HELP = "Release gate: audit the artifact you mean to release, or correct the expected value in CI."
+VERIFY_HELP = ("Download the file again (`kimi-audit download`, or `hf download` at the same commit) and run "
+               "`kimi-audit verify` on the copy; never load a checkpoint whose bytes differ from its reference.")
+WEIGHTS_HELP = ("The weight's bytes are corrupt or were written wrong: download the shard again and verify it; "
+                "if the published file itself holds them, re-export the checkpoint from a good copy.")
 
 
 RULES: dict[str, Rule] = {
@@ -175,10 +179,10 @@ RULES: dict[str, Rule] = {
                      "speculative decoding with it is not possible. Its tensors are covered by this finding.",
                      "Ship the MTP layer's tensors, or set num_nextn_predict_layers to 0."),
     # Values: audit --values, tensor, rmsnorm.
-    "VALUE_NAN": Rule("error", "a gain, router bias or FP8 scale holds NaN",
-                    "A small tensor holds NaN values.", VALUES_HELP),
-    "VALUE_INF": Rule("error", "a gain, router bias or FP8 scale holds ±Inf",
-                    "A small tensor holds infinite values.", VALUES_HELP),
+    "VALUE_NAN": Rule("error", "a gain, router bias or FP8 scale holds NaN (`verify`: any BF16/F16/F32 tensor)",
+                    "A tensor holds NaN values.", VALUES_HELP),
+    "VALUE_INF": Rule("error", "a gain, router bias or FP8 scale holds ±Inf (`verify`: any BF16/F16/F32 tensor)",
+                    "A tensor holds infinite values.", VALUES_HELP),
     "SCALE_NOT_POSITIVE": Rule("error", "a `weight_scale_inv` block scale or INT4 `weight_scale` group scale ≤ 0",
                              "Dequantized weights of that block would be zero or sign-flipped.", VALUES_HELP),
     "SCALE_NOT_UE8M0": Rule("error", "`scale_fmt: ue8m0` and a `weight_scale_inv` holds scales that are not exact "
@@ -195,10 +199,12 @@ RULES: dict[str, Rule] = {
     "VALUE_UNREADABLE": Rule("error", "a small tensor's bytes could not be read",
                            "The values pass could not fetch this tensor's bytes.",
                            "Check the source and run `audit --values` again."),
-    "DATA_NOT_PRESENT": Rule("info", "small tensors lying in a local file's sparse holes: not checked",
-                             "The values pass found small tensors whose bytes are sparse holes (a header-only or "
-                             "partial copy); their values were not checked. One finding covers them all.",
-                             "Download the whole shards (`kimi-audit download`) and run `audit --values` again."),
+    "DATA_NOT_PRESENT": Rule("info", "small tensors lying in a local file's sparse holes: not checked (`audit "
+                             "--values`, info); `verify`: a file's sparse holes, data not present (error)",
+                             "A sparse hole reads as zeros but holds no data (a header-only or partial copy). `audit "
+                             "--values` does not check the small tensors in holes (one info covers them all); "
+                             "`verify` neither reads nor hashes a file's holes, and fails it (one error a file).",
+                             "Download the whole shards (`kimi-audit download`) and run the command again."),
     "VALUES_SKIPPED": Rule("info", "a \"small\" tensor over 64 MB, not fetched",
                          "The values pass skips small-class tensors over 64 MB.",
                          "Check it with `kimi-audit tensor SOURCE NAME`."),
@@ -211,6 +217,47 @@ RULES: dict[str, Rule] = {
     "REVISION_GATE": Rule("error", "the resolved commit does not start with SHA, or the source has no revision",
                         "--expect-revision: the audited commit is not the expected one (a local directory records "
                         "no commit).", GATE_HELP),
+    # Verify: kimi-audit verify, every byte read.
+    "FILE_HASH_MISMATCH": Rule("error", "a file's sha256 differs from its reference (HF cache blob name, the Hub's "
+                               "LFS sha256, or --manifest); names the tensors that differ when the manifest lists "
+                               "them",
+                               "The bytes on disk (or served) are not the bytes published: a corrupted download "
+                               "(huggingface_hub issue 3643: complete size, wrong content), a tampered or "
+                               "re-exported file.", VERIFY_HELP),
+    "TENSOR_HASH_MISMATCH": Rule("error", "a tensor's sha256 differs from the manifest's",
+                                 "Read in a second pass of a file whose sha256 differs: the tensors whose bytes are "
+                                 "not the manifest's (absent or unlisted tensors included).", VERIFY_HELP),
+    "FILE_ABSENT": Rule("error", "a file the reference lists (the Hub at the commit, or the manifest) is not there",
+                        "The copy lacks a file of the model: an interrupted or filtered download.", VERIFY_HELP),
+    "FILE_UNLISTED": Rule("warning", "a file in the checkpoint that the reference does not list",
+                          "A file the Hub listing at the commit (or the manifest) does not have: left over, added, "
+                          "or the reference is of another revision.",
+                          "Remove the stray file, or write the manifest again from the intended copy."),
+    "MANIFEST_REVISION": Rule("error", "the manifest records another revision than the checkpoint's",
+                              "The manifest was written on a copy of another commit: its digests are not this "
+                              "checkpoint's.", "Verify against the manifest of this revision (or the Hub's LFS "
+                              "sha256: `kimi-audit verify REPO@REV`)."),
+    "MANIFEST_NOT_WRITTEN": Rule("error", "--write-manifest refused: a file was not read whole or differs from a "
+                                 "reference",
+                                 "A manifest is written only of a copy that verifies: every file read whole (no "
+                                 "sparse holes, no read errors) and equal to every reference given.",
+                                 "Fix the copy first (download the files named), then write the manifest."),
+    "NO_REFERENCE": Rule("info", "files hashed with no reference sha256 to compare with",
+                         "A plain directory carries no digests: its files' sha256 were computed and reported, their "
+                         "headers and values checked, but nothing says what the bytes should be.",
+                         "Verify the copy against the Hub (`kimi-audit verify REPO@REV --local-dir DIR`) or a "
+                         "manifest (`--manifest FILE`)."),
+    "FP8_NAN": Rule("error", "an F8_E4M3 weight holds NaN codes (bytes 0x7F / 0xFF)",
+                    "E4M3 has no infinities; 0x7F and 0xFF are its NaNs, which no quantizer writes: every product "
+                    "with them is NaN. Counted, with the first element's offset.", WEIGHTS_HELP),
+    "FP8_SATURATED": Rule("info", "FP8 values at ±448, counted (block quantization puts each block's maximum "
+                          "there)",
+                          "±448 is E4M3's largest finite value; DeepSeek's block quantization scales each "
+                          "128×128 block so that its maximum lands there, so about one or two per block is normal.",
+                          "Nothing to do; a count far above one per block suggests clipping during quantization."),
+    "BLOCK_ALL_ZERO": Rule("error", "an FP8 weight with an all-zero 128×128 block",
+                           "Every value of a whole quantization block is zero: a zeroed or unwritten region (a block "
+                           "of real weights is never all zeros). Counted, with the first block.", WEIGHTS_HELP),
     # The audit itself.
     "IGNORE_UNUSED": Rule("info", "an `--ignore` rule that matched no finding",
                         "An --ignore CODE[:GLOB] rule accepted nothing: the deviation it names is gone or the "

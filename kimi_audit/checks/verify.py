@@ -1,0 +1,321 @@
+"""`verify`'s unit of work: one file read once, every byte hashed, every tensor's values scanned on the way.
+
+`verify_file(task)` is a pure function of its (picklable) task: it opens the file itself (a local path, or
+a Hub file read by 16 MiB ranged reads), streams it through one reused buffer in pieces of about
+`chunk` bytes, feeds each piece to the file's sha256 and each tensor's part of it to the value kernels
+(numerics/scan.py) and, when asked, to the tensor's own sha256. Pieces end on a tensor's row bands (the
+128 rows of its FP8 blocks) or elements, so no state crosses a piece but counters. The same function runs
+in a local process pool or as a Ray task (checks/verify_run.py) and returns a `FileResult`.
+
+A local file's sparse holes are not read: the tensors that lie in them are reported as data not present
+(never scanned as zeros) and the file's sha256 is not computed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from kimi_audit.numerics.scan import Scanner
+
+CHUNK = 16 << 20
+"""Bytes read at a time (a piece may be shorter, to end on a tensor's row band)."""
+SPAN = 512 << 10
+"""Bytes hashed, then scanned while they are still in the core's cache."""
+MAX_UNIT = CHUNK
+"""A tensor whose 128-row band is larger than this is scanned without the all-zero block check."""
+
+FP8 = "fp8"
+FLOAT = "float"
+SCALE = "scale"
+SCAN_DTYPES = {"BF16", "F16", "F32"}
+
+ProgressHook = Callable[[int], None]
+"""Called with the bytes of each piece done (the pool's workers send them to the progress bar)."""
+
+
+class TensorPlan(NamedTuple):
+    """What to do with one tensor: its bytes [begin, end) in the file, and which check its values get."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+    kind: str | None
+    """FP8, FLOAT, SCALE, or None (hashed only)."""
+    block: tuple[int, int] | None = None
+    """FP8 2-D weights: the quantization block, for the all-zero block check."""
+
+
+@dataclass(frozen=True)
+class FileTask:
+    name: str
+    size: int
+    path: str | None = None
+    """A local file (its realpath was checked to lie inside the checkpoint)."""
+    hub: tuple[str, str, str] | None = None
+    """(repo_id, commit, endpoint): the file is streamed from the Hub by ranged reads."""
+    tensors: tuple[TensorPlan, ...] = ()
+    """Empty when the file is not a shard with a usable header: hashed only."""
+    holes: tuple[tuple[int, int], ...] = ()
+    tensor_hashes: bool = False
+    scan: bool = True
+    chunk: int = CHUNK
+
+
+@dataclass(frozen=True)
+class Health:
+    """One check that fired on one tensor: how many values, and the first one's element offset (for
+    BLOCK_ALL_ZERO: blocks, and the first block's index in row-major block order)."""
+
+    tensor: str
+    code: str
+    count: int
+    first: int
+    """Element offset of the first value (BLOCK_ALL_ZERO: of the first block's first value)."""
+    shape: tuple[int, ...]
+    block: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class FileResult:
+    name: str
+    size: int
+    sha256: str | None
+    """None when the file could not be read whole (an error, or sparse holes)."""
+    bytes_read: int
+    seconds: float
+    tensor_sha256: dict[str, str] = field(default_factory=dict)
+    health: tuple[Health, ...] = ()
+    saturated: int = 0
+    """FP8 values at ±448 (info: each block's maximum is there)."""
+    saturated_tensors: int = 0
+    tensors_scanned: int = 0
+    not_present: tuple[str, ...] = ()
+    """Tensors lying (partly) in sparse holes: not scanned."""
+    holes: tuple[tuple[int, int], ...] = ()
+    error: str | None = None
+
+
+def tensor_kind(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
+    if dtype == "F8_E4M3":
+        return FP8
+    if dtype not in SCAN_DTYPES:
+        return None
+    if name.endswith((".weight_scale_inv", ".weight_scale")):
+        return SCALE
+    return FLOAT
+
+
+def unit_of(t: TensorPlan) -> int:
+    """The piece boundaries inside `t` fall on multiples of this (bytes from its start): an FP8 weight's
+    band of block rows (when it is at most MAX_UNIT: the all-zero block check needs whole bands), else
+    an element."""
+    if t.kind == FP8 and t.block is not None and len(t.shape) == 2 and t.block[0] * t.shape[1] <= MAX_UNIT:
+        return t.block[0] * t.shape[1]
+    return {"BF16": 2, "F16": 2, "F32": 4}.get(t.dtype, 1)
+
+
+def block_checked(t: TensorPlan) -> bool:
+    return t.kind == FP8 and unit_of(t) > 1
+
+
+def plan_pieces(size: int, tensors: tuple[TensorPlan, ...], chunk: int) -> Iterator[tuple[int, int]]:
+    """[start, end) pieces covering the file, at most `chunk` long unless one tensor unit is longer."""
+    begins = [t.begin for t in tensors]
+    pos = 0
+    while pos < size:
+        end = min(pos + chunk, size)
+        k = bisect.bisect_left(begins, end) - 1  # the last tensor starting before `end`
+        if k >= 0 and tensors[k].begin < end < tensors[k].end:
+            t = tensors[k]
+            unit = unit_of(t)
+            cut = t.begin + (end - t.begin) // unit * unit
+            if cut > pos:
+                end = cut
+            elif t.begin > pos:
+                end = t.begin
+            else:  # a chunk shorter than one unit: one unit
+                end = min(t.end, pos + unit)
+        yield pos, end
+        pos = end
+
+
+def _in_holes(holes: tuple[tuple[int, int], ...], a: int, b: int) -> bool:
+    """Whether any byte of [a, b) lies in a hole."""
+    return any(h0 < b and a < h1 for h0, h1 in holes)
+
+
+def _present(holes: tuple[tuple[int, int], ...], a: int, b: int) -> Iterator[tuple[int, int]]:
+    """The parts of [a, b) outside the holes (sorted, not overlapping)."""
+    for h0, h1 in holes:
+        if h1 <= a or h0 >= b:
+            continue
+        if h0 > a:
+            yield a, h0
+        a = max(a, h1)
+    if a < b:
+        yield a, b
+
+
+def verify_file(task: FileTask, progress: ProgressHook | None = None) -> FileResult:
+    """Read the file once: its sha256, each tensor's health, and (task.tensor_hashes) each tensor's sha256."""
+    from kimi_audit.errors import KimiAuditError
+
+    started = time.monotonic()
+    state = _State(task)
+    try:
+        state.run(progress)
+    except (OSError, KimiAuditError) as e:
+        return state.result(started, f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e))
+    return state.result(started, None)
+
+
+class _State:
+    def __init__(self, task: FileTask) -> None:
+        self.task = task
+        self.file_hash = None if task.holes else hashlib.sha256()
+        self.tensor_hash: dict[str, hashlib._Hash] = {}
+        self.tensor_sha: dict[str, str] = {}
+        self.counts: dict[tuple[str, str], list[int]] = {}
+        self.saturated: dict[str, int] = {}
+        self.zero_from: dict[str, int] = {}
+        """FP8 weight -> where its all-zero block screen goes on from (bands before it are checked)."""
+        self.zero_check = {t.name for t in task.tensors if t.block is not None and block_checked(t)}
+        self.scanned = 0
+        self.bytes_read = 0
+        self.absent = tuple(t.name for t in task.tensors if _in_holes(task.holes, t.begin, t.end))
+        self.skip = set(self.absent)
+
+    def run(self, progress: ProgressHook | None) -> None:
+        from kimi_audit.checks.verify_io import HubReader, LocalReader
+        from kimi_audit.numerics.scan import Scanner
+
+        task = self.task
+        pieces = list(plan_pieces(task.size, task.tensors, task.chunk))
+        begins = [t.begin for t in task.tensors]
+        scan = task.scan and bool(task.tensors)
+        reader: LocalReader | HubReader
+        if task.path is not None:
+            reader = LocalReader(task.path)
+        elif task.hub is not None:
+            reader = HubReader(task.name, task.hub)
+        else:
+            raise OSError("no path and no Hub file to read")
+        try:
+            for k, (start, end) in enumerate(pieces):
+                following = pieces[k + 1] if k + 1 < len(pieces) else None
+                present = list(_present(task.holes, start, end))
+                if present:
+                    with reader.window(present[0][0], present[-1][1], following) as (buf, base):
+                        self.bytes_read += sum(b - a for a, b in present)
+                        scanner = Scanner(buf) if scan else None
+                        view = memoryview(buf)
+                        try:
+                            for a, b in present:
+                                for s in range(a, b, SPAN):
+                                    e = min(b, s + SPAN)
+                                    if self.file_hash is not None:
+                                        self.file_hash.update(view[s - base:e - base])
+                                    self._tensors(view, scanner, begins, s, e, base)
+                        finally:
+                            view.release()
+                            if scanner is not None:
+                                scanner.release()
+                if progress:
+                    progress(end - start)
+        finally:
+            reader.close()
+
+    def _tensors(self, view: memoryview, scanner: Scanner | None, begins: list[int], s: int, e: int,
+                 base: int) -> None:
+        """The tensors' parts in the file's bytes [s, e), which are view[s - base:e - base]."""
+        tensors = self.task.tensors
+        k = max(0, bisect.bisect_right(begins, s) - 1)
+        while k < len(tensors) and tensors[k].begin < e:
+            t = tensors[k]
+            k += 1
+            a, b = max(t.begin, s), min(t.end, e)
+            if a >= b or t.name in self.skip:
+                continue
+            if self.task.tensor_hashes:
+                h = self.tensor_hash.get(t.name)
+                if h is None:
+                    h = self.tensor_hash[t.name] = hashlib.sha256()
+                h.update(view[a - base:b - base])
+                if b == t.end:
+                    self.tensor_sha[t.name] = self.tensor_hash.pop(t.name).hexdigest()
+            if scanner is not None and t.kind is not None:
+                self._scan(scanner, t, a, b, base)
+                if b == t.end:
+                    self.scanned += 1
+
+    def _scan(self, scanner: Scanner, t: TensorPlan, a: int, b: int, base: int) -> None:
+        """Check the values of t's bytes [a, b) (file offsets; buffer offsets are less `base`)."""
+        if t.kind == FP8:
+            nan, first, sat = scanner.fp8(a - base, b - base)
+            if nan:
+                self._add(t, "FP8_NAN", nan, a - t.begin + first)
+            if sat:
+                self.saturated[t.name] = self.saturated.get(t.name, 0) + sat
+            if t.block is not None and t.name in self.zero_check:
+                self._zero_blocks(scanner, t, t.block, a, b, base)
+            return
+        size = {"BF16": 2, "F16": 2, "F32": 4}[t.dtype]
+        a -= (a - t.begin) % size  # a span may end mid-element: the element is checked with the next span
+        b -= (b - t.begin) % size if b < t.end else 0
+        if t.kind == FLOAT:
+            nan, nan_first, inf, inf_first = scanner.floats(a - base, b - base, t.dtype)
+            bad, bad_first = 0, -1
+        else:
+            nan, nan_first, inf, inf_first, bad, bad_first = scanner.scales(a - base, b - base, t.dtype)
+        for code, n, first in (("VALUE_NAN", nan, nan_first), ("VALUE_INF", inf, inf_first),
+                               ("SCALE_NOT_POSITIVE", bad, bad_first)):
+            if n:
+                self._add(t, code, n, (a - t.begin) // size + first)
+
+    def _zero_blocks(self, scanner: Scanner, t: TensorPlan, block: tuple[int, int], a: int, b: int,
+                     base: int) -> None:
+        """Screen [a, b) for a run of zeros as wide as t's narrowest block (from a little before a: a run may
+        cross spans); check exactly each band of blocks a run lies in (it is whole in the window: windows end
+        on bands)."""
+        cols = t.shape[1]
+        width = cols % block[1] or block[1]
+        band = block[0] * cols
+        band_start = a - (a - t.begin) % band  # windows start on bands: the window holds it
+        pos = max(a - width + 1, band_start, self.zero_from.get(t.name, t.begin))
+        while True:
+            i = scanner.zero_run(width, pos - base, b - base)
+            if i < 0:
+                break
+            k = (i + base - t.begin) // band
+            lo, hi = t.begin + k * band, min(t.end, t.begin + (k + 1) * band)
+            zero, col = scanner.zero_blocks(lo - base, (hi - lo) // cols, cols, block)
+            if zero:  # the first element of the first zero block
+                self._add(t, "BLOCK_ALL_ZERO", zero, lo - t.begin + col * block[1])
+            self.zero_from[t.name] = pos = hi
+            if pos >= b:
+                break
+
+    def _add(self, t: TensorPlan, code: str, n: int, first: int) -> None:
+        c = self.counts.get((t.name, code))
+        if c is None:
+            self.counts[(t.name, code)] = [n, first]
+        else:
+            c[0] += n
+
+    def result(self, started: float, error: str | None) -> FileResult:
+        plans = {t.name: t for t in self.task.tensors}
+        health = tuple(Health(name, code, c[0], c[1], plans[name].shape, plans[name].block)
+                       for (name, code), c in self.counts.items())
+        return FileResult(
+            self.task.name, self.task.size,
+            self.file_hash.hexdigest() if self.file_hash is not None and error is None else None,
+            self.bytes_read, time.monotonic() - started, self.tensor_sha if error is None else {}, health,
+            sum(self.saturated.values()), len(self.saturated), self.scanned, self.absent, self.task.holes, error)

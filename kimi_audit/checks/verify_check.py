@@ -1,0 +1,267 @@
+"""`verify`: the header audit, then one read of every byte of every file, then the findings.
+
+1. The audit (format, index, layout) runs first, so every byte is interpreted through a validated header:
+   a shard whose header has errors is hashed, never value-scanned.
+2. Every file becomes a FileTask (checks/verify.py), run by a process pool or Ray (checks/verify_run.py).
+3. Each file's sha256 is compared with every reference (checks/verify_refs.py); a file that differs from a
+   manifest carrying per-tensor digests is read a second time, tensor by tensor, to name the tensors whose
+   bytes differ. Files a full listing names but the checkpoint lacks, or holds but the listing does not
+   name, are findings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kimi_audit.checks.audit import AuditReport, audit_checkpoint
+from kimi_audit.checks.manifest import Manifest, ignored, write_manifest
+from kimi_audit.checks.verify import CHUNK, FileResult, FileTask, TensorPlan, tensor_kind
+from kimi_audit.checks.verify_findings import (
+    file_findings,
+    health_findings,
+    listing_findings,
+    tensor_mismatches,
+    unreferenced_finding,
+)
+from kimi_audit.checks.verify_refs import Reference
+from kimi_audit.checks.verify_report import (
+    ABSENT,
+    MISMATCH,
+    NOT_CHECKED,
+    NOT_PRESENT,
+    OK,
+    UNREADABLE,
+    UNREFERENCED,
+    FileRow,
+    VerifyReport,
+)
+from kimi_audit.checks.verify_run import ProgressFn, default_workers, ignore_sigint, run_tasks
+from kimi_audit.errors import KimiAuditError
+from kimi_audit.findings import Finding, error
+from kimi_audit.model.checkpoint import Checkpoint, load_checkpoint
+from kimi_audit.numerics.tensor_io import data_holes
+from kimi_audit.sources.base import Source
+from kimi_audit.sources.local import LocalSource
+
+DEFAULT_BLOCK = (128, 128)
+
+
+@dataclass(frozen=True)
+class VerifyTarget:
+    source: Source
+    """Where the bytes are read and the audit runs: a LocalSource, or a HubSource (`--stream`)."""
+    references: tuple[Reference, ...] = ()
+    exclude: frozenset[str] = frozenset()
+    """Files not to hash (a manifest written or read inside the checkpoint directory)."""
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    workers: int | None = None
+    ray_address: str | None = None
+    tensor_hashes: bool = False
+    """Also hash every tensor (for --write-manifest)."""
+    chunk: int | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The audit done and the files planned: what `verify_files` reads."""
+
+    target: VerifyTarget
+    options: VerifyOptions
+    audit: AuditReport
+    tasks: tuple[FileTask, ...]
+    started: float
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.size for t in self.tasks)
+
+
+def prepare(target: VerifyTarget, options: VerifyOptions = VerifyOptions(),
+            header_progress: Callable[[str, int, int], None] | None = None) -> Prepared:
+    """The header audit (format, index, layout) and one task per file."""
+    started = time.monotonic()
+    ckpt = load_checkpoint(target.source, header_progress)
+    return Prepared(target, options, audit_checkpoint(ckpt), tuple(plan_tasks(ckpt, target, options)), started)
+
+
+def verify_files(p: Prepared, progress: ProgressFn | None = None) -> tuple[VerifyReport, Manifest]:
+    """Read every file once and compare. A KeyboardInterrupt while they are read ends the run with the report
+    of what was checked (`interrupted`; a second Ctrl-C while that report is made is ignored). Also returns
+    the manifest of what was read (for --write-manifest)."""
+    results: dict[str, FileResult] = {}
+    interrupted = False
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with contextlib.closing(run_tasks(list(p.tasks), workers=p.options.workers,
+                                          ray_address=p.options.ray_address, progress=progress)) as running:
+            for r in running:
+                results[r.name] = r
+    except KeyboardInterrupt:
+        interrupted = True
+    if not interrupted:
+        return _compare(p, results, interrupted)
+    ignore_sigint()
+    try:
+        return _compare(p, results, interrupted)
+    finally:
+        with contextlib.suppress(ValueError, TypeError):  # not the main thread, or a handler set outside Python
+            signal.signal(signal.SIGINT, previous)
+
+
+def _compare(p: Prepared, results: dict[str, FileResult], interrupted: bool) -> tuple[VerifyReport, Manifest]:
+    target, options, tasks = p.target, p.options, list(p.tasks)
+    src = target.source
+    findings: list[Finding] = list(p.audit.findings)
+    retry = [t for t in tasks if t.name in results and _needs_tensor_pass(results[t.name], t, target.references)]
+    differ: dict[str, list[str]] = {}
+    tensor_findings: list[Finding] = []
+    if retry and not interrupted:
+        again = {r.name: r for r in run_tasks([_tensor_pass(t) for t in retry], workers=options.workers,
+                                              ray_address=options.ray_address)}
+        for ref in target.references:
+            for t in retry:
+                names, found = tensor_mismatches(t.name, ref, again.get(t.name))
+                if found or ref.tensors.get(t.name):
+                    differ[t.name] = names
+                tensor_findings += found
+    rows, row_findings = _rows(tasks, results, target.references, differ)
+    findings += row_findings + tensor_findings
+    findings += unreferenced_finding([r.name for r in rows if r.status == UNREFERENCED])
+    for ref in target.references:
+        findings += listing_findings(ref, {t.name for t in tasks}, src.revision)
+    findings += health_findings([results[t.name] for t in tasks if t.name in results])
+    workers = f"Ray at {options.ray_address}" if options.ray_address is not None else \
+        f"{max(1, min(options.workers or default_workers(), len(tasks)))} processes"
+    report = VerifyReport(
+        src.label, src.revision, tuple(r.where for r in target.references), rows, tuple(findings),
+        time.monotonic() - p.started, workers, sum(r.tensors_scanned for r in results.values()), interrupted)
+    manifest = Manifest(_model_name(src), {r.name: r.sha256 for r in rows if r.sha256}, src.revision, src.label,
+                        {n: r.tensor_sha256 for n, r in results.items() if r.tensor_sha256})
+    return report, manifest
+
+
+def verify_target(target: VerifyTarget, options: VerifyOptions = VerifyOptions(),
+                  progress: ProgressFn | None = None) -> tuple[VerifyReport, Manifest]:
+    """prepare, then verify_files."""
+    return verify_files(prepare(target, options), progress)
+
+
+def finish_manifest(report: VerifyReport, manifest: Manifest, path: Path) -> VerifyReport:
+    """Write the manifest when every file was read whole and none differs from a reference; else a
+    MANIFEST_NOT_WRITTEN finding says why not."""
+    bad = [f for f in report.files if f.status in (MISMATCH, UNREADABLE, NOT_PRESENT, NOT_CHECKED)]
+    if bad:
+        finding = error("MANIFEST_NOT_WRITTEN", f"{path}: not written: {len(bad):,} file{'s' if len(bad) > 1 else ''}"
+                        f" not read whole or differing from a reference (the first: {bad[0].name}, {bad[0].status}); "
+                        "a manifest is written of a copy that verifies", actual=len(bad))
+        return dataclasses.replace(report, findings=(*report.findings, finding))
+    write_manifest(manifest, path)
+    return dataclasses.replace(report, manifest_written=str(path))
+
+
+def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -> list[FileTask]:
+    src = target.source
+    q = ckpt.config.quantization
+    block = q.block if q is not None else DEFAULT_BLOCK
+    hub = None
+    if not isinstance(src, LocalSource):
+        repo, endpoint = getattr(src, "repo_id", None), getattr(src, "endpoint", None)
+        if repo is None or endpoint is None or src.revision is None:
+            raise KimiAuditError(f"{src.label}: not a source verify can stream")
+        hub = (repo, src.revision, endpoint)
+    tasks = []
+    for name in ckpt.files:
+        if ignored(name) or name in target.exclude:
+            continue
+        header = ckpt.headers.get(name)
+        tensors: tuple[TensorPlan, ...] = ()
+        if header is not None and header.ok:
+            start = header.data_start
+            c = header.columns
+            tensors = tuple(sorted(
+                (TensorPlan(n, d, s, start + b, start + e, tensor_kind(n, d, s), block)
+                 for n, d, s, b, e in zip(c.names, c.dtypes, c.shapes, c.begins, c.ends)),
+                key=lambda t: t.begin))
+        chunk = options.chunk or CHUNK
+        if hub is not None:
+            size = src.file_size(name)  # type: ignore[attr-defined]
+            if size is None:
+                continue  # listed without a size: nothing to stream against
+            tasks.append(FileTask(name, size, hub=hub, tensors=tensors, tensor_hashes=options.tensor_hashes,
+                                  chunk=chunk))
+            continue
+        assert isinstance(src, LocalSource)
+        if not src.exists(name):
+            continue  # a symlink out of the directory: the audit reports SYMLINK_OUTSIDE
+        path = src.root / name
+        try:
+            size = os.stat(path).st_size
+            if header is not None and header.header_len is not None:
+                holes = data_holes(src, name, header.data_start, size)
+            else:
+                holes = src.holes(name)
+        except (OSError, KimiAuditError):
+            size, holes = header.file_size if header is not None else 0, ()
+        tasks.append(FileTask(name, size, path=os.path.realpath(path), tensors=tensors, holes=holes,
+                              tensor_hashes=options.tensor_hashes, chunk=chunk))
+    return tasks
+
+
+def _needs_tensor_pass(r: FileResult, task: FileTask, refs: tuple[Reference, ...]) -> bool:
+    return r.sha256 is not None and bool(task.tensors) and not r.tensor_sha256 and any(
+        task.name in ref.tensors and ref.digests.get(task.name) not in (None, r.sha256) for ref in refs)
+
+
+def _tensor_pass(task: FileTask) -> FileTask:
+    return FileTask(task.name, task.size, task.path, task.hub, task.tensors, task.holes, tensor_hashes=True,
+                    scan=False, chunk=task.chunk)
+
+
+def _rows(tasks: list[FileTask], results: dict[str, FileResult], refs: tuple[Reference, ...],
+          differ: dict[str, list[str]]) -> tuple[tuple[FileRow, ...], list[Finding]]:
+    rows: list[FileRow] = []
+    findings: list[Finding] = []
+    listings = [ref.listing for ref in refs if ref.listing is not None]
+    for t in tasks:
+        r = results.get(t.name)
+        expected = next(((ref.digests[t.name], ref) for ref in refs if t.name in ref.digests), None)
+        unlisted = any(t.name not in listing for listing in listings)
+        if r is None:
+            status = NOT_CHECKED
+        elif r.error is not None:
+            status = UNREADABLE
+        elif r.holes:
+            status = NOT_PRESENT
+        elif expected is None:
+            status = UNREFERENCED
+        else:
+            status = OK if all(ref.digests.get(t.name) in (None, r.sha256) for ref in refs) else MISMATCH
+        if r is not None:
+            findings += file_findings(r, refs, differ)
+        rows.append(FileRow(t.name, t.size, r.sha256 if r else None, expected[0] if expected else None,
+                            expected[1].kind if expected else None, status, unlisted,
+                            r.bytes_read if r else 0, r.seconds if r else 0.0))
+    present = {t.name for t in tasks}
+    for ref in refs:
+        for name in sorted((ref.listing or frozenset()) - present):
+            if not any(row.name == name for row in rows):
+                rows.append(FileRow(name, None, None, ref.digests.get(name), ref.kind, ABSENT))
+    return tuple(rows), findings
+
+
+def _model_name(src: Source) -> str:
+    repo = getattr(src, "repo_id", None)
+    if isinstance(repo, str):
+        return repo
+    root = getattr(src, "root", None)
+    return Path(root).resolve().name if root is not None else src.label

@@ -1,0 +1,141 @@
+"""`verify`'s findings from the files' results: hashes against references, listings, weight health.
+
+Codes (README.md, report/rules.py): FILE_HASH_MISMATCH, TENSOR_HASH_MISMATCH, FILE_ABSENT, FILE_UNLISTED,
+MANIFEST_REVISION, NO_REFERENCE; FP8_NAN, FP8_SATURATED, BLOCK_ALL_ZERO, VALUE_NAN, VALUE_INF,
+SCALE_NOT_POSITIVE; DATA_NOT_PRESENT (an error here: bytes that are not there fail a verification) and
+SHARD_UNREADABLE (a file that could not be read whole).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kimi_audit.checks.verify import FileResult, Health
+from kimi_audit.checks.verify_refs import MANIFEST, Reference
+from kimi_audit.findings import Finding, error, info, warning
+
+MAX_PER_CODE = 50
+"""Tensor findings listed one by one per code; the rest are summed up in one."""
+MAX_TENSORS_NAMED = 5
+"""Differing tensors named in a FILE_HASH_MISMATCH message (all of them get a TENSOR_HASH_MISMATCH)."""
+
+WHAT = {
+    "FP8_NAN": "FP8 NaN codes (0x7F/0xFF)",
+    "VALUE_NAN": "NaN values",
+    "VALUE_INF": "±Inf values",
+    "SCALE_NOT_POSITIVE": "scales ≤ 0",
+}
+
+
+def file_findings(r: FileResult, refs: tuple[Reference, ...], differ: dict[str, list[str]]) -> list[Finding]:
+    """Read errors, holes, and a sha256 that differs from a reference (`differ`: file -> the tensors whose
+    digests differ from the manifest's, when a second pass found them)."""
+    out: list[Finding] = []
+    if r.error is not None:
+        out.append(error("SHARD_UNREADABLE", f"{r.name}: could not be read whole: {r.error}", shard=r.name))
+    if r.holes:
+        holed = sum(h1 - h0 for h0, h1 in r.holes)
+        out.append(error(
+            "DATA_NOT_PRESENT", f"{r.name}: {holed:,} of {r.size:,} bytes are sparse holes ({len(r.holes):,} "
+            f"range{'s' if len(r.holes) > 1 else ''}, the first at byte {r.holes[0][0]:,}): the data is not "
+            f"present (a header-only or partial copy); {len(r.not_present):,} tensors not checked, the file's "
+            "sha256 not computed", shard=r.name, actual=holed, expected=0))
+    if r.sha256 is None:
+        return out
+    for ref in refs:
+        want = ref.digests.get(r.name)
+        if want is None or want == r.sha256:
+            continue
+        named = ""
+        if ref.kind == MANIFEST and r.name in differ:
+            d = differ[r.name]
+            shown = ", ".join(d[:MAX_TENSORS_NAMED]) + (", ..." if len(d) > MAX_TENSORS_NAMED else "")
+            named = (f"; {len(d):,} tensor{'s' if len(d) != 1 else ''} differ: {shown}" if d
+                     else "; every tensor matches: the header or padding differs")
+        out.append(error("FILE_HASH_MISMATCH", f"{r.name}: sha256 {r.sha256} differs from {ref.where} "
+                         f"({want}){named}", shard=r.name, expected=want, actual=r.sha256))
+    return out
+
+
+def tensor_mismatches(name: str, ref: Reference, again: FileResult | None) -> tuple[list[str], list[Finding]]:
+    """The tensors of a mismatching file whose sha256 differs from the manifest's (read in a second pass),
+    and one TENSOR_HASH_MISMATCH for each (MAX_PER_CODE, then a summary)."""
+    want = ref.tensors.get(name)
+    if not want or again is None or again.sha256 is None:
+        return [], []
+    got = again.tensor_sha256
+    differ = sorted(t for t in set(want) | set(got) if want.get(t) != got.get(t))
+    out = [error("TENSOR_HASH_MISMATCH", f"{t}: sha256 {got.get(t) or '(no such tensor)'} in {name} differs from "
+                 f"{ref.where} ({want.get(t) or 'not listed'})", tensor=t, shard=name,
+                 expected=want.get(t), actual=got.get(t)) for t in differ[:MAX_PER_CODE]]
+    if len(differ) > MAX_PER_CODE:
+        out.append(error("TENSOR_HASH_MISMATCH", f"... and {len(differ) - MAX_PER_CODE:,} more tensors of {name} "
+                         f"differ ({len(differ):,} in all)", shard=name, actual=len(differ)))
+    return differ, out
+
+
+def listing_findings(ref: Reference, present: set[str], revision: str | None) -> list[Finding]:
+    out: list[Finding] = []
+    if ref.kind == MANIFEST and ref.revision and revision and ref.revision != revision:
+        out.append(error("MANIFEST_REVISION", f"{ref.where} is of revision {ref.revision}, the checkpoint is "
+                         f"{revision}", expected=ref.revision, actual=revision))
+    if ref.listing is None:
+        return out
+    for name in sorted(ref.listing - present):
+        out.append(error("FILE_ABSENT", f"{name}: listed by {ref.where}, not in the checkpoint", shard=name,
+                         expected=ref.digests.get(name)))
+    for name in sorted(present - ref.listing):
+        out.append(warning("FILE_UNLISTED", f"{name}: in the checkpoint, not listed by {ref.where}", shard=name))
+    return out
+
+
+def unreferenced_finding(names: list[str]) -> list[Finding]:
+    if not names:
+        return []
+    return [info("NO_REFERENCE", f"{len(names):,} file{'s' if len(names) > 1 else ''} hashed with no reference "
+                 f"sha256 to compare with (the first: {names[0]}); only their headers and values were checked",
+                 actual=len(names), covers=0)]
+
+
+def health_findings(results: Iterable[FileResult]) -> list[Finding]:
+    """One finding per tensor and check that fired (MAX_PER_CODE a code, then a summary), and one FP8_SATURATED
+    info for the whole checkpoint."""
+    listed: dict[str, list[Finding]] = {}
+    totals: dict[str, int] = {}
+    saturated = saturated_tensors = 0
+    for r in results:
+        saturated += r.saturated
+        saturated_tensors += r.saturated_tensors
+        for h in r.health:
+            totals[h.code] = totals.get(h.code, 0) + 1
+            lst = listed.setdefault(h.code, [])
+            if len(lst) < MAX_PER_CODE:
+                lst.append(_health(r.name, h))
+    out: list[Finding] = []
+    for code, lst in listed.items():
+        out += lst
+        if totals[code] > len(lst):
+            out.append(error(code, f"... and {totals[code] - len(lst):,} more tensors with {code} "
+                             f"({totals[code]:,} in all)", actual=totals[code]))
+    if saturated:
+        out.append(info("FP8_SATURATED", f"{saturated:,} FP8 values at ±448 (the largest E4M3 value) in "
+                        f"{saturated_tensors:,} tensors: block quantization puts each block's maximum there",
+                        actual=saturated))
+    return out
+
+
+def _health(shard: str, h: Health) -> Finding:
+    numel = 1
+    for d in h.shape:
+        numel *= d
+    where = f"the first at element {h.first:,}"
+    if h.code == "BLOCK_ALL_ZERO" and len(h.shape) == 2 and h.block is not None:
+        row, col = divmod(h.first, h.shape[1])
+        b0, b1 = h.block
+        blocks = -(-h.shape[0] // b0) * -(-h.shape[1] // b1)
+        what = f"{h.count:,} of {blocks:,} {b0}×{b1} blocks are all zeros"
+        where = f"the first is block ({row // b0}, {col // b1}), at element {h.first:,}"
+    else:
+        what = f"{h.count:,} of {numel:,} values are {WHAT.get(h.code, h.code)}"
+    return error(h.code, f"{h.tensor}: {what} ({where})", tensor=h.tensor, shard=shard, actual=h.count,
+                 expected=h.first)

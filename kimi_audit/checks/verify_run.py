@@ -1,0 +1,182 @@
+"""Running `verify`'s file tasks: a local process pool (default: one worker per core), or a Ray cluster.
+
+Both run the same function (checks.verify.verify_file) on the same tasks, largest file first, and hand
+each FileResult back as it completes. The local pool's workers ignore SIGINT: Ctrl-C reaches the main
+process, which terminates them and reports what was checked. Progress: the pool's workers send the bytes
+of each piece through a queue (per piece, batched); Ray reports per finished file.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue as queue_module
+import signal
+import time
+from collections.abc import Callable, Generator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
+from typing import Any
+
+from kimi_audit.checks.verify import FileResult, FileTask, verify_file
+from kimi_audit.errors import KimiAuditError
+
+ProgressFn = Callable[[str, int], None]
+"""(file, bytes done so far in that file)."""
+
+_QUEUE: Any = None
+_SENT: dict[str, int] = {}
+_LAST: list[float] = [0.0]
+SEND_EVERY_S = 0.2
+
+
+def _init_worker(q: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    global _QUEUE
+    _QUEUE = q
+
+
+def _pool_task(task: FileTask) -> FileResult:
+    done = [0]
+
+    def hook(n: int) -> None:
+        done[0] += n
+        now = time.monotonic()
+        if now - _LAST[0] >= SEND_EVERY_S:
+            _LAST[0] = now
+            _QUEUE.put((task.name, done[0]))
+
+    return verify_file(task, hook if _QUEUE is not None else None)
+
+
+def default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def run_local(tasks: list[FileTask], workers: int | None = None,
+              progress: ProgressFn | None = None) -> Generator[FileResult, None, None]:
+    """Each task's result as it completes. A KeyboardInterrupt while waiting terminates the workers; a worker
+    that dies (a file truncated under its memory map) fails its task, not the run."""
+    if not tasks:
+        return
+    n = max(1, min(workers or default_workers(), len(tasks)))
+    ordered = sorted(tasks, key=lambda t: -t.size)
+    if n == 1:
+        for t in ordered:
+            yield verify_file(t, _inline_hook(t.name, progress))
+        return
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    q = ctx.Queue() if progress else None
+    pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(q,))
+    finished = False
+    try:
+        pending = {pool.submit(_pool_task, t): t for t in ordered}
+        while pending:
+            done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+            _drain(q, progress)
+            for fut in done:
+                task = pending.pop(fut)
+                try:
+                    result = fut.result()
+                except BrokenProcessPool:
+                    result = FileResult(task.name, task.size, None, 0, 0.0, error="not read whole: a worker process "
+                                        "died (killed, or a file truncated while it was read), which stops the pool")
+                if progress:
+                    progress(result.name, result.size)
+                yield result
+        finished = True
+    except KeyboardInterrupt:
+        ignore_sigint()  # a second Ctrl-C must not cut the clean-up short (the caller restores it)
+        raise
+    finally:
+        _stop(pool, finished)
+
+
+def ignore_sigint() -> None:
+    with suppress(ValueError):  # not the main thread: nothing to do
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop(pool: ProcessPoolExecutor, finished: bool) -> None:
+    """Shut the pool down: at once, its workers killed, unless every task finished."""
+    if finished:
+        pool.shutdown(wait=True)
+        return
+    procs = dict(getattr(pool, "_processes", None) or {})  # its workers (terminate_workers() is Python 3.14's)
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs.values():
+        if proc.is_alive():
+            proc.terminate()
+
+
+def _inline_hook(name: str, progress: ProgressFn | None) -> Callable[[int], None] | None:
+    if progress is None:
+        return None
+    done = [0]
+
+    def hook(n: int) -> None:
+        done[0] += n
+        progress(name, done[0])
+
+    return hook
+
+
+def _drain(q: Any, progress: ProgressFn | None) -> None:
+    if q is None or progress is None:
+        return
+    while True:
+        try:
+            name, done = q.get_nowait()
+        except (queue_module.Empty, OSError, EOFError):
+            return
+        progress(name, done)
+
+
+def run_ray(tasks: list[FileTask], address: str | None = None,
+            progress: ProgressFn | None = None) -> Generator[FileResult, None, None]:
+    """The same tasks as Ray tasks (one CPU each) on the cluster at `address` ("auto": the one RAY_ADDRESS or
+    a local `ray start` names; "local": a new local instance, shut down at the end); an already initialized
+    Ray is used as it is."""
+    try:
+        import ray
+    except ImportError:
+        raise KimiAuditError("--ray needs Ray, an optional extra: pip install 'kimi-audit[ray]'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        try:
+            ray.init(address=None if address == "local" else (address or "auto"), include_dashboard=False,
+                     logging_level=logging.ERROR, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise KimiAuditError(f"cannot connect to a Ray cluster at {address or 'auto'}: {e}") from None
+    remote = ray.remote(num_cpus=1, max_retries=0)(verify_file)
+    pending = {remote.remote(t): t for t in sorted(tasks, key=lambda t: -t.size)}
+    try:
+        while pending:
+            try:
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            except KeyboardInterrupt:
+                ignore_sigint()
+                raise
+            for ref in done:
+                task = pending.pop(ref)
+                result: FileResult = ray.get(ref)
+                if progress:
+                    progress(task.name, task.size)
+                yield result
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started_here:  # the command ends with os._exit: Ray's own atexit would not run
+            ray.shutdown()
+
+
+def run_tasks(tasks: list[FileTask], *, workers: int | None = None, ray_address: str | None = None,
+              progress: ProgressFn | None = None) -> Generator[FileResult, None, None]:
+    if ray_address is not None:
+        return run_ray(tasks, ray_address, progress)
+    return run_local(tasks, workers, progress)

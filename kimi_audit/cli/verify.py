@@ -1,0 +1,183 @@
+"""`verify`: every byte of a checkpoint read once, hashed against a reference and scanned for bad values."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from kimi_audit.cli.application import app, shard_progress, stderr, stdout, user_errors
+from kimi_audit.errors import KimiAuditError
+
+if TYPE_CHECKING:
+    from kimi_audit.checks.verify_check import VerifyTarget
+
+
+@app.command()
+@user_errors
+def verify(
+    source: str = typer.Argument(..., help="A local checkpoint directory, or a Hub repo id `owner/name[@revision]` "
+                                 "(its local copy: --local-dir, else the HF cache; or --stream)."),
+    revision: str | None = typer.Option(None, "--revision", "-r", help="Hub revision: commit, branch or tag."),
+    local_dir: Path | None = typer.Option(None, "--local-dir", help="REPO's local copy is in this directory "
+                                          "(as `download --local-dir` wrote it), not in the HF cache."),
+    stream: bool = typer.Option(False, "--stream", help="Read REPO's files from the Hub by ranged reads, hashed "
+                                "and scanned as they arrive, never stored."),
+    manifest: Path | None = typer.Option(None, "--manifest", metavar="FILE", help="Compare with this manifest "
+                                         "(model-signing's in-toto statement, as --write-manifest writes it, or a "
+                                         "model.sig bundle: its signature is not checked here)."),
+    write_manifest: Path | None = typer.Option(None, "--write-manifest", metavar="FILE", help="Write the manifest "
+                                               "of this copy (every file's sha256, and every tensor's) to FILE, "
+                                               "for `model_signing` to sign."),
+    as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report (kimi-audit/verify/1)."),
+    all_findings: bool = typer.Option(False, "--all-findings", help="JSON: list every finding, whole."),
+    workers: int | None = typer.Option(None, "--workers", "-j", min=1, help="Processes reading files at once "
+                                       "(default: one per core)."),
+    ray: bool = typer.Option(False, "--ray", help="Run the file tasks on a Ray cluster (pip install "
+                             "'kimi-audit[ray]'): the running one (RAY_ADDRESS, or `ray start` here), or the one "
+                             "--ray-address names. (Typer takes no option with an optional value: hence two.)"),
+    ray_address: str | None = typer.Option(None, "--ray-address", metavar="ADDRESS", help="The Ray cluster for "
+                                           "--ray (implies it): `ray://HOST:10001`, `HOST:6379`, or `local` to "
+                                           "start one here."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
+) -> None:
+    """Read every byte of every file once: sha256 against a reference, and every tensor's values.
+
+    The format, index and layout checks of `audit` run first. Each file's sha256 is compared with the HF
+    cache's blob name, the Hub's LFS sha256 at the resolved commit (REPO[@REV] with a local copy, or --stream)
+    and --manifest; a file that differs from a manifest is read again to name the tensors that differ. In the
+    same pass: FP8 NaN codes, all-zero 128x128 blocks, NaN/Inf in BF16/F16/F32, scales not finite and > 0;
+    sparse holes are data not present. Exit 0 clean, 1 findings, 2 unusable input, 130 interrupted (the
+    files checked so far are reported).
+    """
+    from kimi_audit.checks.manifest import read_manifest
+    from kimi_audit.checks.verify_check import VerifyOptions, finish_manifest, prepare, verify_files
+    from kimi_audit.checks.verify_refs import manifest_reference
+
+    target = open_target(source, revision, local_dir, stream)
+    refs = list(target.references)
+    exclude = set(target.exclude)
+    if manifest is not None:
+        refs.append(manifest_reference(read_manifest(manifest), manifest))
+    for path in (manifest, write_manifest):
+        inside = _inside(target, path)
+        if inside is not None:
+            exclude.add(inside)
+    target = dataclasses.replace(target, references=tuple(refs), exclude=frozenset(exclude))
+    address = ray_address or ("auto" if ray else None)
+    options = VerifyOptions(workers=workers, ray_address=address, tensor_hashes=write_manifest is not None)
+    with shard_progress("reading headers", progress) as header_update:
+        prepared = prepare(target, options, header_update)
+    with _bytes_progress(progress, prepared.total_bytes) as update:
+        report, made = verify_files(prepared, update)
+    if report.interrupted:  # what was checked gets printed: a second Ctrl-C does not cut it short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if write_manifest is not None and not report.interrupted:
+        report = finish_manifest(report, made, write_manifest)
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_dict(all_findings), indent=1) + "\n")
+    else:
+        from kimi_audit.report.verify_table import render_verify
+
+        render_verify(report, stdout)
+    if report.interrupted:
+        stderr.print(f"interrupted: {report.verdict.split(': ', 1)[1]}")
+    raise typer.Exit(report.exit_code)
+
+
+def open_target(spec: str, revision: str | None, local_dir: Path | None, stream: bool) -> VerifyTarget:
+    """The source to read and the references the source itself brings (HF cache blob names, the Hub's LFS)."""
+    from kimi_audit.checks.verify_check import VerifyTarget
+    from kimi_audit.checks.verify_refs import cache_reference, hub_reference
+    from kimi_audit.sources import LocalSource
+    from kimi_audit.sources.cache import find_snapshot, is_offline
+    from kimi_audit.sources.resolve import looks_like_repo_id
+
+    if Path(spec).exists() and not stream:
+        if revision is not None or local_dir is not None:
+            raise KimiAuditError(f"--revision and --local-dir apply to Hub repos, but {spec!r} is a local path")
+        src = LocalSource(spec)
+        ref = cache_reference(src.root, src.list_files()) if src.revision is not None else None
+        return VerifyTarget(src, (ref,) if ref else ())
+    if stream and local_dir is not None:
+        raise KimiAuditError("--stream reads from the Hub: it takes no --local-dir")
+    repo, _, at_rev = spec.partition("@")
+    if not looks_like_repo_id(repo):
+        raise KimiAuditError(f"no such file or directory, and not a Hub repo id (owner/name): {spec}")
+    rev = revision or at_rev or None
+    if is_offline():
+        if stream:
+            raise KimiAuditError("--stream reads from the Hub, but offline mode is on (HF_HUB_OFFLINE)")
+        directory = local_dir
+        if directory is None:
+            snap = find_snapshot(repo, rev)
+            src = LocalSource(snap.path, label=f"{snap.repo_id}@{snap.commit} (HF cache)")
+        else:
+            src = LocalSource(directory)
+        ref = cache_reference(src.root, src.list_files())
+        return VerifyTarget(src, (ref,) if ref else ())
+    from kimi_audit.sources.hub import HubSource
+
+    hub = HubSource(repo, revision=rev)
+    refs = (hub_reference(hub),)
+    if stream:
+        return VerifyTarget(hub, refs)
+    if local_dir is not None:
+        src = LocalSource(local_dir, label=f"{local_dir} (local copy of {hub.label})")
+    else:
+        try:
+            snap = find_snapshot(repo, hub.revision)
+        except KimiAuditError:
+            raise KimiAuditError(f"{hub.label} is not in the HF cache: download it (kimi-audit download "
+                                 f"{repo} --revision {hub.revision}), name its copy with --local-dir, or read "
+                                 "it from the Hub with --stream") from None
+        src = LocalSource(snap.path, label=f"{snap.repo_id}@{snap.commit} (HF cache)")
+    src.revision = hub.revision
+    return VerifyTarget(src, refs)
+
+
+def _inside(target: VerifyTarget, path: Path | None) -> str | None:
+    """`path`'s name relative to a local checkpoint directory it lies in (not to be hashed), else None."""
+    root = getattr(target.source, "root", None)
+    if path is None or root is None:
+        return None
+    try:
+        rel = os.path.relpath(os.path.realpath(path), os.path.realpath(root))
+    except ValueError:
+        return None
+    return None if rel.startswith("..") else rel.replace(os.sep, "/")
+
+
+@contextmanager
+def _bytes_progress(enabled: bool, total: int) -> Iterator[Callable[[str, int], None] | None]:
+    """A bar of bytes read, with the speed and the time left, on stderr (only when it is a terminal)."""
+    if not enabled or not stderr.is_terminal:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    done: dict[str, int] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=stderr, transient=True) as bar:
+        task = bar.add_task("verifying", total=total)
+
+        def update(name: str, n: int) -> None:
+            done[name] = n
+            bar.update(task, completed=sum(done.values()))
+
+        yield update

@@ -1,0 +1,173 @@
+"""Value-scan kernels for `verify`: weight health read off the bytes already in memory for hashing.
+
+Hashing is the cost of `verify` (sha256 at ~1.8 GB/s a core); these kernels must cost a few percent of it,
+so they run on spans of a few hundred KB just hashed (still in the core's cache) and FP8 bytes are never
+decoded: a NaN of F8_E4M3 is the byte 0x7F or 0xFF, ±448 (the largest finite value, where block
+quantization puts each block's maximum) is 0x7E or 0xFE. `find` on the buffer is memchr (tens of GB/s):
+it screens for NaNs, and counts the ±448 bytes by stepping from one to the next (a real checkpoint holds
+about two per 128×128 block), with one numpy pass instead where they are dense. An all-zero block is
+screened for a run of 0x00 bytes as wide as the narrowest block (memchr for a zero, then a look at its
+run); only where a run exists is the band of blocks around it checked exactly. BF16 / F16 / F32 tensors
+and the scales are checked on their bit patterns with numpy (no ml_dtypes): a max-reduction screens, exact
+counts only when it fires.
+
+`buf` is bytes (a Hub range), a bytearray or an mmap (all have `find` and the buffer protocol). numpy is
+imported only by the kernels that need it, so a worker that only meets FP8 weights never loads it. Offsets
+passed in are into `buf`; the offsets returned are element offsets relative to the span's start.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+ZEROS = bytes(1 << 16)
+FP8_NAN = (b"\x7f", b"\xff")
+FP8_MAX = (b"\x7e", b"\xfe")
+DENSE_SHIFT = 12
+"""A span holding more than len/2**DENSE_SHIFT bytes of one value (a block-quantized weight holds about
+len/2**13 of ±448) is counted with numpy instead."""
+
+# dtype -> (unsigned view, exponent mask, sign-cleared mask)
+FLOAT_BITS = {"BF16": ("<u2", 0x7F80, 0x7FFF), "F16": ("<u2", 0x7C00, 0x7FFF), "F32": ("<u4", 0x7F800000, 0x7FFFFFFF)}
+ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}
+
+Buffer = bytes | bytearray | mmap.mmap
+
+
+class Scanner:
+    """The kernels over one buffer (a worker's reused bytearray, or a window of a memory-mapped file)."""
+
+    def __init__(self, buf: Buffer) -> None:
+        self.buf = buf
+        self._u8: np.ndarray | None = None
+
+    @property
+    def u8(self) -> np.ndarray:
+        if self._u8 is None:
+            import numpy as np
+
+            self._u8 = np.frombuffer(self.buf, np.uint8)
+        return self._u8
+
+    def release(self) -> None:
+        """Drop the numpy view (an mmap cannot be closed while one exists)."""
+        self._u8 = None
+
+    # ---------------------------------------------------------------- FP8 E4M3
+
+    def count(self, code: bytes, a: int, b: int) -> tuple[int, int]:
+        """(how many bytes equal `code` in buf[a:b], the first one's offset from a or -1): stepping from one to
+        the next with memchr, or one numpy pass where they are dense."""
+        buf = self.buf
+        find = buf.find
+        i = find(code, a, b)
+        if i < 0:
+            return 0, -1
+        first = i - a
+        cap = max(16, (b - a) >> DENSE_SHIFT)
+        n = 0
+        while i >= 0:
+            n += 1
+            if n > cap:
+                import numpy as np
+
+                return int(np.count_nonzero(self.u8[a:b] == code[0])), first
+            i = find(code, i + 1, b)
+        return n, first
+
+    def fp8(self, a: int, b: int) -> tuple[int, int, int]:
+        """(NaN codes, offset of the first or -1, ±448 values) in buf[a:b]."""
+        find = self.buf.find
+        i, j = find(b"\x7f", a, b), find(b"\xff", a, b)  # the usual answer: none, two memchr passes
+        if i < 0 and j < 0:
+            return 0, -1, self._saturated(a, b)
+        n1, f1 = self.count(FP8_NAN[0], a, b)
+        n2, f2 = self.count(FP8_NAN[1], a, b)
+        first = min(f for f in (f1, f2) if f >= 0)
+        return n1 + n2, first, self._saturated(a, b)
+
+    def _saturated(self, a: int, b: int) -> int:
+        """The bytes 0x7E and 0xFE in buf[a:b]: about two a block in block-quantized weights, found with memchr;
+        where they are dense (other data), one numpy pass counts both."""
+        find = self.buf.find
+        cap = max(16, (b - a) >> DENSE_SHIFT)
+        n = 0
+        for code in FP8_MAX:
+            i = find(code, a, b)
+            while i >= 0:
+                n += 1
+                if n > cap:
+                    import numpy as np
+
+                    return int(np.count_nonzero((self.u8[a:b] | 0x80) == 0xFE))
+                i = find(code, i + 1, b)
+        return n
+
+    def zero_run(self, width: int, a: int, b: int) -> int:
+        """Where the first run of `width` 0x00 bytes starts in buf[a:b], or -1 (the all-zero block screen:
+        a zeroed block is 0x00 bytes, `width` the narrowest block of the weight). Zero bytes are rare in
+        quantized weights: each one is found with memchr and its run looked at; where they are frequent, one
+        search for the whole run takes over."""
+        buf = self.buf
+        run = ZEROS[:width]
+        i = buf.find(b"\x00", a, b)
+        hits = 0
+        while 0 <= i <= b - width:
+            if buf[i:i + width] == run:
+                return i
+            hits += 1
+            if hits > 16:
+                return buf.find(run, i + 1, b)
+            i = buf.find(b"\x00", i + 1, b)
+        return -1
+
+    def zero_blocks(self, a: int, rows: int, cols: int, block: tuple[int, int]) -> tuple[int, int]:
+        """All-zero blocks (+0 and -0) among the `rows` x `cols` FP8 values at buf[a:], `rows` at most one block
+        high: (how many, the first one's column-block index or -1)."""
+        import numpy as np
+
+        band = self.u8[a:a + rows * cols].reshape(rows, cols)
+        nonzero = ((band & 0x7F) != 0).any(axis=0)
+        has_value = np.logical_or.reduceat(nonzero, np.arange(0, cols, block[1]))
+        empty = np.flatnonzero(~has_value)
+        return int(empty.size), int(empty[0]) if empty.size else -1
+
+    # ---------------------------------------------------------------- BF16 / F16 / F32
+
+    def _bits(self, a: int, b: int, dtype: str) -> np.ndarray:
+        import numpy as np
+
+        return np.frombuffer(self.buf, FLOAT_BITS[dtype][0], count=(b - a) // ITEMSIZE[dtype], offset=a)
+
+    def floats(self, a: int, b: int, dtype: str) -> tuple[int, int, int, int]:
+        """(NaN, first NaN or -1, ±Inf, first Inf or -1) among the values at buf[a:b]."""
+        import numpy as np
+
+        _view, exp, mag = FLOAT_BITS[dtype]
+        bits = self._bits(a, b, dtype)
+        m = bits & bits.dtype.type(mag)
+        if not m.size or int(m.max()) < exp:
+            return 0, -1, 0, -1
+        nan_at = np.flatnonzero(m > exp)
+        inf_at = np.flatnonzero(m == exp)
+        return (int(nan_at.size), int(nan_at[0]) if nan_at.size else -1,
+                int(inf_at.size), int(inf_at[0]) if inf_at.size else -1)
+
+    def scales(self, a: int, b: int, dtype: str) -> tuple[int, int, int, int, int, int]:
+        """`floats` plus (scales <= 0, first or -1): scales must be finite and > 0."""
+        import numpy as np
+
+        nan, nan_first, inf, inf_first = self.floats(a, b, dtype)
+        bits = self._bits(a, b, dtype)
+        if dtype == "F32":
+            values = bits.view(np.float32)
+        elif dtype == "BF16":
+            values = (bits.astype(np.uint32) << 16).view(np.float32)
+        else:
+            values = bits.view(np.float16)
+        bad = np.flatnonzero(values <= 0)  # NaN compares False: counted as NaN only
+        return nan, nan_first, inf, inf_first, int(bad.size), int(bad[0]) if bad.size else -1
