@@ -89,3 +89,32 @@ def test_demo_builds_and_audits_the_full_scale_replica(tmp_path):
     assert "60 MoE blocks × 1,536 = 92,160" in r.stdout
     assert "1 dense block × 1,536 = 1,536" in r.stdout
     assert (tmp_path / "replica" / "model-61-of-61.safetensors").exists()
+
+
+def test_each_command_is_registered_by_the_module_the_table_names() -> None:
+    """main() imports only the invoked command's module (cli.application.COMMAND_MODULES): the table must
+    name, for every registered command, the module that registers it, and nothing else."""
+    from kimi_audit.cli.application import COMMAND_MODULES
+
+    registered = {(c.name or c.callback.__name__): c.callback.__module__.rsplit(".", 1)[1]
+                  for c in app.registered_commands if c.callback is not None}
+    assert registered == COMMAND_MODULES
+
+
+def test_one_command_runs_without_the_other_command_modules(tiny_dir) -> None:
+    import subprocess
+    import sys
+
+    code = """
+import os, sys
+def done(c):  # main() ends with os._exit: report what was imported first
+    print(sorted(m for m in sys.modules if m.startswith("kimi_audit.cli.")), flush=True)
+    raise SystemExit(c)
+os._exit = done
+sys.argv = ["kimi-audit", "audit", sys.argv[1], "--json", "--no-progress"]
+from kimi_audit.cli import main
+main()
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_dir)], capture_output=True, text=True)
+    loaded = out.stdout.strip().splitlines()[-1]
+    assert "kimi_audit.cli.audit" in loaded and "kimi_audit.cli.diff" not in loaded and "verify" not in loaded

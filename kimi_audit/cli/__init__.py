@@ -40,8 +40,9 @@ def main() -> None:
         print(f"kimi-audit {__version__}")
         sys.stdout.flush()
         os._exit(0)
-    from kimi_audit.cli.application import EXIT_BROKEN_PIPE, silence_stdout
-    from kimi_audit.cli.commands import app
+    from kimi_audit.cli.application import EXIT_BROKEN_PIPE, app_for, silence_stdout
+
+    app = app_for(sys.argv[1:])  # only the invoked command's module (all of them for --help)
 
     code: int | str | None = 0
     try:

@@ -8,6 +8,7 @@ exit code 2. Findings exit 1. A closed stdout pipe exits 141, quietly.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import json
 import os
@@ -222,3 +223,20 @@ def root(
     from kimi_audit.sources.hub_network import show_retry_logs
 
     show_retry_logs(verbose)
+
+
+COMMAND_MODULES = {
+    "audit": "audit", "demo": "audit", "rmsnorm": "numerics", "tensor": "numerics", "download": "hub",
+    "params": "params", "explain": "params", "diff": "diff", "verify": "verify",
+}
+"""The module (kimi_audit.cli.*) that registers each command; tests/test_cli.py holds it to the registrations."""
+
+
+def app_for(argv: list[str]) -> typer.Typer:
+    """`app` with the command `argv[0]` names registered, or with every command when argv names none first
+    (`--help`, `-v audit ...`): a run of one command imports no other command's module (each pulls in its
+    own stages: `diff` the accounting, `verify` the scan)."""
+    module = COMMAND_MODULES.get(argv[0]) if argv else None
+    for name in [module] if module else sorted(set(COMMAND_MODULES.values())):
+        importlib.import_module(f"kimi_audit.cli.{name}")
+    return app

@@ -1,8 +1,9 @@
-"""The app with every command registered: importing a command module registers its commands on `app`."""
+"""The app with every command registered (for `--help`, the tests and `from kimi_audit.cli import app`)."""
 
 from __future__ import annotations
 
-from kimi_audit.cli import audit, diff, hub, numerics, params, verify  # noqa: F401  (each registers its commands)
-from kimi_audit.cli.application import app
+from kimi_audit.cli.application import app, app_for
 
 __all__ = ["app"]
+
+app_for([])  # every command module, each registering its commands on `app`
