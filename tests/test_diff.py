@@ -286,10 +286,10 @@ def test_content_progress_bar_on_a_terminal(tiny_dir, tiny_copy, monkeypatch):
 
     from rich.console import Console
 
-    import kimi_audit.cli.diff as cli_diff
+    import kimi_audit.cli.application as cli_app
 
     err = io.StringIO()
-    monkeypatch.setattr(cli_diff, "stderr", Console(file=err, force_terminal=True, width=150))
+    monkeypatch.setattr(cli_app, "stderr", Console(file=err, force_terminal=True, width=150))
     r = runner.invoke(app, ["diff", str(tiny_dir), str(tiny_copy), "--content", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["verdict"] == "IDENTICAL"
     shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err.getvalue())  # without the terminal's escapes

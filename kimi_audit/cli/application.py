@@ -207,6 +207,26 @@ def shard_progress(description: str, enabled: bool = True) -> Iterator[Callable[
         yield update
 
 
+@contextmanager
+def byte_progress(description: str, enabled: bool = True) -> Iterator[Callable[[int, int], None] | None]:
+    """A bytes bar on stderr (bytes done / total, speed, time left), only when stderr is a terminal."""
+    if not enabled or not stderr.is_terminal:
+        yield None
+        return
+    from rich.progress import DownloadColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(), console=stderr, transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
 def version_callback(value: bool) -> None:
     if value:
         stdout.print(f"kimi-audit {__version__}")

@@ -10,20 +10,10 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
@@ -39,7 +29,7 @@ from kimi_audit.checks.diff import (
     summarize,
     verdict,
 )
-from kimi_audit.cli.application import app, shard_progress, stderr, stdout, user_errors
+from kimi_audit.cli.application import app, byte_progress, shard_progress, stderr, stdout, user_errors
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.sources import open_source
@@ -74,24 +64,6 @@ def file_fingerprints(source: Source, shards: list[str]) -> dict[str, str]:
         else:
             out[shard] = f"file:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
     return out
-
-
-@contextmanager
-def byte_progress(description: str, enabled: bool = True) -> Iterator[Callable[[int, int], None] | None]:
-    """A bytes bar on stderr (bytes done / total, speed, time left), only when stderr is a terminal."""
-    if not enabled or not stderr.is_terminal:
-        yield None
-        return
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        TimeRemainingColumn(), console=stderr, transient=True,
-    ) as bar:
-        task = bar.add_task(description, total=None)
-
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        yield update
 
 
 def parse_size(text: str) -> int:

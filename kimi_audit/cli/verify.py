@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kimi_audit.cli.application import app, shard_progress, stderr, stdout, user_errors
+from kimi_audit.cli.application import app, byte_progress, shard_progress, stderr, stdout, user_errors
 from kimi_audit.errors import KimiAuditError
 
 if TYPE_CHECKING:
@@ -158,26 +158,15 @@ def _inside(target: VerifyTarget, path: Path | None) -> str | None:
 
 @contextmanager
 def _bytes_progress(enabled: bool, total: int) -> Iterator[Callable[[str, int], None] | None]:
-    """A bar of bytes read, with the speed and the time left, on stderr (only when it is a terminal)."""
-    if not enabled or not stderr.is_terminal:
-        yield None
-        return
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
-    done: dict[str, int] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=stderr, transient=True) as bar:
-        task = bar.add_task("verifying", total=total)
+    """The bytes bar, fed per file (file, bytes done in it) and showing the sum."""
+    with byte_progress("verifying", enabled) as bar:
+        if bar is None:
+            yield None
+            return
+        done: dict[str, int] = {}
 
         def update(name: str, n: int) -> None:
             done[name] = n
-            bar.update(task, completed=sum(done.values()))
+            bar(sum(done.values()), total)
 
         yield update
