@@ -266,7 +266,7 @@ def _json_group(cmds: list[Cmd], targets: list[Target]) -> dict[str, object]:
 # --- the groups -------------------------------------------------------------------------------
 def base_env() -> dict[str, str]:
     env = dict(os.environ)
-    for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "KIMI_AUDIT_HEADER_WORKER"):
+    for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT"):
         env.pop(k, None)
     env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
     return env

@@ -61,8 +61,7 @@ def audit(
     """Check every tensor of a checkpoint against the layout its config.json implies.
 
     Reads config.json, model.safetensors.index.json and each shard's header only: no tensor data.
-    Over the Hub, a checkpoint of 16 shards or more has 40% of its headers read and parsed by a second
-    process (set KIMI_AUDIT_HEADER_WORKER=0 to keep it all in one).
+    Over the Hub, one ranged request per shard, 16 at a time, at the resolved commit.
     """
     from kimi_audit.checks.gates import apply_gates, check_sha, parse_count
     from kimi_audit.checks.ignore import apply_ignores

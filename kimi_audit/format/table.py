@@ -22,7 +22,7 @@ def locate_tensors(headers: dict[str, ShardHeader]) -> tuple[Located, list[Findi
 
 
 class TensorLookup(Protocol):
-    """Where a named tensor is: TensorTable, or checks.aligned.AlignedLookup."""
+    """Where a named tensor is (TensorTable, or anything else that can say)."""
 
     def get(self, name: str) -> tuple[TensorInfo, str] | None: ...
 
