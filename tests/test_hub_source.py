@@ -312,3 +312,17 @@ def test_an_early_config_that_failed_or_fell_short_is_read_again(
     assert src.read_file("config.json", 1_000_000) == (big / "config.json").read_bytes()
     assert [r.range for r in hub.stats().records if r.path.endswith("/config.json")] == [
         f"bytes=0-{EARLY_CONFIG_BYTES - 1}", f"bytes=0-{len((big / 'config.json').read_bytes()) - 1}"]
+
+
+def test_the_model_info_answer_is_decoded_into_typed_fields() -> None:
+    from kimi_audit.sources.hub_api import decode_repo_info
+
+    info = decode_repo_info(b'{"id": "a/b", "sha": "' + b"f" * 40 + b'", "gated": "manual", "siblings": ['
+                            b'{"rfilename": "config.json", "size": 12}, {"rfilename": "m.safetensors", "size": 99,'
+                            b' "blobId": "x", "lfs": {"sha256": "ab", "size": 99, "pointerSize": 1}}]}')
+    assert info.sha == "f" * 40 and info.gated == "manual"
+    assert [(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None) for s in info.siblings] == [
+        ("config.json", 12, None), ("m.safetensors", 99, "ab")]
+    for bad in (b"<html>", b'{"siblings": [{"size": 3}]}', b'{"siblings": "x"}', b'{"sha": 5}'):
+        with pytest.raises(ValueError):
+            decode_repo_info(bad)

@@ -26,6 +26,7 @@ from urllib.parse import quote, urlsplit
 from kimi_audit.constants import CONFIG_FILE, PINNED_REPO_ID, PINNED_REVISION
 from kimi_audit.errors import FileMissingError, FileTooLargeError, ShortReadError
 from kimi_audit.sources.base import RangeRead, parse_content_range, safe_member_name
+from kimi_audit.sources.hub_api import decode_repo_info
 from kimi_audit.sources.hub_errors import (
     GatedRepoError,
     HubError,
@@ -216,7 +217,6 @@ class HubSource:
     def _resolve(self) -> None:
         """One API call: the full commit of the revision, and every file with its size."""
         from huggingface_hub import constants
-        from huggingface_hub.hf_api import ModelInfo
         from huggingface_hub.utils import hf_raise_for_status, http_backoff
 
         if constants.is_offline_mode():
@@ -228,8 +228,8 @@ class HubSource:
             )
             hf_raise_for_status(response)
             try:
-                info = ModelInfo(**response.json())
-            except (ValueError, TypeError, KeyError) as e:
+                info = decode_repo_info(response.content)
+            except ValueError as e:
                 raise HubError(
                     f"{self._where()} answered the model info call with unusable JSON: {first_line(e)}"
                 ) from None
