@@ -9,7 +9,8 @@ import pytest
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
-from kimi_audit.model.layout import BUFFER, DENSE, MOE, MTP, PARAMETER, SCALE, expected_layout, scale_shape
+from kimi_audit.model.layout import BUFFER, DENSE, MOE, MTP, PARAMETER, SCALE, expected_layout
+from kimi_audit.model.quant import Fp8Block
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +65,9 @@ def test_published_per_layer_shapes(kimi):
 
 
 def test_scale_shape_rounds_partial_blocks_up():
-    assert scale_shape((576, 7168), (128, 128)) == (5, 56)
-    assert scale_shape((1, 1), (128, 128)) == (1, 1)
-    assert scale_shape((129, 256), (128, 128)) == (2, 2)
+    assert Fp8Block().grid(576, 7168) == (5, 56)
+    assert Fp8Block().grid(1, 1) == (1, 1)
+    assert Fp8Block().grid(129, 256) == (2, 2)
 
 
 def deepseek_like(**over):
@@ -124,15 +125,13 @@ def test_missing_config_key_is_named():
 @pytest.mark.parametrize("mtp", [0, 1])
 def test_every_scale_follows_its_weight_in_the_expected_layout(mtp: int) -> None:
     """checks.layout pairs each scale with the tensor listed just before it: the layout keeps that order."""
-    from kimi_audit.checks.layout import weight_of_scale
-
     raw = json.loads(pinned_config_bytes())
     raw["num_nextn_predict_layers"] = mtp
     layout = expected_layout(model_config_from_dict(raw))
     names, kinds = list(layout), [e.kind for e in layout.values()]
     scales = [j for j, k in enumerate(kinds) if k == SCALE]
     assert len(scales) == 69_608 if not mtp else len(scales) > 69_608
-    assert all(names[j - 1] == weight_of_scale(names[j]) for j in scales)
+    assert all(names[j - 1] == names[j].removesuffix("_scale_inv") for j in scales)
 
 
 def test_each_entry_knows_its_payload_and_place(kimi):
@@ -145,3 +144,14 @@ def test_each_entry_knows_its_payload_and_place(kimi):
     for position, (name, e) in enumerate(layout.items()):
         assert e.name == name and e.position == position
         assert e.nbytes == prod(e.shape) * DTYPE_BITS[e.dtype] // 8
+
+
+def test_specs_by_name_is_the_layout_without_entries(kimi):
+    """What sizing remote header reads looks up: each name's Spec, the same dtype, shape and size."""
+    layout = kimi[2]
+    specs = layout.specs_by_name
+    assert len(specs) == len(layout) and list(specs)[:3] == list(layout)[:3]
+    for name in ("model.embed_tokens.weight", "model.layers.5.mlp.experts.7.gate_proj.weight_scale_inv", "lm_head.weight"):
+        e, s = layout[name], specs[name]
+        assert (s.dtype, s.shape, s.nbytes) == (e.dtype, e.shape, e.nbytes)
+    assert specs.get("no.such.tensor") is None

@@ -19,10 +19,6 @@ MISMATCH_CODES = {
 }
 
 
-def weight_of_scale(scale_name: str) -> str:
-    return scale_name[: -len(SCALE_SUFFIX)] + ".weight"
-
-
 def scale_of_weight(weight_name: str) -> str:
     return weight_name[: -len(".weight")] + SCALE_SUFFIX
 
@@ -141,7 +137,7 @@ def _scale_shard_findings(actual: TensorTable, expected: ExpectedLayout, positio
     the same shard. The layout lists metadata right after its owner (layout.expected_layout), so the pairs
     are known by position: the shards at both compared column-wise."""
     out: list[Finding] = []
-    at, owners = expected.metadata_positions()
+    at, owners = expected.meta_at, expected.meta_owner
     if not at:
         return out
     shard_at: list[str | None] = [None] * (len(expected) + 1)  # the last slot takes unexpected names (None)

@@ -115,10 +115,8 @@ def estimate_first_read(
     expected: Mapping[str, _Expected] | None = None,
     *,
     file_size: int | None = None,
-    found: list[Any] | None = None,
 ) -> int:
-    """Bytes to ask for on the first read of a shard whose index entries are `names`. `found`: their
-    entries in `expected` (None where absent), if the caller has looked them up already."""
+    """Bytes to ask for on the first read of a shard whose index entries are `names`."""
     names = list(names)
     if not names:
         return DEFAULT_FIRST_READ
@@ -130,8 +128,7 @@ def estimate_first_read(
     digits = len(str(max(file_size, 1)))
     names_len = _names_len(names)
     lower = names_lower_bound(names, names_len)
-    if found is None:
-        found = list(map(expected.get, names))
+    found = list(map(expected.get, names))
     payload: int | None = None
     if None not in found:
         sizes = list(map(attrgetter("nbytes"), found))
@@ -161,10 +158,9 @@ def first_read_bytes(
     tensor_names: list[str],
     expected: Mapping[str, _Expected] | None = None,
     file_size: int | None = None,
-    found: list[Any] | None = None,
 ) -> int:
     """First-read size for one shard (names from the index; layout and file size when known)."""
-    return estimate_first_read(tensor_names, expected, file_size=file_size, found=found)
+    return estimate_first_read(tensor_names, expected, file_size=file_size)
 
 
 def shard_first_reads(

@@ -140,7 +140,8 @@ def _read_remote(
     budget = HeaderBudget(MAX_TOTAL_HEADER_BYTES)
 
     def fetch(shard: str) -> Fetched:  # threads only fetch; this thread parses, so parsing never starves them
-        size = first_read_bytes(names_by_shard[shard], expected, source_file_size(source, shard))
+        specs = None if expected is None else expected.specs_by_name
+        size = first_read_bytes(names_by_shard[shard], specs, source_file_size(source, shard))
         return fetch_header(source, shard, size, budget)
 
     with ThreadPoolExecutor(max_workers=min(source.parallel_reads, len(shards))) as pool:

@@ -147,7 +147,7 @@ def _first_reads(source: HubSource, shards: Sequence[str], local: Path) -> dict[
         except (KimiAuditError, OSError, ValueError, KeyError, TypeError, ImportError):
             expected = None
         sizes = {s: source.file_size(s) for s in shards}
-        return shard_first_reads(weight_map, expected, sizes)
+        return shard_first_reads(weight_map, None if expected is None else expected.specs_by_name, sizes)
     except (OSError, ValueError):
         return {}
 

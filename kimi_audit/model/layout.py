@@ -25,7 +25,6 @@ from kimi_audit.model.quant import (
     SCALE_SUFFIX,
     Scheme,
     Unquantized,
-    ceil_div,
 )
 
 __all__ = ["BUFFER", "FP8_DTYPE", "PACKED", "PARAMETER", "SCALE", "SCALE_SUFFIX"]  # re-exported kinds
@@ -34,9 +33,6 @@ __all__ = ["BUFFER", "FP8_DTYPE", "PACKED", "PARAMETER", "SCALE", "SCALE_SUFFIX"
 DENSE = "dense"
 MOE = "moe"
 MTP = "mtp"
-
-SCALE_DTYPE = "F32"
-
 
 class ExpectedTensor(NamedTuple):
     name: str
@@ -79,15 +75,6 @@ def _tensor(name: str, dtype: str, shape: tuple[int, ...], kind: str, component:
         logical = math.prod(shape) if kind == PARAMETER else 0
     return ExpectedTensor(name, dtype, shape, kind, component, layer, block, payload_bytes(dtype, shape), -1,
                           logical, scheme, owner)
-
-
-def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
-    out, inp = shape
-    return ceil_div(out, block[0]), ceil_div(inp, block[1])
-
-
-def is_fp8(cfg: ModelConfig) -> bool:
-    return cfg.quantization is not None and cfg.quantization.method == "fp8"
 
 
 def scheme_of(cfg: ModelConfig, module: str) -> Scheme:
@@ -144,9 +131,11 @@ class ExpectedLayout(Mapping[str, ExpectedTensor]):
         return ExpectedTensor(self.names[position], s.dtype, s.shape, s.kind, s.component,
                               self.layer_of[position], s.block, s.nbytes, position, s.logical, s.scheme, s.owner)
 
-    def metadata_positions(self) -> tuple[list[int], list[int]]:
-        """`meta_at` and `meta_owner`: every quantization-metadata tensor and the tensor it describes."""
-        return self.meta_at, self.meta_owner
+    @property
+    def specs_by_name(self) -> SpecsByName:
+        """The same layout as name -> Spec: what a lookup of dtype, shape and size needs, with no
+        ExpectedTensor made per name (sizing 61 remote header reads looks up all 139,644 names)."""
+        return SpecsByName(self)
 
     def entries(self) -> list[ExpectedTensor]:
         """Every entry, in order (made once, for callers that visit them all)."""
@@ -175,6 +164,30 @@ class ExpectedLayout(Mapping[str, ExpectedTensor]):
 
     def items(self) -> Any:
         return list(zip(self.names, self.entries()))
+
+
+class SpecsByName(Mapping[str, Spec]):
+    """An ExpectedLayout seen as name -> Spec (ExpectedLayout.specs_by_name)."""
+
+    __slots__ = ("_layout",)
+
+    def __init__(self, layout: ExpectedLayout):
+        self._layout = layout
+
+    def __getitem__(self, name: str) -> Spec:
+        layout = self._layout
+        return layout.specs[layout.spec_of[layout.position[name]]]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        layout = self._layout
+        p = layout.position.get(name)
+        return default if p is None else layout.specs[layout.spec_of[p]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._layout.names)
+
+    def __len__(self) -> int:
+        return len(self._layout.names)
 
 
 def expected_layout(cfg: ModelConfig) -> ExpectedLayout:

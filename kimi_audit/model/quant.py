@@ -119,10 +119,13 @@ class Fp8Block(Scheme):
     scale_fmt: str | None = None
     """`ue8m0` (DeepSeek-V3.1 on): every scale is meant to be an exact power of two."""
 
+    def grid(self, out: int, inp: int) -> tuple[int, int]:
+        """The weight_scale_inv shape of an [out, in] weight: [ceil(out/b0), ceil(in/b1)], edge blocks partial."""
+        return ceil_div(out, self.block[0]), ceil_div(inp, self.block[1])
+
     def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
-        grid = (ceil_div(out, self.block[0]), ceil_div(inp, self.block[1]))
         return (Stored(".weight", FP8_DTYPE, (out, inp), PARAMETER, out * inp),
-                Stored(SCALE_SUFFIX, "F32", grid, SCALE))
+                Stored(SCALE_SUFFIX, "F32", self.grid(out, inp), SCALE))
 
     def describe(self) -> str:
         fmt = f", {self.scale_fmt} scales" if self.scale_fmt else ""
