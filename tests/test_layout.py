@@ -151,7 +151,8 @@ def test_specs_by_name_is_the_layout_without_entries(kimi):
     layout = kimi[2]
     specs = layout.specs_by_name
     assert len(specs) == len(layout) and list(specs)[:3] == list(layout)[:3]
-    for name in ("model.embed_tokens.weight", "model.layers.5.mlp.experts.7.gate_proj.weight_scale_inv", "lm_head.weight"):
+    for name in ("model.embed_tokens.weight", "model.layers.5.mlp.experts.7.gate_proj.weight_scale_inv",
+                 "lm_head.weight"):
         e, s = layout[name], specs[name]
         assert (s.dtype, s.shape, s.nbytes) == (e.dtype, e.shape, e.nbytes)
     assert specs.get("no.such.tensor") is None
