@@ -125,14 +125,13 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
     cfg = ckpt.config
     aligned = align(actual, expected)
     all_findings.extend(duplicates)
+    cov = covered(ckpt, expected, aligned.positions)
     if cfg.layout_supported:
         stored = Counter(actual.dtypes) if cfg.quantization is None else None
         all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
-        cov = covered(ckpt, expected, aligned.positions)
         all_findings.extend(cov.extra)
         all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything))
     else:
-        cov = covered(ckpt, expected, aligned.positions)
         all_findings.append(layout_unsupported(ckpt))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards))
     all_findings = fold_quantization(attribute(all_findings, ckpt, cov), expected)
@@ -151,7 +150,7 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         q_a_layernorm=q_a_layernorm_report(ckpt.config, actual),
         shards=shards,
         findings=tuple(all_findings),
-        absent_shards=sum(1 for s in listed if s not in ckpt.files),
+        absent_shards=len(set(listed) - set(ckpt.files)),
         listed_shards=len(listed),
     )
 
