@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hub_server import FakeHub
 from kimi_audit.checks.audit import audit_source
 from kimi_audit.checks.report_dict import report_dict
 from kimi_audit.cli import app
-from kimi_audit.model.download import download, select_files, sha256_file, verify_files
+from kimi_audit.download.hub import download, select_files, verify_files
 from kimi_audit.sources.hub import HubSource
 from kimi_audit.sources.local import LocalSource
 
@@ -83,8 +84,8 @@ def test_verify_reports_a_tampered_file(hub: FakeHub, tiny_dir: Path, tmp_path: 
     (out / shard).write_bytes(bytes(raw))
     src = HubSource(TINY_REPO, endpoint=hub.endpoint)
     checked = {v.name: v for v in verify_files(src, out, select_files(src.list_files(), None))}
-    assert not checked[shard].ok and checked[shard].actual == sha256_file(out / shard)
-    assert checked[shard].expected == sha256_file(tiny_dir / shard)
+    assert not checked[shard].ok and checked[shard].actual == hashlib.sha256(bytes(raw)).hexdigest()
+    assert checked[shard].expected == hashlib.sha256((tiny_dir / shard).read_bytes()).hexdigest()
     assert all(v.ok for n, v in checked.items() if n != shard)
 
 

@@ -213,6 +213,21 @@ class CountingSource:
         self.reads.append((name, start, length, len(r.data)))
         return r
 
+    # The Source protocol's optional capabilities: none (a plain wrapper of range reads).
+    remote, root = False, None
+
+    def file_size(self, name):
+        return None
+
+    def holes(self, name, start=0, length=None):
+        return ()
+
+    def lfs_sha256(self, name):
+        return None
+
+    def outside_links(self):
+        return ()
+
 
 @pytest.fixture(scope="module")
 def fuzz_dir():

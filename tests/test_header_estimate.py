@@ -11,11 +11,11 @@ from kimi_audit.format.estimate import (
     _names_len,
     _shape_len,
     estimate_first_read,
-    fetch_shard_prefix,
     header_upper_bound,
     names_lower_bound,
     shard_first_reads,
 )
+from kimi_audit.format.fetch import fetch_shard_prefix
 from kimi_audit.format.header import read_shard_header
 from kimi_audit.model.config import parse_config_bytes
 from kimi_audit.model.layout import ExpectedTensor, expected_layout, payload_bytes

@@ -153,7 +153,7 @@ def test_data_holes_and_in_hole() -> None:
     # data after a hole: not a header-only copy
     src = _FakeHoles(((12_288, 20_480), (40_960, 10_000_000)))
     assert data_holes(src, "s", 10_000, 10_000_000) == ((12_288, 20_480), (40_960, 10_000_000))
-    assert data_holes(object(), "s", 10_000, 10_000_000) == ()  # remote: no holes
+    assert data_holes(_FakeHoles(()), "s", 10_000, 10_000_000) == ()  # none (what the Hub answers)
     holes = ((100, 200), (300, 400))
     assert not in_hole(holes, 0, 100) and not in_hole(holes, 200, 300) and not in_hole(holes, 400, 500)
     assert in_hole(holes, 199, 201) and in_hole(holes, 250, 301) and in_hole(holes, 0, 1000)
@@ -283,3 +283,25 @@ def test_available_memory_is_a_positive_figure() -> None:
     avail = tensor_io.available_memory()
     assert avail is None or avail > 0
     assert tensor_io.format_size(3 << 30) == "3.0 GiB" and tensor_io.format_size(1536) == "1.5 KiB"
+
+
+def test_verify_a_failed_hole_query_is_a_finding(tiny_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file whose holes cannot be asked about (an I/O error, not a filesystem that cannot tell) is not read
+    as if it were whole: SHARD_UNREADABLE and exit 1, never "no holes" and a PASS."""
+    real_lseek = os.lseek
+
+    def eio(fd: int, pos: int, how: int) -> int:
+        if how in (os.SEEK_SET, os.SEEK_CUR, os.SEEK_END):
+            return real_lseek(fd, pos, how)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "lseek", eio)
+    r = run("verify", str(tiny_copy), "--json", "--no-progress", "-j", "1")
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    shards = [f for f in doc["files"] if f["name"].endswith(".safetensors")]
+    assert shards and all(f["status"] == "unreadable" and f["sha256"] is None for f in shards)
+    unreadable = [f for f in doc["findings"] if f["code"] == "SHARD_UNREADABLE"]
+    assert {f["shard"] for f in unreadable} >= {f["name"] for f in shards}
+    assert all("cannot tell which of its bytes are present" in f["message"] for f in unreadable)
+    assert doc["result"]["verdict"] == "FAIL"

@@ -78,6 +78,21 @@ class CountingSource:
     def bytes_read(self, name: str) -> int:
         return sum(n for s, _, n in self.ranges if s == name)
 
+    # The Source protocol's optional capabilities: none (a plain wrapper of range reads).
+    remote, root = False, None
+
+    def file_size(self, name):
+        return None
+
+    def holes(self, name, start=0, length=None):
+        return ()
+
+    def lfs_sha256(self, name):
+        return None
+
+    def outside_links(self):
+        return ()
+
 
 def sparse(path: Path, prefix: bytes, size: int) -> Path:
     with open(path, "wb") as f:

@@ -277,7 +277,7 @@ class _Interrupt(BaseException):
 def test_interrupted_headers_only_download_leaves_no_half_file(
     hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kimi_audit.model import download as dl
+    from kimi_audit.download import hub as dl
     from kimi_audit.sources.hub import HubSource
 
     src = HubSource(TINY_REPO, endpoint=hub.endpoint, retry_wait=0.01)
@@ -315,7 +315,7 @@ def test_interrupted_headers_only_download_leaves_no_half_file(
 
 
 def test_truncated_full_download_leaves_no_file_under_the_final_name(hub: FakeHub, tmp_path: Path) -> None:
-    from kimi_audit.model import download as dl
+    from kimi_audit.download import hub as dl
 
     shard = sorted(n.name for n in hub.repos[TINY_REPO].root.glob("*.safetensors"))[0]
     hub.add_fault("truncate", times=50, match=shard)

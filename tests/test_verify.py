@@ -23,12 +23,12 @@ from typer.testing import CliRunner
 
 from hub_fixtures import *  # noqa: F403
 from hub_fixtures import TINY_REPO
-from kimi_audit.checks.manifest import PREDICATE_TYPE, STATEMENT_TYPE, parse_manifest, read_manifest, root_digest
-from kimi_audit.checks.verify import FileTask, TensorPlan, plan_pieces, tensor_kind, verify_file
-from kimi_audit.checks.verify_check import VerifyOptions, VerifyTarget, prepare, verify_files
-from kimi_audit.checks.verify_refs import cache_reference, manifest_reference
 from kimi_audit.cli import app
 from kimi_audit.sources import LocalSource
+from kimi_audit.verify.manifest import PREDICATE_TYPE, STATEMENT_TYPE, parse_manifest, read_manifest, root_digest
+from kimi_audit.verify.read import FileTask, TensorPlan, plan_pieces, tensor_kind, verify_file
+from kimi_audit.verify.references import cache_reference, manifest_reference
+from kimi_audit.verify.run import VerifyOptions, VerifyTarget, prepare, verify_files
 from tiny_checkpoint import tiny_shards, write_tiny
 
 runner = CliRunner()
@@ -342,7 +342,7 @@ def test_hub_lfs_reference_for_a_local_copy_and_streamed(hub, tiny_dir: Path, tm
 def test_hf_cache_blob_names_are_a_reference(hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub.constants as hc
 
-    from kimi_audit.model.download import download
+    from kimi_audit.download.hub import download
 
     cache = tmp_path / "cache"
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(cache))

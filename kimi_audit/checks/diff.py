@@ -224,7 +224,7 @@ def hash_tensors(source: Source, items: list[_Item], chunk: int = CHUNK_BYTES,
 
 def _in_order(source: Source, plan: list[_Read]) -> Iterator[bytes]:
     """Each planned read's bytes, in plan order; up to `source.parallel_reads` reads in flight."""
-    window = max(1, getattr(source, "parallel_reads", 1))
+    window = max(1, source.parallel_reads)
     if window == 1:
         for r in plan:
             yield read_exact(source, r.shard, r.start, r.length)

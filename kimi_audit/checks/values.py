@@ -228,7 +228,7 @@ def value_findings(
     checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0, GROUP_SCALE: 0, WEIGHT_SHAPE: 0}
     shapes = weight_shapes or {}
     fetched_bytes = 0
-    workers = max(1, min(int(getattr(source, "parallel_reads", 1)), 32))
+    workers = max(1, min(source.parallel_reads, 32))
     total = sum(len(j[4]) for j in jobs)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for (shard, _start, g0, g1, members), data, err in windowed_map(pool, fetch, jobs, 4 * workers):

@@ -43,13 +43,11 @@ def file_fingerprints(source: Source, shards: list[str]) -> dict[str, str]:
     """Shard -> identity of its file: the Hub's LFS sha256, an HF-cache blob's sha256 (its name), or,
     for other local files, device + inode + size + mtime (hard links share it)."""
     out: dict[str, str] = {}
-    lfs = getattr(source, "lfs_sha256", None)
-    root = getattr(source, "root", None)
+    root = source.root
     for shard in shards:
-        if callable(lfs):
-            sha = lfs(shard)
-            if isinstance(sha, str) and SHA256_RE.match(sha.lower()):
-                out[shard] = "sha256:" + sha.lower()
+        sha = source.lfs_sha256(shard)
+        if sha is not None and SHA256_RE.match(sha.lower()):
+            out[shard] = "sha256:" + sha.lower()
             continue
         if root is None:
             continue

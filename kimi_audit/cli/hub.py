@@ -36,7 +36,7 @@ def download_command(
 
     Full downloads go through huggingface_hub (standard cache or --local-dir, resumable, progress bars).
     """
-    from kimi_audit.model.download import download
+    from kimi_audit.download.hub import download
 
     if headers_only:
         with Progress(TextColumn("[bold]headers-only"), BarColumn(), MofNCompleteColumn(),

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING
 import typer
 
 from kimi_audit.cli.application import app, byte_progress, shard_progress, stderr, stdout, user_errors
-from kimi_audit.errors import KimiAuditError
 
 if TYPE_CHECKING:
-    from kimi_audit.checks.verify_check import VerifyTarget
+    from kimi_audit.verify.run import VerifyTarget
 
 
 @app.command()
@@ -58,9 +57,9 @@ def verify(
     sparse holes are data not present. Exit 0 clean, 1 findings, 2 unusable input, 130 interrupted (the
     files checked so far are reported).
     """
-    from kimi_audit.checks.manifest import read_manifest
-    from kimi_audit.checks.verify_check import VerifyOptions, finish_manifest, prepare, verify_files
-    from kimi_audit.checks.verify_refs import manifest_reference
+    from kimi_audit.verify.manifest import read_manifest
+    from kimi_audit.verify.references import manifest_reference
+    from kimi_audit.verify.run import VerifyOptions, finish_manifest, prepare, verify_files
 
     target = open_target(source, revision, local_dir, stream)
     refs = list(target.references)
@@ -83,7 +82,9 @@ def verify(
     if write_manifest is not None and not report.interrupted:
         report = finish_manifest(report, made, write_manifest)
     if as_json:
-        sys.stdout.write(json.dumps(report.to_dict(all_findings), indent=1) + "\n")
+        from kimi_audit.report.verify_data import verify_dict
+
+        sys.stdout.write(json.dumps(verify_dict(report, all_findings), indent=1) + "\n")
     else:
         from kimi_audit.report.verify_table import render_verify
 
@@ -94,59 +95,25 @@ def verify(
 
 
 def open_target(spec: str, revision: str | None, local_dir: Path | None, stream: bool) -> VerifyTarget:
-    """The source to read and the references the source itself brings (HF cache blob names, the Hub's LFS)."""
-    from kimi_audit.checks.verify_check import VerifyTarget
-    from kimi_audit.checks.verify_refs import cache_reference, hub_reference
-    from kimi_audit.sources import LocalSource
-    from kimi_audit.sources.cache import find_snapshot, is_offline
-    from kimi_audit.sources.resolve import looks_like_repo_id
+    """The source to read (sources.resolve_source: a REPO's local copy, or the Hub with --stream) and the
+    references the source itself brings (HF cache blob names, the Hub's LFS)."""
+    from kimi_audit.sources.resolve import resolve_source
+    from kimi_audit.verify.references import cache_reference, hub_reference
+    from kimi_audit.verify.run import VerifyTarget
 
-    if Path(spec).exists() and not stream:
-        if revision is not None or local_dir is not None:
-            raise KimiAuditError(f"--revision and --local-dir apply to Hub repos, but {spec!r} is a local path")
-        src = LocalSource(spec)
-        ref = cache_reference(src.root, src.list_files()) if src.revision is not None else None
-        return VerifyTarget(src, (ref,) if ref else ())
-    if stream and local_dir is not None:
-        raise KimiAuditError("--stream reads from the Hub: it takes no --local-dir")
-    repo, _, at_rev = spec.partition("@")
-    if not looks_like_repo_id(repo):
-        raise KimiAuditError(f"no such file or directory, and not a Hub repo id (owner/name): {spec}")
-    rev = revision or at_rev or None
-    if is_offline():
-        if stream:
-            raise KimiAuditError("--stream reads from the Hub, but offline mode is on (HF_HUB_OFFLINE)")
-        directory = local_dir
-        if directory is None:
-            snap = find_snapshot(repo, rev)
-            src = LocalSource(snap.path, label=f"{snap.repo_id}@{snap.commit} (HF cache)")
-        else:
-            src = LocalSource(directory)
+    opened = resolve_source(spec, revision, mode="stream" if stream else "copy", local_dir=local_dir)
+    src = opened.source
+    if opened.hub is not None:
+        return VerifyTarget(src, (hub_reference(opened.hub),))
+    ref = None
+    if src.root is not None and (src.revision is not None or local_dir is not None):
         ref = cache_reference(src.root, src.list_files())
-        return VerifyTarget(src, (ref,) if ref else ())
-    from kimi_audit.sources.hub import HubSource
-
-    hub = HubSource(repo, revision=rev)
-    refs = (hub_reference(hub),)
-    if stream:
-        return VerifyTarget(hub, refs)
-    if local_dir is not None:
-        src = LocalSource(local_dir, label=f"{local_dir} (local copy of {hub.label})")
-    else:
-        try:
-            snap = find_snapshot(repo, hub.revision)
-        except KimiAuditError:
-            raise KimiAuditError(f"{hub.label} is not in the HF cache: download it (kimi-audit download "
-                                 f"{repo} --revision {hub.revision}), name its copy with --local-dir, or read "
-                                 "it from the Hub with --stream") from None
-        src = LocalSource(snap.path, label=f"{snap.repo_id}@{snap.commit} (HF cache)")
-    src.revision = hub.revision
-    return VerifyTarget(src, refs)
+    return VerifyTarget(src, (ref,) if ref else ())
 
 
 def _inside(target: VerifyTarget, path: Path | None) -> str | None:
     """`path`'s name relative to a local checkpoint directory it lies in (not to be hashed), else None."""
-    root = getattr(target.source, "root", None)
+    root = target.source.root
     if path is None or root is None:
         return None
     try:

@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import json
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,11 +29,17 @@ from kimi_audit.constants import (
 )
 from kimi_audit.errors import KimiAuditError, ShortReadError, SourceError
 from kimi_audit.format.estimate import DEFAULT_FIRST_READ, shard_first_reads
+from kimi_audit.format.fetch import fetch_shard_prefix
+from kimi_audit.format.index import load_index
+from kimi_audit.model.checkpoint import load_config
+from kimi_audit.model.layout import expected_layout
 from kimi_audit.sources.base import safe_member_name
 from kimi_audit.sources.hub import HubSource
+from kimi_audit.sources.hub_snapshot import download_snapshot
+from kimi_audit.sources.local import LocalSource
+from kimi_audit.verify.read import FileTask, verify_file
 
 SMALL_FILE_BYTES = 64 * 1024 * 1024
-HASH_CHUNK = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -72,16 +76,6 @@ def select_files(names: Sequence[str], include: Sequence[str] | None) -> list[st
     return sorted(n for n in names if any(fnmatch.fnmatch(n, p) for p in include))
 
 
-def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            h.update(chunk)
-            if progress:
-                progress(len(chunk))
-    return h.hexdigest()
-
-
 def _atomic_write(path: Path, data: bytes, *, size: int | None = None) -> None:
     """Write `data` (then extend to `size`, sparse) under a temporary name, then rename into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,43 +107,37 @@ def _header_complete(path: Path, size: int) -> bool:
         return False
 
 
-def fetch_header_bytes(source: HubSource, shard: str, first_read: int) -> bytes:
-    """The 8-byte length and the JSON header of a shard: one range read, a second if it was short."""
-    first = source.read_range(shard, 0, max(first_read, HEADER_LENGTH_BYTES))
-    data = first.data
+def header_bytes(source: HubSource, shard: str, first_read: int) -> bytes:
+    """The 8-byte length and the JSON header of a shard (the audit's own fetch: one range read, a second
+    if it was short), refused when the declared length does not fit the file."""
+    data, size = fetch_shard_prefix(source, shard, first_read)
     if len(data) < HEADER_LENGTH_BYTES:
-        raise ShortReadError(f"{shard}: {first.file_size} bytes, too short to be a safetensors file")
+        raise ShortReadError(f"{shard}: {size} bytes, too short to be a safetensors file")
     n = int.from_bytes(data[:HEADER_LENGTH_BYTES], "little")
-    if n > MAX_HEADER_BYTES or HEADER_LENGTH_BYTES + n > first.file_size:
-        raise SourceError(f"{shard}: header length {n:,} is not plausible for a {first.file_size:,}-byte file")
+    if n > MAX_HEADER_BYTES or HEADER_LENGTH_BYTES + n > size:
+        raise SourceError(f"{shard}: header length {n:,} is not plausible for a {size:,}-byte file")
     need = HEADER_LENGTH_BYTES + n
-    if len(data) < need:
-        data += source.read_range(shard, len(data), need - len(data)).data
     if len(data) < need:
         raise ShortReadError(f"{shard}: got {len(data):,} of {need:,} header bytes")
     return data[:need]
 
 
 def _first_reads(source: HubSource, shards: Sequence[str], local: Path) -> dict[str, int]:
-    """First-read sizes from the index (and config) just fetched, exactly as the audit sizes them."""
+    """First-read sizes from the config and index just written, read by the audit's own loaders, so the
+    reads are sized exactly as the audit sizes them. An index the audit cannot read leaves the default
+    size; a config it refuses, the sizes from the index's names alone (the audit of the copy says why)."""
+    written = LocalSource(local)
     try:
-        index = json.loads((local / INDEX_FILE).read_bytes())
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict):
-            return {}
-        expected = None
-        try:
-            from kimi_audit.model.config import parse_config_bytes
-            from kimi_audit.model.layout import expected_layout
-
-            _, cfg = parse_config_bytes((local / CONFIG_FILE).read_bytes())
-            expected = expected_layout(cfg)
-        except (KimiAuditError, OSError, ValueError, KeyError, TypeError, ImportError):
-            expected = None
-        sizes = {s: source.file_size(s) for s in shards}
-        return shard_first_reads(weight_map, None if expected is None else expected.specs_by_name, sizes)
-    except (OSError, ValueError):
+        index, _ = load_index(written, written.list_files())
+    except SourceError:
         return {}
+    if index is None:
+        return {}
+    try:
+        specs = expected_layout(load_config(written)[1]).specs_by_name
+    except KimiAuditError:  # ConfigError, or config.json unreadable
+        specs = None
+    return shard_first_reads(index.weight_map, specs, {s: source.file_size(s) for s in shards})
 
 
 def download_headers_only(
@@ -184,7 +172,7 @@ def download_headers_only(
         target = local_dir / shard
         if size is not None and _header_complete(target, size):
             return None
-        head = fetch_header_bytes(source, shard, first_reads.get(shard, DEFAULT_FIRST_READ))
+        head = header_bytes(source, shard, first_reads.get(shard, DEFAULT_FIRST_READ))
         _atomic_write(target, head, size=size)
         return shard
 
@@ -208,27 +196,8 @@ def download_full(
     max_workers: int = 8,
 ) -> DownloadResult:
     """snapshot_download at the resolved commit: cache layout, resume, progress bars."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        with source._translate_errors("download"):
-            path = snapshot_download(
-                source.repo_id,
-                revision=source.revision,
-                local_dir=local_dir,
-                cache_dir=cache_dir,
-                allow_patterns=list(names),
-                endpoint=source.endpoint,
-                token=source._token,
-                max_workers=max_workers,
-                library_name="kimi-audit",
-            )
-    except KimiAuditError:
-        raise
-    except OSError as e:
-        text = (str(e).strip() or type(e).__name__).splitlines()[0]
-        raise SourceError(f"download of {source.label} failed: {text}") from None
-    return DownloadResult(source.repo_id, source.revision or "", Path(path), files=list(names))
+    path = download_snapshot(source, names, local_dir=local_dir, cache_dir=cache_dir, max_workers=max_workers)
+    return DownloadResult(source.repo_id, source.revision or "", path, files=list(names))
 
 
 def verify_files(
@@ -237,14 +206,18 @@ def verify_files(
     names: Sequence[str],
     progress: Callable[[int], None] | None = None,
 ) -> list[VerifyResult]:
-    """sha256 of each LFS file under `root` against the Hub's LFS metadata for the commit."""
+    """sha256 of each LFS file under `root` against the Hub's LFS metadata for the commit, hashed as
+    `verify` hashes (verify.read.verify_file, no value scan): None for a file absent or unreadable."""
     out = []
     for name in names:
         expected = source.lfs_sha256(name)
         if expected is None and not name.endswith(SAFETENSORS_SUFFIX):
             continue  # a plain git file: no LFS sha256 to check against
         path = root / name
-        actual = sha256_file(path, progress) if path.is_file() else None
+        actual = None
+        if path.is_file():
+            task = FileTask(name, path.stat().st_size, path=str(path), scan=False)
+            actual = verify_file(task, progress).sha256
         out.append(VerifyResult(name, expected, actual))
     return out
 

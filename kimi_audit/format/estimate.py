@@ -178,32 +178,3 @@ def shard_first_reads(
         shard: estimate_first_read(names, expected, file_size=sizes.get(shard))
         for shard, names in by_shard.items()
     }
-
-
-def source_file_size(source: object, name: str) -> int | None:
-    """The size a source already knows for a file without reading it (the Hub's listing), else None."""
-    getter = getattr(source, "file_size", None)
-    if getter is None:
-        return None
-    try:
-        size = getter(name)
-    except Exception:
-        return None
-    return size if isinstance(size, int) and size >= 0 else None
-
-
-def fetch_shard_prefix(source: Any, shard: str, first_read: int) -> tuple[bytes, int]:
-    """The reads of `format.read_shard_header`, without the parse: (leading bytes, file size).
-
-    One read of `first_read` bytes, a second for the rest of the header only if the first fell
-    short. Lets a caller fetch many headers in threads and parse them in one thread, so that
-    parsing (CPU, holding the GIL) does not starve the threads that are receiving.
-    """
-    first = source.read_range(shard, 0, max(first_read, HEADER_LENGTH_BYTES))
-    data = first.data
-    if len(data) >= HEADER_LENGTH_BYTES:
-        n = int.from_bytes(data[:HEADER_LENGTH_BYTES], "little")
-        need = HEADER_LENGTH_BYTES + n
-        if n <= MAX_HEADER_BYTES and len(data) < need <= first.file_size:
-            data += source.read_range(shard, len(data), need - len(data)).data
-    return data, first.file_size

@@ -22,7 +22,7 @@ from kimi_audit.constants import (
 )
 from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, SourceError
 from kimi_audit.findings import Finding, error, warning
-from kimi_audit.format.estimate import first_read_bytes, source_file_size
+from kimi_audit.format.estimate import first_read_bytes
 from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header, parse_fetched
 from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
@@ -141,7 +141,7 @@ def _read_remote(
 
     def fetch(shard: str) -> Fetched:  # threads only fetch; this thread parses, so parsing never starves them
         specs = None if expected is None else expected.specs_by_name
-        size = first_read_bytes(names_by_shard[shard], specs, source_file_size(source, shard))
+        size = first_read_bytes(names_by_shard[shard], specs, source.file_size(shard))
         return fetch_header(source, shard, size, budget)
 
     with ThreadPoolExecutor(max_workers=min(source.parallel_reads, len(shards))) as pool:
@@ -163,7 +163,7 @@ def _names_by_shard(shards: list[str], index: IndexFile | None) -> dict[str, lis
 
 def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Checkpoint:
     with gc_paused():
-        return _load(source, source.list_files(), hasattr(source, "file_size"), progress)
+        return _load(source, source.list_files(), source.remote, progress)
 
 
 def _load(source: Source, files: tuple[str, ...], remote: bool, progress: ProgressFn | None) -> Checkpoint:
@@ -181,7 +181,7 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
         config_raw, config = load_config(source)
         index, findings = load_index(source, files)
         expected = expected_layout(config) if remote else None
-    for link in getattr(source, "outside_links", tuple)():
+    for link in source.outside_links():
         findings.append(error("SYMLINK_OUTSIDE", f"{link} is a symlink that leaves the checkpoint directory: "
                               "not opened", shard=link))
     shards, shard_findings = shards_to_read(files, index)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kimi_audit.constants import HEADER_LENGTH_BYTES, SAFETENSORS_SUFFIX
 from kimi_audit.errors import DataNotPresentError, KimiAuditError, ShortReadError, SourceError
-from kimi_audit.format.estimate import first_read_bytes, source_file_size
+from kimi_audit.format.estimate import first_read_bytes
 from kimi_audit.format.header import ShardHeader, TensorInfo, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
 from kimi_audit.sources.base import Source
@@ -79,10 +79,9 @@ def data_holes(source: Source, shard: str, data_start: int, file_size: int) -> H
     """The holes in a shard's data region [data_start, file_size): none for a remote source or a
     filesystem without sparse files. A header-only copy's whole data region is one hole (see
     HEADER_BLOCK_SLACK). Raises SourceError when the file cannot be opened."""
-    fn = getattr(source, "holes", None)
-    if fn is None or file_size <= data_start:
+    if file_size <= data_start:
         return ()
-    holes: Holes = fn(shard, data_start, file_size - data_start)
+    holes = source.holes(shard, data_start, file_size - data_start)
     if len(holes) == 1 and holes[0][1] >= file_size and holes[0][0] - data_start < HEADER_BLOCK_SLACK:
         return ((data_start, file_size),)
     return holes
@@ -172,7 +171,7 @@ class TensorFetcher:
             names = []
             if self._index is not None:
                 names = [n for n, s in self._index.weight_map.items() if s == shard]
-            first = first_read_bytes(names, None, source_file_size(self.source, shard)) if names else 1 << 16
+            first = first_read_bytes(names, None, self.source.file_size(shard)) if names else 1 << 16
             h = self._headers[shard] = read_shard_header(self.source, shard, first)
             if h.header_len is None:
                 raise SourceError(f"{shard}: not a safetensors file")

@@ -8,9 +8,9 @@ from rich.table import Table
 from rich.text import Text
 
 from kimi_audit.checks.grouping import group_findings
-from kimi_audit.checks.verify_report import OK, UNREFERENCED, VerifyReport
 from kimi_audit.findings import Severity
 from kimi_audit.report.table import MAX_GROUPS, SEVERITY_STYLE, _plain, plural
+from kimi_audit.verify.result import OK, UNREFERENCED, VerifyReport
 
 MAX_FILES = 40
 """Files listed one by one (the ones that are not ok first); `--json` lists them all."""

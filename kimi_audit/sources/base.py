@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from kimi_audit.errors import UnsafePathError
@@ -22,18 +23,39 @@ class RangeRead:
     file_size: int
 
 
+Holes = tuple[tuple[int, int], ...]
+"""(begin, end) file offsets of sparse holes, in order, not overlapping."""
+
+
 @runtime_checkable
 class Source(Protocol):
-    """A checkpoint: a flat set of named files, read whole (small ones) or by byte range."""
+    """A checkpoint: a flat set of named files, read whole (small ones) or by byte range.
+
+    Every source answers every member below. The capabilities only some sources have (a size known
+    before any read, sparse holes, a digest the source vouches for, a local directory) are declared
+    here too and answered with None or () by a source that lacks them, so that no caller probes a
+    source with getattr/hasattr.
+    """
 
     label: str
     """What the user pointed at, for reports: a path, or `repo@revision`."""
 
     revision: str | None
-    """Full commit hash the files were read at (Hub), or None (local)."""
+    """Full commit hash the files were read at (Hub, or an HF cache snapshot), or None (local)."""
 
     parallel_reads: int
     """How many range reads are worth issuing at once (1 for a local disk)."""
+
+    @property
+    def remote(self) -> bool:
+        """True: every read is a network round trip, and `file_size` answers from the listing made when the
+        source was opened (the Hub). False: a local disk."""
+        ...
+
+    @property
+    def root(self) -> Path | None:
+        """The local directory the files are read from; None for a remote source."""
+        ...
 
     def list_files(self) -> tuple[str, ...]:
         """Names (posix, relative) of every file in the checkpoint, sorted."""
@@ -47,6 +69,24 @@ class Source(Protocol):
 
     def read_range(self, name: str, start: int, length: int) -> RangeRead:
         """`length` bytes from `start` (fewer only at end of file). Never reads more than asked."""
+        ...
+
+    def file_size(self, name: str) -> int | None:
+        """The file's size as listed before any read (the Hub's listing); None when the source lists no
+        size (a local file is sized when it is opened) or does not list the file."""
+        ...
+
+    def holes(self, name: str, start: int = 0, length: int | None = None) -> Holes:
+        """The sparse holes overlapping [start, start + length), clipped to it: () for a source that has
+        none (the Hub) or a filesystem that cannot tell. Raises SourceError when the file cannot be asked."""
+        ...
+
+    def lfs_sha256(self, name: str) -> str | None:
+        """The sha256 the source vouches for (the Hub's LFS metadata for the commit), or None."""
+        ...
+
+    def outside_links(self) -> tuple[str, ...]:
+        """Symlinks under the root that resolve outside the checkpoint (never opened); () when remote."""
         ...
 
 

@@ -14,7 +14,6 @@ commit hash needs no resolving to be read at: config.json is then fetched beside
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -24,7 +23,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from kimi_audit.constants import CONFIG_FILE, PINNED_REPO_ID, PINNED_REVISION
-from kimi_audit.errors import FileMissingError, FileTooLargeError, ShortReadError
+from kimi_audit.errors import FileMissingError, FileTooLargeError, KimiAuditError, ShortReadError
 from kimi_audit.sources.base import RangeRead, parse_content_range, safe_member_name
 from kimi_audit.sources.hub_api import decode_repo_info
 from kimi_audit.sources.hub_errors import (
@@ -36,11 +35,8 @@ from kimi_audit.sources.hub_errors import (
     RepoNotFoundError,
     RevisionNotFoundError,
 )
-from kimi_audit.sources.hub_network import cannot_connect, first_line
+from kimi_audit.sources.hub_network import cannot_connect, default_endpoint, default_timeout, first_line
 
-DEFAULT_REPO_ID = PINNED_REPO_ID
-DEFAULT_REVISION = PINNED_REVISION
-DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_PARALLEL_READS = 16
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_RETRY_WAIT_S = 1.0
@@ -62,25 +58,12 @@ class _BodyError(Exception):
     """A body that ended early or broke off: worth another try."""
 
 
-def default_endpoint() -> str:
-    """HF_ENDPOINT as set now (falls back to huggingface_hub's, read when it was imported)."""
-    from huggingface_hub import constants
-
-    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-
-
-def default_timeout() -> float:
-    """HF_HUB_DOWNLOAD_TIMEOUT as set now (huggingface_hub's own default is 10 s)."""
-    raw = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT")
-    try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        value = DEFAULT_TIMEOUT_S
-    return value if value > 0 else DEFAULT_TIMEOUT_S
-
-
 class HubSource:
     """`repo_id` at `revision` (default: the pinned commit for the pinned repo, else `main`)."""
+
+    remote = True
+    root = None
+    """No local directory: no sparse holes, no symlinks (the Source protocol's answers for those)."""
 
     def __init__(
         self,
@@ -98,7 +81,7 @@ class HubSource:
             raise RepoNotFoundError(f"not a Hub repo id (owner/name): {repo_id!r}")
         self.repo_id = repo_id
         if revision is None:
-            revision = DEFAULT_REVISION if repo_id == DEFAULT_REPO_ID else "main"
+            revision = PINNED_REVISION if repo_id == PINNED_REPO_ID else "main"
         self.requested_revision = revision
         self.endpoint = (endpoint or default_endpoint()).rstrip("/")
         self._token: str | bool | None = _Secret(token) if isinstance(token, str) else token
@@ -199,6 +182,7 @@ class HubSource:
         first, is fetched while the API call resolves the revision, one round trip sooner. One attempt
         at its first EARLY_CONFIG_BYTES; read_file takes them only if they are the whole file the listing
         names, and otherwise (or if this failed) reads it as any other file."""
+        import httpx2
         from huggingface_hub import constants
 
         if constants.is_offline_mode():
@@ -206,7 +190,9 @@ class HubSource:
         commit = self.requested_revision
 
         def fetch() -> None:
-            with suppress(Exception):  # any failure: read_file asks again, and says what is wrong
+            # A failure (any Hub or HTTP error as _translate_errors maps it; a token huggingface_hub cannot
+            # find; an endpoint httpx refuses): read_file asks again, and says what is wrong.
+            with suppress(KimiAuditError, OSError, httpx2.InvalidURL):
                 self._early[CONFIG_FILE] = self._ranged_get(
                     CONFIG_FILE, 0, EARLY_CONFIG_BYTES - 1, commit=commit, retry=False)[0]
 
@@ -274,6 +260,12 @@ class HubSource:
 
     def lfs_sha256(self, name: str) -> str | None:
         return self._lfs_sha256.get(name)
+
+    def holes(self, name: str, start: int = 0, length: int | None = None) -> tuple[tuple[int, int], ...]:
+        return ()
+
+    def outside_links(self) -> tuple[str, ...]:
+        return ()
 
     def url(self, name: str, commit: str | None = None) -> str:
         from huggingface_hub import hf_hub_url
@@ -394,7 +386,3 @@ class HubSource:
             raise _BodyError(f"body ended after {got:,} of {want:,} bytes")
         return b"".join(parts), total
 
-
-def default_hub_source(**kwargs: Any) -> HubSource:
-    """The default target: moonshotai/Kimi-K2-Instruct at the pinned commit."""
-    return HubSource(DEFAULT_REPO_ID, DEFAULT_REVISION, **kwargs)

@@ -4,10 +4,13 @@ name not found, TLS, no answer); and huggingface_hub's retry logs, hidden unless
 from __future__ import annotations
 
 import logging
+import os
 import re
 import socket
 import ssl
 from urllib.parse import urlsplit
+
+DEFAULT_TIMEOUT_S = 10.0
 
 RETRY_LOGGER = "huggingface_hub.utils._http"
 """The logger huggingface_hub's http_backoff writes each retry to, as a warning."""
@@ -95,3 +98,20 @@ def _words(e: BaseException) -> str:
     """The error's first line without its "[Errno N] " prefix."""
     text = (getattr(e, "strerror", None) or str(e)).strip() or type(e).__name__
     return re.sub(r"^\[Errno [-\d]+\]\s*", "", text.splitlines()[0])
+
+
+def default_endpoint() -> str:
+    """HF_ENDPOINT as set now (falls back to huggingface_hub's, read when it was imported)."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def default_timeout() -> float:
+    """HF_HUB_DOWNLOAD_TIMEOUT as set now (huggingface_hub's own default is 10 s)."""
+    raw = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT")
+    try:
+        value = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        value = DEFAULT_TIMEOUT_S
+    return value if value > 0 else DEFAULT_TIMEOUT_S

@@ -26,6 +26,7 @@ class LocalSource:
     """
 
     parallel_reads = 1
+    remote = False
 
     def __init__(self, path: str | os.PathLike[str], *, label: str | None = None) -> None:
         p = Path(path)
@@ -92,6 +93,14 @@ class LocalSource:
                 names.append(f if rel == "." else f"{rel}/{f}".replace(os.sep, "/"))
         return tuple(sorted(names))
 
+    def file_size(self, name: str) -> int | None:
+        """None: a local directory lists no sizes (a file is sized when it is opened)."""
+        return None
+
+    def lfs_sha256(self, name: str) -> str | None:
+        """None: a local file carries no digest (an HF cache blob's name does: verify/references.py)."""
+        return None
+
     def exists(self, name: str) -> bool:
         if self._only is not None and name != self._only:
             return False
@@ -156,7 +165,6 @@ class LocalSource:
         reports holes in whole blocks, so bytes that share a block with written data count as data.
         Where holes cannot be asked about (no SEEK_HOLE on the platform, a filesystem that answers
         EINVAL or EOPNOTSUPP) the answer is no holes: every byte is taken as present.
-        Remote sources have no such method: callers look it up with getattr.
         """
         seek_hole = getattr(os, "SEEK_HOLE", None)
         seek_data = getattr(os, "SEEK_DATA", None)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kimi_audit.checks.verify import FileResult, Health
-from kimi_audit.checks.verify_refs import MANIFEST, Reference
 from kimi_audit.findings import Finding, error, info, warning
+from kimi_audit.verify.read import FileResult, Health
+from kimi_audit.verify.references import MANIFEST, Reference
 
 MAX_PER_CODE = 50
 """Tensor findings listed one by one per code; the rest are summed up in one."""

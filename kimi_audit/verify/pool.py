@@ -1,6 +1,6 @@
 """Running `verify`'s file tasks: a local process pool (default: one worker per core), or a Ray cluster.
 
-Both run the same function (checks.verify.verify_file) on the same tasks, largest file first, and hand
+Both run the same function (verify.read.verify_file) on the same tasks, largest file first, and hand
 each FileResult back as it completes. The local pool's workers ignore SIGINT: Ctrl-C reaches the main
 process, which terminates them and reports what was checked. Progress: the pool's workers send the bytes
 of each piece through a queue (per piece, batched); Ray reports per finished file.
@@ -20,14 +20,13 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
 from typing import Any
 
-from kimi_audit.checks.verify import FileResult, FileTask, verify_file
 from kimi_audit.errors import KimiAuditError
+from kimi_audit.verify.read import FileResult, FileTask, verify_file
 
 ProgressFn = Callable[[str, int], None]
 """(file, bytes done so far in that file)."""
 
 _QUEUE: Any = None
-_SENT: dict[str, int] = {}
 _LAST: list[float] = [0.0]
 SEND_EVERY_S = 0.2
 

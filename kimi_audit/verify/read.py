@@ -5,7 +5,7 @@ a Hub file read by 16 MiB ranged reads), streams it through one reused buffer in
 `chunk` bytes, feeds each piece to the file's sha256 and each tensor's part of it to the value kernels
 (numerics/scan.py) and, when asked, to the tensor's own sha256. Pieces end on a tensor's row bands (the
 128 rows of its FP8 blocks) or elements, so no state crosses a piece but counters. The same function runs
-in a local process pool or as a Ray task (checks/verify_run.py) and returns a `FileResult`.
+in a local process pool or as a Ray task (verify/pool.py) and returns a `FileResult`.
 
 A local file's sparse holes are not read: the tensors that lie in them are reported as data not present
 (never scanned as zeros) and the file's sha256 is not computed.
@@ -67,6 +67,8 @@ class FileTask:
     tensor_hashes: bool = False
     scan: bool = True
     chunk: int = CHUNK
+    failed: str | None = None
+    """Why the file is not to be read at all (its holes could not be asked about): its result is this error."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,8 @@ def verify_file(task: FileTask, progress: ProgressHook | None = None) -> FileRes
 
     started = time.monotonic()
     state = _State(task)
+    if task.failed is not None:
+        return state.result(started, task.failed)
     try:
         state.run(progress)
     except (OSError, KimiAuditError) as e:
@@ -194,8 +198,8 @@ class _State:
         self.skip = set(self.absent)
 
     def run(self, progress: ProgressHook | None) -> None:
-        from kimi_audit.checks.verify_io import HubReader, LocalReader
         from kimi_audit.numerics.scan import Scanner
+        from kimi_audit.verify.windows import HubReader, LocalReader
 
         task = self.task
         pieces = list(plan_pieces(task.size, task.tensors, task.chunk))

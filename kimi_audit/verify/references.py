@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kimi_audit.checks.manifest import Manifest, ignored
+from kimi_audit.verify.manifest import Manifest, ignored
 
 if TYPE_CHECKING:
     from kimi_audit.sources.hub import HubSource

@@ -2,8 +2,9 @@
 
 1. The audit (format, index, layout) runs first, so every byte is interpreted through a validated header:
    a shard whose header has errors is hashed, never value-scanned.
-2. Every file becomes a FileTask (checks/verify.py), run by a process pool or Ray (checks/verify_run.py).
-3. Each file's sha256 is compared with every reference (checks/verify_refs.py); a file that differs from a
+2. Every file becomes a FileTask (verify/read.py), run by a process pool or Ray (verify/pool.py). A local
+   file whose sparse holes cannot be asked about is not read: SHARD_UNREADABLE, never "no holes".
+3. Each file's sha256 is compared with every reference (verify/references.py); a file that differs from a
    manifest carrying per-tensor digests is read a second time, tensor by tensor, to name the tensors whose
    bytes differ. Files a full listing names but the checkpoint lacks, or holds but the listing does not
    name, are findings.
@@ -21,17 +22,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kimi_audit.checks.audit import AuditReport, audit_checkpoint
-from kimi_audit.checks.manifest import Manifest, ignored, write_manifest
-from kimi_audit.checks.verify import CHUNK, FileResult, FileTask, TensorPlan, tensor_kind
-from kimi_audit.checks.verify_findings import (
+from kimi_audit.errors import KimiAuditError
+from kimi_audit.findings import Finding, error
+from kimi_audit.model.checkpoint import Checkpoint, load_checkpoint
+from kimi_audit.numerics.tensor_io import data_holes
+from kimi_audit.sources.base import Source
+from kimi_audit.sources.hub import HubSource
+from kimi_audit.verify.findings import (
     file_findings,
     health_findings,
     listing_findings,
     tensor_mismatches,
     unreferenced_finding,
 )
-from kimi_audit.checks.verify_refs import Reference
-from kimi_audit.checks.verify_report import (
+from kimi_audit.verify.manifest import Manifest, ignored, write_manifest
+from kimi_audit.verify.pool import ProgressFn, default_workers, ignore_sigint, run_tasks
+from kimi_audit.verify.read import CHUNK, FileResult, FileTask, TensorPlan, tensor_kind
+from kimi_audit.verify.references import Reference
+from kimi_audit.verify.result import (
     ABSENT,
     MISMATCH,
     NOT_CHECKED,
@@ -42,13 +50,6 @@ from kimi_audit.checks.verify_report import (
     FileRow,
     VerifyReport,
 )
-from kimi_audit.checks.verify_run import ProgressFn, default_workers, ignore_sigint, run_tasks
-from kimi_audit.errors import KimiAuditError
-from kimi_audit.findings import Finding, error
-from kimi_audit.model.checkpoint import Checkpoint, load_checkpoint
-from kimi_audit.numerics.tensor_io import data_holes
-from kimi_audit.sources.base import Source
-from kimi_audit.sources.local import LocalSource
 
 DEFAULT_BLOCK = (128, 128)
 
@@ -150,12 +151,6 @@ def _compare(p: Prepared, results: dict[str, FileResult], interrupted: bool) -> 
     return report, manifest
 
 
-def verify_target(target: VerifyTarget, options: VerifyOptions = VerifyOptions(),
-                  progress: ProgressFn | None = None) -> tuple[VerifyReport, Manifest]:
-    """prepare, then verify_files."""
-    return verify_files(prepare(target, options), progress)
-
-
 def finish_manifest(report: VerifyReport, manifest: Manifest, path: Path) -> VerifyReport:
     """Write the manifest when every file was read whole and none differs from a reference; else a
     MANIFEST_NOT_WRITTEN finding says why not."""
@@ -174,11 +169,11 @@ def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -
     q = ckpt.config.quantization
     block = q.block if q is not None else DEFAULT_BLOCK
     hub = None
-    if not isinstance(src, LocalSource):
-        repo, endpoint = getattr(src, "repo_id", None), getattr(src, "endpoint", None)
-        if repo is None or endpoint is None or src.revision is None:
+    root = src.root
+    if root is None:
+        if not isinstance(src, HubSource) or src.revision is None:
             raise KimiAuditError(f"{src.label}: not a source verify can stream")
-        hub = (repo, src.revision, endpoint)
+        hub = (src.repo_id, src.revision, src.endpoint)
     tasks = []
     for name in ckpt.files:
         if ignored(name) or name in target.exclude:
@@ -193,25 +188,27 @@ def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -
                  for n, d, s, b, e in zip(c.names, c.dtypes, c.shapes, c.begins, c.ends)),
                 key=lambda t: t.begin))
         chunk = options.chunk or CHUNK
-        if hub is not None:
-            size = src.file_size(name)  # type: ignore[attr-defined]
+        if root is None:  # the Hub: streamed
+            size = src.file_size(name)
             if size is None:
                 continue  # listed without a size: nothing to stream against
             tasks.append(FileTask(name, size, hub=hub, tensors=tensors, tensor_hashes=options.tensor_hashes,
                                   chunk=chunk))
             continue
-        assert isinstance(src, LocalSource)
         if not src.exists(name):
             continue  # a symlink out of the directory: the audit reports SYMLINK_OUTSIDE
-        path = src.root / name
+        path = root / name
         try:
             size = os.stat(path).st_size
             if header is not None and header.header_len is not None:
                 holes = data_holes(src, name, header.data_start, size)
             else:
                 holes = src.holes(name)
-        except (OSError, KimiAuditError):
-            size, holes = header.file_size if header is not None else 0, ()
+        except (OSError, KimiAuditError) as e:  # which bytes are present is unknown: the file is not read
+            why = f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e)
+            tasks.append(FileTask(name, header.file_size if header is not None else 0, path=os.path.realpath(path),
+                                  failed=f"cannot tell which of its bytes are present ({why})"))
+            continue
         tasks.append(FileTask(name, size, path=os.path.realpath(path), tensors=tensors, holes=holes,
                               tensor_hashes=options.tensor_hashes, chunk=chunk))
     return tasks
@@ -223,8 +220,7 @@ def _needs_tensor_pass(r: FileResult, task: FileTask, refs: tuple[Reference, ...
 
 
 def _tensor_pass(task: FileTask) -> FileTask:
-    return FileTask(task.name, task.size, task.path, task.hub, task.tensors, task.holes, tensor_hashes=True,
-                    scan=False, chunk=task.chunk)
+    return dataclasses.replace(task, tensor_hashes=True, scan=False)
 
 
 def _rows(tasks: list[FileTask], results: dict[str, FileResult], refs: tuple[Reference, ...],
@@ -260,8 +256,6 @@ def _rows(tasks: list[FileTask], results: dict[str, FileResult], refs: tuple[Ref
 
 
 def _model_name(src: Source) -> str:
-    repo = getattr(src, "repo_id", None)
-    if isinstance(repo, str):
-        return repo
-    root = getattr(src, "root", None)
-    return Path(root).resolve().name if root is not None else src.label
+    if isinstance(src, HubSource):
+        return src.repo_id
+    return src.root.resolve().name if src.root is not None else src.label
