@@ -4,7 +4,7 @@
   the LFS oid), so the link's target names the digest the Hub gave for it;
 - the Hub: the LFS sha256 of every file at the resolved commit (one API call lists them all), for a local
   copy of `REPO[@REV]` (`--local-dir D` or the cache) or for the Hub's own bytes (`--stream`);
-- a manifest (`--manifest FILE`, checks/manifest.py): every file's sha256, and per-tensor digests.
+- a manifest (`--manifest FILE`, verify/manifest.py): every file's sha256, and per-tensor digests.
 
 A reference that lists the whole model (the Hub's listing, a manifest) also says which files should be
 there: one it lists that is absent, or one present that it does not list, is a finding.
