@@ -89,6 +89,7 @@ class Stats:
     bytes_sent: int = 0
     per_path: dict[str, list[int]] = field(default_factory=dict)  # path -> [requests, bytes]
     records: list[RequestRecord] = field(default_factory=list)
+    most_in_flight: int = 0  # the most requests the server was handling at one time
 
     def for_path(self, needle: str) -> tuple[int, int]:
         """(requests, bytes) summed over the paths that contain `needle`."""
@@ -114,6 +115,7 @@ class FakeHub:
         self._lock = threading.Lock()
         self._stats = Stats()
         self._gen = 0
+        self._in_flight = 0
         self._hash_cache: dict[tuple[str, int, int], tuple[str, str]] = {}
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
@@ -168,7 +170,8 @@ class FakeHub:
         with self._lock:
             s = self._stats
             records = [RequestRecord(r.method, r.path, r.status, r.range, r.bytes_sent) for r in s.records]
-            return Stats(s.requests, s.bytes_sent, {k: list(v) for k, v in s.per_path.items()}, records)
+            return Stats(s.requests, s.bytes_sent, {k: list(v) for k, v in s.per_path.items()}, records,
+                         s.most_in_flight)
 
     def reset_stats(self) -> None:
         with self._lock:
@@ -363,6 +366,17 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle()
 
     def _handle(self) -> None:
+        hub = self.hub
+        with hub._lock:
+            hub._in_flight += 1
+            hub._stats.most_in_flight = max(hub._stats.most_in_flight, hub._in_flight)
+        try:
+            self._serve()
+        finally:
+            with hub._lock:
+                hub._in_flight -= 1
+
+    def _serve(self) -> None:
         hub = self.hub
         split = urlsplit(self.path)
         self._path = split.path

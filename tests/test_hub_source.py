@@ -137,14 +137,12 @@ def test_range_ignoring_server_is_an_error_and_reads_little(hub: FakeHub, replic
     size = (replica_dir / shard).stat().st_size
     hub.add_fault("ignore_range", times=1, match=shard)
     hub.reset_stats()
-    t0 = time.monotonic()
     with pytest.raises(RangeNotSupportedError) as e:
         src.read_range(shard, 0, 1 << 16)
     assert "ignored the Range" in str(e.value) and "\n" not in str(e.value)
     time.sleep(0.3)  # let the server notice the hang-up
     sent = hub.stats().bytes_sent
     assert sent < 64 << 20 < size, f"server streamed {sent:,} bytes of a {size:,}-byte shard"
-    assert time.monotonic() - t0 < 5
 
 
 def test_truncated_body_is_retried(hub: FakeHub, tiny_dir: Path) -> None:
@@ -170,21 +168,17 @@ def test_truncated_body_forever_is_a_short_read(hub: FakeHub, tiny_dir: Path) ->
 def test_stalled_connection_times_out_with_a_clear_message(hub: FakeHub, tiny_dir: Path) -> None:
     src = _src(hub, timeout=0.5, max_retries=1)
     hub.add_fault("stall", times=100, match="/resolve/", stall_s=30)
-    t0 = time.monotonic()
-    with pytest.raises(HubTimeoutError) as e:
+    with pytest.raises(HubTimeoutError) as e:  # a stall outlasting the timeout would end in another error
         src.read_range(_first_shard(tiny_dir), 0, 8)
-    elapsed = time.monotonic() - t0
-    assert elapsed < 4, elapsed
     msg = str(e.value)
     assert "timed out after 0.5 s" in msg and "\n" not in msg and e.value.exit_code == 2
 
 
 def test_stalled_api_call_times_out(hub: FakeHub) -> None:
     hub.add_fault("stall", times=100, match="/api/", stall_s=30)
-    t0 = time.monotonic()
-    with pytest.raises(HubTimeoutError):
+    with pytest.raises(HubTimeoutError) as e:  # a stall outlasting the timeout would end in another error
         _src(hub, timeout=0.5, max_retries=0)
-    assert time.monotonic() - t0 < 3
+    assert "timed out after 0.5 s" in str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -254,18 +248,18 @@ def test_endpoint_from_hf_endpoint(hub: FakeHub) -> None:
 
 
 def test_latency_makes_parallel_reads_worthwhile(hub: FakeHub, replica_dir: Path) -> None:
-    """16 concurrent reads against 50 ms latency take far less than 16 x 50 ms: the session pools connections."""
+    """16 concurrent reads against 50 ms latency overlap at the server: the session pools connections
+    instead of sending one request at a time (counted by the server, not timed)."""
     from concurrent.futures import ThreadPoolExecutor
 
     src = _src(hub, REPLICA_REPO)
     shards = sorted(p.name for p in replica_dir.glob("*.safetensors"))[:16]
-    hub.latency_s = 0.05
-    t0 = time.monotonic()
+    hub.latency_s = 0.5  # long enough that the reads sent together are all waiting at once
+    hub.reset_stats()
     with ThreadPoolExecutor(src.parallel_reads) as pool:
         heads = list(pool.map(lambda s: src.read_range(s, 0, 8), shards))
-    elapsed = time.monotonic() - t0
     assert all(len(h.data) == 8 for h in heads)
-    assert elapsed < 16 * 0.05 * 0.75, elapsed  # serial would be >= 0.8 s
+    assert hub.stats().most_in_flight >= 2, hub.stats().most_in_flight  # one at a time would be 1
 
 
 def test_a_commits_config_is_read_beside_the_api_call(hub: FakeHub, replica_dir: Path, tiny_dir: Path) -> None:
@@ -326,3 +320,17 @@ def test_the_model_info_answer_is_decoded_into_typed_fields() -> None:
     for bad in (b"<html>", b'{"siblings": [{"size": 3}]}', b'{"siblings": "x"}', b'{"sha": 5}'):
         with pytest.raises(ValueError):
             decode_repo_info(bad)
+
+
+def test_every_source_declares_the_protocols_capabilities(hub: FakeHub, tiny_dir: Path) -> None:
+    """The Source protocol's optional capabilities are answered by every source, never probed for:
+    the Hub lists sizes and LFS digests and has no directory, holes or links; a local directory the reverse."""
+    remote, local = _src(hub), LocalSource(tiny_dir)
+    shard = _first_shard(tiny_dir)
+    assert isinstance(remote, Source) and isinstance(local, Source)
+    assert remote.remote and remote.root is None
+    assert remote.file_size(shard) == (tiny_dir / shard).stat().st_size and remote.lfs_sha256(shard)
+    assert remote.holes(shard) == () and remote.outside_links() == ()
+    assert not local.remote and local.root == tiny_dir
+    assert local.file_size(shard) is None and local.lfs_sha256(shard) is None
+    assert local.outside_links() == ()
