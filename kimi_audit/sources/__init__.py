@@ -1,11 +1,14 @@
 """Where checkpoint bytes come from: a local directory or the Hugging Face Hub.
 
-Every source implements `Source` (base.py): a few whole small files and byte ranges of shards.
-Nothing above this package opens files or sockets.
+Every source implements `Source` (base.py): a few whole small files and byte ranges of shards, and the
+optional capabilities (listed sizes, sparse holes, LFS digests, a local directory) answered by all.
+`resolve_source` (resolve.py) is the one place what the user typed becomes a source. Above this package,
+only verify/windows.py opens a checkpoint's files itself (memory-mapped by path, for speed); writing is
+left to the stages that produce files (download/, the replica builder, verify's manifest).
 """
 
 from kimi_audit.sources.base import RangeRead, Source
 from kimi_audit.sources.local import LocalSource
-from kimi_audit.sources.resolve import open_source
+from kimi_audit.sources.resolve import open_source, resolve_source
 
-__all__ = ["LocalSource", "RangeRead", "Source", "open_source"]
+__all__ = ["LocalSource", "RangeRead", "Source", "open_source", "resolve_source"]
