@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 from pathlib import Path
@@ -158,3 +159,16 @@ def test_select_files() -> None:
     assert select_files(names, ["*.safetensors"]) == ["model-1-of-2.safetensors", "model-2-of-2.safetensors"]
     assert select_files(names, ["config.json", "*-2-of-*"]) == ["config.json", "model-2-of-2.safetensors"]
     assert json.dumps(select_files(names, ["nothing"])) == "[]"
+
+
+def test_download_reads_the_hub_through_public_calls_only() -> None:
+    """download/ uses the sources' public calls: no `source._token`, no `source._translate_errors`, no private
+    attribute of anything."""
+    package = Path(__file__).resolve().parent.parent / "kimi_audit" / "download"
+    modules = sorted(package.glob("*.py"))
+    assert modules
+    for path in modules:
+        private = sorted({(node.lineno, node.attr) for node in ast.walk(ast.parse(path.read_text()))
+                          if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                          and not node.attr.startswith("__")})
+        assert not private, f"{path.name} reaches into private attributes: {private}"

@@ -367,6 +367,20 @@ def test_usage_errors() -> None:
     assert r.exit_code == 2
 
 
+def test_audit_and_verify_open_a_source_alike(tiny_dir: Path) -> None:
+    """One opener (sources.resolve_source): a Hub-only option on a local path, and a spec that is neither
+    a path nor a repo id, are refused alike by audit and verify, with the same error code."""
+    for command in ("audit", "verify"):
+        r = run(command, str(tiny_dir), "--revision", "main", "--json")
+        assert r.exit_code == 2
+        err = json.loads(r.stdout)["error"]
+        assert err["message"] == f"--revision applies to Hub repos, but {str(tiny_dir)!r} is a local path"
+        r = run(command, "/no/such/dir/x", "--json")
+        assert r.exit_code == 2 and json.loads(r.stdout)["error"]["code"] == "FILE_MISSING"
+    r = run("verify", str(tiny_dir), "--revision", "main", "--local-dir", "x", "--json")
+    assert json.loads(r.stdout)["error"]["message"].startswith("--revision and --local-dir apply to Hub repos")
+
+
 # ------------------------------------------------------------------ Ray
 
 
