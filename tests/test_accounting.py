@@ -19,7 +19,8 @@ from kimi_audit.format.header import TensorInfo
 from kimi_audit.model.accounting import UNACCOUNTED, accounting_dict, accounting_of_checkpoint, build_accounting
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
-from kimi_audit.model.layout import BUFFER, PACKED, PARAMETER, SCALE, expected_layout
+from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE
+from kimi_audit.model.layout import expected_layout
 from kimi_audit.model.replica import ReplicaTensor, replica_shards, write_shard
 from kimi_audit.sources import LocalSource
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny

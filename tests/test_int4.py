@@ -247,7 +247,8 @@ def build_int4(d: Path, symmetric: bool = True, seed: int = 0) -> Path:
     from safetensors.torch import save_file
 
     from kimi_audit.model.config import model_config_from_dict
-    from kimi_audit.model.layout import BUFFER, PACKED, SCALE, expected_layout
+    from kimi_audit.model.kinds import BUFFER, PACKED, SCALE
+    from kimi_audit.model.layout import expected_layout
     from tiny_checkpoint import tiny_shard_of
 
     config = int4_config(symmetric)

@@ -9,7 +9,8 @@ import pytest
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
-from kimi_audit.model.layout import BUFFER, DENSE, MOE, MTP, PARAMETER, SCALE, expected_layout
+from kimi_audit.model.kinds import BUFFER, PARAMETER, SCALE
+from kimi_audit.model.layout import DENSE, MOE, MTP, expected_layout
 from kimi_audit.model.quant import Fp8Block
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import FP8_DTYPE, SCALE_SUFFIX
+from kimi_audit.model.quant import FP8_DTYPE, SCALE_SUFFIX, fp8_block
 from kimi_audit.numerics.kernels import (
     TensorStats,
     bfloat16,
@@ -182,8 +182,7 @@ def query_latent(fetch: TensorFetcher, cfg: ModelConfig, layer: int, emb: np.nda
     w, wt, _ = fetch.read(p + Q_A_PROJ)
     if wt.dtype == FP8_DTYPE:
         s, _, _ = fetch.read(p + Q_A_PROJ[: -len(".weight")] + SCALE_SUFFIX)
-        block = cfg.quantization.block if cfg.quantization else (128, 128)
-        w = dequantize_fp8(w, s, block)
+        w = dequantize_fp8(w, s, fp8_block(cfg.quant))
     # F.linear: float32 accumulation, one rounding to bf16 (not bit-matched to a particular GEMM)
     q = to_float32(h) @ to_float32(w).T
     return f32_to_bf16(q)[None]

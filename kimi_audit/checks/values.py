@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding, Severity, error, info, warning
 from kimi_audit.format.header import ShardHeader, TensorInfo
-from kimi_audit.model.layout import SCALE_SUFFIX
+from kimi_audit.model import kinds
 from kimi_audit.model.quant import Fp8Block
 from kimi_audit.numerics.tensor_io import data_holes, in_hole, read_exact, windowed_map
 from kimi_audit.sources.base import Source
@@ -49,8 +49,6 @@ UE8M0_WARN_ONLY = "self_attn.o_proj"
 """Module whose scales are not powers of two in the published DeepSeek-V3.1 release (deepseek-ai/DeepSeek-V3
 issue 961): SCALE_NOT_UE8M0 is a warning there, an error elsewhere."""
 
-ROUTER_BIAS_SUFFIX = ".e_score_correction_bias"
-
 MAX_GAP = 1 << 16
 """Two small tensors closer than this in a shard are fetched with one read (the gap read too)."""
 MAX_SPAN = 1 << 24
@@ -67,19 +65,14 @@ Job = tuple[str, int, int, int, list[TensorInfo]]
 """One coalesced read: (shard, data_start, begin, end, members), offsets relative to the data buffer."""
 
 
+VALUE_KINDS = {kinds.BLOCK_SCALE: SCALE, kinds.GROUP_SCALE: GROUP_SCALE, kinds.WEIGHT_SHAPE: WEIGHT_SHAPE,
+               kinds.ROUTER_BIAS: ROUTER_BIAS, kinds.GAIN: GAIN}
+"""The roles (model.kinds) of the small tensors this pass reads, and the class it checks each as."""
+
+
 def value_kind(name: str) -> str | None:
     """Which small tensor class a name belongs to, or None for everything else."""
-    if name.endswith(SCALE_SUFFIX):
-        return SCALE
-    if name.endswith(".weight_scale"):
-        return GROUP_SCALE
-    if name.endswith(".weight_shape"):
-        return WEIGHT_SHAPE
-    if name.endswith(ROUTER_BIAS_SUFFIX):
-        return ROUTER_BIAS
-    if name.endswith("norm.weight"):
-        return GAIN
-    return None
+    return VALUE_KINDS.get(kinds.role_of(name))
 
 
 def small_tensors(headers: dict[str, ShardHeader]) -> list[tuple[str, TensorInfo, str]]:

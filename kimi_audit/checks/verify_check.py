@@ -46,11 +46,10 @@ from kimi_audit.checks.verify_run import ProgressFn, default_workers, ignore_sig
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error
 from kimi_audit.model.checkpoint import Checkpoint, load_checkpoint
+from kimi_audit.model.quant import fp8_block
 from kimi_audit.numerics.tensor_io import data_holes
 from kimi_audit.sources.base import Source
 from kimi_audit.sources.local import LocalSource
-
-DEFAULT_BLOCK = (128, 128)
 
 
 @dataclass(frozen=True)
@@ -171,8 +170,7 @@ def finish_manifest(report: VerifyReport, manifest: Manifest, path: Path) -> Ver
 
 def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -> list[FileTask]:
     src = target.source
-    q = ckpt.config.quantization
-    block = q.block if q is not None else DEFAULT_BLOCK
+    block = fp8_block(ckpt.config.quant)
     hub = None
     if not isinstance(src, LocalSource):
         repo, endpoint = getattr(src, "repo_id", None), getattr(src, "endpoint", None)

@@ -22,8 +22,9 @@ from kimi_audit.errors import KimiAuditError
 from kimi_audit.format.header import TensorInfo
 from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import FP8_DTYPE, SCALE_SUFFIX, expected_layout, layer_block, scheme_of
-from kimi_audit.model.quant import Fp8Block, PackQuantized, Scheme
+from kimi_audit.model.kinds import PACKED_WEIGHT, WEIGHT, role_of
+from kimi_audit.model.layout import expected_layout, layer_block, scheme_of
+from kimi_audit.model.quant import FP8_DTYPE, SCALE_SUFFIX, Fp8Block, PackQuantized, Scheme
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
@@ -224,15 +225,14 @@ def _resolve(fetch: TensorFetcher, name: str) -> str:
 def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Scheme, int | None, int | None] | None:
     """(module, scheme, out, in) for an FP8 `weight` or an INT4 `weight_packed`, else None. out x in comes from
     the layout config.json implies (None for an INT4 module the layout lacks: then from weight_shape)."""
-    if t.dtype == FP8_DTYPE and name.endswith(".weight") and len(t.shape) == 2:
+    if t.dtype == FP8_DTYPE and role_of(name) == WEIGHT and len(t.shape) == 2:
         try:
             _, cfg = load_config(src)
         except KimiAuditError:  # no usable config: DeepSeek's 128 x 128 blocks
             return name[: -len(".weight")], Fp8Block(), t.shape[0], t.shape[1]
         scheme = cfg.quant.quantized if cfg.quant is not None else None
-        block = cfg.quantization.block if cfg.quantization else (128, 128)
-        return name[: -len(".weight")], scheme if isinstance(scheme, Fp8Block) else Fp8Block(block), *t.shape
-    if not name.endswith(".weight_packed"):
+        return name[: -len(".weight")], scheme if isinstance(scheme, Fp8Block) else Fp8Block(), *t.shape
+    if role_of(name) != PACKED_WEIGHT:
         return None
     module = name[: -len(".weight_packed")]
     _, cfg = load_config(src)

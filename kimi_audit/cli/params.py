@@ -16,7 +16,7 @@ from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.model.accounting import Accounting, DtypeRow, Node, accounting_dict, accounting_of_checkpoint
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.explain import build_card, card_dict, card_text, find_nodes
-from kimi_audit.model.layout import PARAMETER
+from kimi_audit.model.kinds import PARAMETER
 from kimi_audit.sources import open_source
 
 SOURCE_HELP = "A local checkpoint directory, or a Hub repo id `owner/name[@revision]`."

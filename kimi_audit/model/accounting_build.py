@@ -29,17 +29,8 @@ from kimi_audit.model.accounting_tree import (
     tensor_slot,
 )
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import (
-    BUFFER,
-    PACKED,
-    PARAMETER,
-    SCALE,
-    ExpectedLayout,
-    ExpectedTensor,
-    classify_name,
-    layer_block,
-    scheme_of,
-)
+from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE, kind_of
+from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, layer_block, scheme_of
 from kimi_audit.model.quant import PackQuantized
 
 Mult = tuple[tuple[int, str], ...]
@@ -110,7 +101,7 @@ class Builder:
                 if kind == PACKED:  # packed words of any shape stand for their module (as checks.stats counts)
                     logical = e.logical
             else:
-                kind = classify_name(name)
+                kind = kind_of(name)
                 slot = tensor_slot(cfg, name, blocks)[:2]
                 if kind == PACKED:
                     logical = 0  # no module the config knows of: it stands for nothing

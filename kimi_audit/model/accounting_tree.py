@@ -24,7 +24,8 @@ from kimi_audit.model.accounting_summary import (
     MtpSummary,
 )
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import PARAMETER, layer_block
+from kimi_audit.model.kinds import PARAMETER
+from kimi_audit.model.layout import layer_block
 
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 EXPERT_RE = re.compile(r"(?<=\.experts\.)\d+\.")

@@ -27,8 +27,7 @@ from kimi_audit.model.accounting import (
 )
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.explain_docs import DOCS, RMSNORM_MATH, Doc
-from kimi_audit.model.layout import PACKED, SCALE
-from kimi_audit.model.quant import METADATA_SUFFIXES
+from kimi_audit.model.kinds import METADATA_SUFFIXES, PACKED, SCALE
 
 WEIGHT_SUFFIXES = (".weight", ".weight_packed")
 

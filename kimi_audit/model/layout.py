@@ -15,20 +15,8 @@ from typing import Any, NamedTuple
 
 from kimi_audit.constants import DTYPE_BITS
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.quant import (
-    BUFFER,
-    FP8_DTYPE,
-    METADATA_SUFFIXES,
-    PACKED,
-    PARAMETER,
-    SCALE,
-    SCALE_SUFFIX,
-    Scheme,
-    Unquantized,
-)
-
-__all__ = ["BUFFER", "FP8_DTYPE", "PACKED", "PARAMETER", "SCALE", "SCALE_SUFFIX"]  # re-exported kinds
-
+from kimi_audit.model.kinds import BUFFER, PARAMETER, SCALE
+from kimi_audit.model.quant import Scheme, Unquantized
 
 DENSE = "dense"
 MOE = "moe"
@@ -338,14 +326,3 @@ def _mlp(linear, module: str, inter: int, h: int) -> Iterator[ExpectedTensor]:  
     yield from linear(f"{module}.gate_proj", inter, h)
     yield from linear(f"{module}.up_proj", inter, h)
     yield from linear(f"{module}.down_proj", h, inter)
-
-
-def classify_name(name: str) -> str:
-    """Kind of a tensor the layout does not know, from its name alone."""
-    if name.endswith(METADATA_SUFFIXES):
-        return SCALE
-    if name.endswith(".weight_packed"):
-        return PACKED
-    if name.endswith(".inv_freq"):
-        return BUFFER
-    return PARAMETER
