@@ -7,14 +7,11 @@ through the Source interface (local directory or Hub): a 3 KB gain is 3 KB on th
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from kimi_audit.cli.application import app, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
@@ -26,12 +23,12 @@ from kimi_audit.model.kinds import PACKED_WEIGHT, WEIGHT, role_of
 from kimi_audit.model.layout import expected_layout, layer_block, scheme_of
 from kimi_audit.model.quant import FP8_DTYPE, SCALE_SUFFIX, Fp8Block, PackQuantized, Scheme
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
+from kimi_audit.report.tensor import json_text, render_rmsnorm, render_tensor
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
 
 if TYPE_CHECKING:
     from kimi_audit.checks.rmsnorm import LayerResult
-    from kimi_audit.numerics.kernels import TensorStats
 
 
 # ------------------------------------------------------------------ rmsnorm
@@ -57,10 +54,6 @@ def _layers(cfg: ModelConfig, layers: list[int] | None, all_layers: bool) -> lis
         if not 0 <= n < total:
             raise KimiAuditError(f"--layer {n}: the model has layers 0..{total - 1}")
     return chosen
-
-
-def _fmt(v: float | None, spec: str = ".4g") -> str:
-    return "-" if v is None else format(v, spec)
 
 
 @app.command()
@@ -143,73 +136,14 @@ def rmsnorm(
             "layers": [r.to_json() for r in results],
             "ok": ok,
         }
-        sys.stdout.write(json.dumps(_clean(doc), indent=2, allow_nan=False, default=_json_default) + "\n")
+        sys.stdout.write(json_text(doc))
     else:
-        _render_rmsnorm(src, cfg, input_desc, results, show, fetch.bytes_read)
+        render_rmsnorm(stdout, src.label, src.revision, cfg.rms_norm_eps, input_desc, results, show,
+                       fetch.bytes_read)
     raise typer.Exit(0 if ok else 1)
 
 
-def _json_default(v: Any) -> Any:
-    raise TypeError(type(v))
-
-
-def _clean(v: Any) -> Any:
-    """JSON has no NaN/Inf: non-finite floats become null."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    return v
-
-
-def _render_rmsnorm(src: Source, cfg: ModelConfig, input_desc: dict[str, Any], results: list[LayerResult], show: int,
-                    bytes_read: int) -> None:
-    from kimi_audit.checks.rmsnorm import max_abs
-
-    rev = f" @ {src.revision}" if src.revision else ""
-    shape = "×".join(str(d) for d in input_desc["shape"])
-    what = {"random": f"seeded bf16 N(0,1), seed {input_desc.get('seed')}", "file": input_desc.get("path"),
-            "embeddings": f"embedding rows of tokens {input_desc.get('token_ids')} → input_layernorm → q_a_proj"}
-    stdout.print(f"[bold]RMSNorm[/bold] (DeepseekV3RMSNorm, eps={cfg.rms_norm_eps:g}) on {src.label}{rev}")
-    stdout.print(f"input [{shape}]: {what[input_desc['kind']]}; {bytes_read:,} bytes fetched")
-    stdout.print("γ: the layer's q_a_layernorm gain; out RMS: min–max over positions of RMS(y); "
-                 "|RMS(y/γ)−1|: the largest over positions", highlight=False)
-    table = Table(show_lines=False)
-    for col, just in (("layer", "right"), ("block", "left"), ("γ min", "right"), ("γ max", "right"),
-                      ("γ mean", "right"), ("out RMS", "right"), ("|RMS(y/γ)−1|", "right"), ("check", "left")):
-        table.add_column(col, justify=just, no_wrap=col == "out RMS")  # type: ignore[arg-type]
-    for r in results:
-        fin = [v for v in r.output_rms if math.isfinite(v)]
-        span = f"{min(fin):.4f}–{max(fin):.4f}" if fin else "-"
-        check = "[green]ok[/green]" if r.ok else "[red]" + "; ".join(r.problems) + "[/red]"
-        table.add_row(str(r.layer), r.block, _fmt(r.gain.min), _fmt(r.gain.max), _fmt(r.gain.mean),
-                      span, _fmt(max_abs(r.unit_deviation), ".3g"), check)
-    stdout.print(table)
-    if show:
-        for r in results:
-            vals = " ".join(_fmt(v, ".4f") for v in r.output_rms[:show])
-            more = f" … ({len(r.output_rms):,} positions)" if len(r.output_rms) > show else ""
-            stdout.print(f"layer {r.layer} output RMS per position: {vals}{more}", highlight=False)
-    bad = [r for r in results if not r.ok]
-    if bad:
-        stdout.print(f"[red]{len(bad)} of {len(results)} layers failed the check[/red]")
-    else:
-        stdout.print(f"[green]{len(results)} layer(s): gains finite and non-zero, outputs finite[/green]")
-
-
 # ------------------------------------------------------------------ tensor
-
-
-def _stats_rows(table: Table, label: str, st: TensorStats) -> None:
-    table.add_row(label, "count", f"{st.count:,}")
-    for k in ("min", "max", "mean", "std"):
-        table.add_row("", k, _fmt(getattr(st, k), ".6g"))
-    table.add_row("", "NaN / +Inf / −Inf", f"{st.nan:,} / {st.posinf:,} / {st.neginf:,}")
-    table.add_row("", "zeros", f"{st.zeros:,}")
-    if st.saturated is not None:
-        table.add_row("", "FP8 saturated |x| = 448", f"{st.saturated:,}")
 
 
 def _resolve(fetch: TensorFetcher, name: str) -> str:
@@ -321,43 +255,27 @@ def tensor(
     elif dequant:
         stderr.print(f"note: {name} is {t.dtype}, not a quantized weight: nothing to dequantize")
 
+    doc = {
+        "source": src.label,
+        "revision": src.revision,
+        "tensor": name,
+        "module": None if quant is None else quant[0],
+        "scheme": None if quant is None else quant[1].key,
+        "shard": shard,
+        "dtype": t.dtype,
+        "shape": list(t.shape),
+        "bytes": t.nbytes,
+        "stats": st.to_json(),
+        "scale": None if scale_st is None else {"tensor": scale_name, "stats": scale_st.to_json()},
+        "weight_shape": weight_shape,
+        "dequantized": None if deq_st is None else deq_st.to_json(),
+        "ok": not problems,
+        "problems": problems,
+    }
     if as_json:
-        doc = {
-            "source": src.label,
-            "revision": src.revision,
-            "tensor": name,
-            "module": None if quant is None else quant[0],
-            "scheme": None if quant is None else quant[1].key,
-            "shard": shard,
-            "dtype": t.dtype,
-            "shape": list(t.shape),
-            "bytes": t.nbytes,
-            "stats": st.to_json(),
-            "scale": None if scale_st is None else {"tensor": scale_name, "stats": scale_st.to_json()},
-            "weight_shape": weight_shape,
-            "dequantized": None if deq_st is None else deq_st.to_json(),
-            "ok": not problems,
-            "problems": problems,
-        }
-        sys.stdout.write(json.dumps(_clean(doc), indent=2, allow_nan=False, default=_json_default) + "\n")
+        sys.stdout.write(json_text(doc))
     else:
-        rev = f" @ {src.revision}" if src.revision else ""
-        stdout.print(f"[bold]{name}[/bold] in {shard} ({src.label}{rev})")
-        stdout.print(f"{t.dtype} {list(t.shape)}, {t.nbytes:,} bytes")
-        if quant is not None:
-            shape_note = f"; weight_shape {weight_shape}" if weight_shape is not None else ""
-            stdout.print(f"module {quant[0]}: {quant[1].describe()}{shape_note}", highlight=False)
-        table = Table(show_header=True)
-        table.add_column("values")
-        table.add_column("statistic")
-        table.add_column("", justify="right")
         packed = quant is not None and isinstance(quant[1], PackQuantized)
-        _stats_rows(table, f"{t.dtype} packed words" if packed else t.dtype, st)
-        if scale_st is not None:
-            _stats_rows(table, f"scales {scale_st.dtype} {list(scale_st.shape)}", scale_st)
-        if deq_st is not None:
-            _stats_rows(table, f"dequantized {deq_st.dtype}", deq_st)
-        stdout.print(table)
-        for p in problems:
-            stdout.print(f"[red]{p}[/red]", highlight=False)
+        render_tensor(stdout, doc, f"{t.dtype} packed words" if packed else t.dtype,
+                      None if quant is None else quant[1].describe())
     raise typer.Exit(1 if problems else 0)

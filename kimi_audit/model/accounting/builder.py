@@ -6,7 +6,7 @@ its module), and makes leaves whose derived counts come from config values and t
 beside the found ones. A Linear module's part asks the config's quantization plan (model.quant) for the
 scheme of its first instance: the part counts out × in parameters however they are stored (INT4 packed
 words stand for them), and carries the scheme's metadata tensors (FP8 block scales, INT4 group scales and
-weight_shape) apart, never counted. accounting_model.py walks the model with these pieces; tensors no
+weight_shape) apart, never counted. model.py walks the model with these pieces; tensors no
 leaf claims become the "unaccounted" node; metadata and buffers the excluded rows.
 """
 
@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from kimi_audit.format.table import Located
-from kimi_audit.model.accounting_summary import DtypeRow, ExcludedRow, sum_rows
-from kimi_audit.model.accounting_tree import (
+from kimi_audit.model.accounting.summary import DtypeRow, ExcludedRow, sum_rows
+from kimi_audit.model.accounting.tree import (
     UNACCOUNTED,
     Factor,
     FoundTensor,

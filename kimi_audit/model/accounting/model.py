@@ -3,15 +3,15 @@
 Embedding; dense and MoE blocks with their norms, latent attention (and DeepSeek-V3.2's sparse-attention
 indexer), router, routed and shared experts; the multi-token-prediction layers (DeepSeek-V3's layer 61:
 its own node, its embedding and output head noted as copies of the main ones); final norm; lm_head.
-Every leaf is made by accounting_build.Builder from config factors; Linear modules through the
+Every leaf is made by builder.Builder from config factors; Linear modules through the
 quantization plan, RMSNorm gains in the config's norm dtype (F32 in DeepSeek-V3.2).
 """
 
 from __future__ import annotations
 
 from kimi_audit.format.names import ranges
-from kimi_audit.model.accounting_build import Builder, Mult
-from kimi_audit.model.accounting_tree import Factor, Node, Part
+from kimi_audit.model.accounting.builder import Builder, Mult
+from kimi_audit.model.accounting.tree import Factor, Node, Part
 from kimi_audit.model.layout import DENSE, MOE, MTP
 
 BLOCK_LABEL = {DENSE: ("dense block", "dense blocks"), MOE: ("MoE block", "MoE blocks"),
