@@ -15,8 +15,9 @@ from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import Finding, Severity, warning
 from kimi_audit.format.table import tensor_table
 from kimi_audit.gcpause import gc_paused
+from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
-from kimi_audit.model.layout import DENSE, MOE, MTP, layer_block
+from kimi_audit.model.layout import layer_block
 from kimi_audit.sources.base import Source
 
 

@@ -16,12 +16,13 @@ import typer
 from kimi_audit.cli.application import app, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import KimiAuditError
+from kimi_audit.findings import Severity, error
 from kimi_audit.format.header import TensorInfo
 from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.kinds import PACKED_WEIGHT, WEIGHT, role_of
 from kimi_audit.model.layout import expected_layout, layer_block, scheme_of
-from kimi_audit.model.quant import FP8_DTYPE, SCALE_SUFFIX, Fp8Block, PackQuantized, Scheme
+from kimi_audit.model.quant import FP8_DTYPE, Fp8Block, PackQuantized, Scheme
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
 from kimi_audit.report.tensor import json_text, render_rmsnorm, render_tensor
 from kimi_audit.sources import open_source
@@ -201,17 +202,16 @@ def tensor(
     """
     import numpy as np
 
+    from kimi_audit.checks.values import GROUP_SCALE, SCALE, VALUES, WEIGHT_SHAPE, check_values, value_kind
     from kimi_audit.numerics.dtypes import NumericsError
-    from kimi_audit.numerics.kernels import tensor_stats, to_float32
+    from kimi_audit.numerics.kernels import tensor_stats
 
     src = open_source(source, revision)
     fetch = TensorFetcher(src)
     name = _resolve(fetch, name)
     arr, t, shard = fetch.read(name, max_bytes)
     st = tensor_stats(arr, dtype=t.dtype)
-    problems: list[str] = []
-    if st.nan or st.inf:
-        problems.append(f"{name}: {st.nan:,} NaN and {st.inf:,} Inf values")
+    findings = check_values(name, value_kind(name) or VALUES, arr, shard=shard)
     scale_st = deq_st = None
     scale_name: str | None = None
     weight_shape: list[int] | None = None
@@ -226,35 +226,34 @@ def tensor(
             if s.suffix in stored:
                 continue
             if not fetch.listed(full):
-                problems.append(f"{name} is {kind} but {full} is absent")
+                findings.append(error("SCALE_MISSING", f"{name} is {kind} but {full} is absent", tensor=full))
                 complete = False
                 continue
-            a, ti, _ = fetch.read(full, max_bytes)
+            a, ti, s_shard = fetch.read(full, max_bytes)
             stored[s.suffix] = a
-            if s.suffix in (SCALE_SUFFIX, ".weight_scale"):
+            what = value_kind(full)
+            if what in (SCALE, GROUP_SCALE):
                 scale_name, scale_st = full, tensor_stats(a, dtype=ti.dtype)
-                s32 = to_float32(a)
-                bad = int(np.count_nonzero(~(np.isfinite(s32) & (s32 > 0))))
-                if bad:
-                    problems.append(f"{full}: {bad:,} of {s32.size:,} scales are not finite and > 0")
-            elif s.suffix == ".weight_shape":
+                findings += check_values(full, what, a, shard=s_shard)
+            elif what == WEIGHT_SHAPE:
                 weight_shape = [int(v) for v in a.reshape(-1)]
                 if out is None and len(weight_shape) == 2:
                     out, inp = weight_shape
-                elif weight_shape != [out, inp]:
-                    problems.append(f"WEIGHT_SHAPE_MISMATCH: {full} holds {weight_shape}, the config implies "
-                                    f"[{out}, {inp}]")
-                    complete = False
+                else:
+                    bad = check_values(full, WEIGHT_SHAPE, a, expected_shape=(out or 0, inp or 0), shard=s_shard)
+                    findings += bad
+                    complete = complete and not bad
         if dequant and complete and out is not None and inp is not None:
             per = 2 if isinstance(scheme, Fp8Block) else 8  # the result, plus INT4's codes and float32 products
             check_memory(per * out * inp, f"dequantizing {module} ({out * inp:,} values)")
             try:
                 deq_st = tensor_stats(scheme.dequantize(stored, out, inp))
             except NumericsError as e:
-                problems.append(f"{module}: cannot dequantize: {e}")
+                findings.append(error("SHAPE_MISMATCH", f"{module}: cannot dequantize: {e}", tensor=module))
     elif dequant:
         stderr.print(f"note: {name} is {t.dtype}, not a quantized weight: nothing to dequantize")
 
+    problems = [f"{f.code}: {f.message}" for f in findings if f.severity == Severity.ERROR]
     doc = {
         "source": src.label,
         "revision": src.revision,

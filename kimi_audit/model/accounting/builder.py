@@ -2,8 +2,8 @@
 a Linear module as its quantization scheme stores it, and the rows listed apart.
 
 `Builder` files every found tensor under its (block kind, component) slot (quantization metadata under
-its module), and makes leaves whose derived counts come from config values and the model code's formulas
-beside the found ones. A Linear module's part asks the config's quantization plan (model.quant) for the
+its module), and makes leaves whose derived counts come from the architecture description's factors
+(model.arch) beside the found ones. A Linear module's part asks the config's quantization plan (model.quant) for the
 scheme of its first instance: the part counts out × in parameters however they are stored (INT4 packed
 words stand for them), and carries the scheme's metadata tensors (FP8 block scales, INT4 group scales and
 weight_shape) apart, never counted. model.py walks the model with these pieces; tensors no
@@ -18,16 +18,8 @@ from collections.abc import Iterable, Mapping
 
 from kimi_audit.format.table import Located
 from kimi_audit.model.accounting.summary import DtypeRow, ExcludedRow, sum_rows
-from kimi_audit.model.accounting.tree import (
-    UNACCOUNTED,
-    Factor,
-    FoundTensor,
-    Node,
-    Part,
-    StoredPart,
-    collapse,
-    tensor_slot,
-)
+from kimi_audit.model.accounting.tree import UNACCOUNTED, FoundTensor, Node, Part, StoredPart, collapse, tensor_slot
+from kimi_audit.model.arch.spec import Factor
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE, kind_of
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, layer_block, scheme_of
@@ -185,9 +177,6 @@ class Builder:
         )
 
     # parts
-
-    def f(self, key: str, label: str) -> Factor:
-        return Factor(getattr(self.cfg, key), label, (key,))
 
     def full_name(self, block: str | None, module: str) -> str:
         """The full name of the module's first instance in that block (what the quantization plan is asked)."""

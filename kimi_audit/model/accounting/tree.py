@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from kimi_audit.format.names import ranges
 from kimi_audit.model.accounting.summary import Activation, Comparison, DtypeRow, ExcludedRow, MtpSummary
+from kimi_audit.model.arch.spec import Factor
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.kinds import PARAMETER
 from kimi_audit.model.layout import layer_block
@@ -25,20 +26,6 @@ EXPERT_RE = re.compile(r"(?<=\.experts\.)\d+\.")
 DIGITS_RE = re.compile(r"\d+")
 
 UNACCOUNTED = "unaccounted"
-
-
-@dataclass(frozen=True)
-class Factor:
-    """One factor of a per-instance formula: its value, what it is, and the config keys it comes from."""
-
-    value: int
-    label: str
-    keys: tuple[str, ...]
-    expr: str | None = None
-    """How the value is built when it is not a single config value, e.g. "(512 + 64)"."""
-
-    def text(self) -> str:
-        return self.expr or f"{self.value:,}"
 
 
 @dataclass(frozen=True)
