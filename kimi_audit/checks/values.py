@@ -28,7 +28,6 @@ from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding, Severity, error, info, warning
 from kimi_audit.format.header import ShardHeader, TensorInfo
 from kimi_audit.model import kinds
-from kimi_audit.model.quant import Fp8Block
 from kimi_audit.numerics.tensor_io import data_holes, in_hole, read_exact, windowed_map
 from kimi_audit.sources.base import Source
 
@@ -355,7 +354,7 @@ def audit_with_values(source: Source, progress: ProgressFn | None = None,
     ckpt = load_checkpoint(source, progress)
     report = audit_checkpoint(ckpt)
     plan = ckpt.config.quant
-    ue8m0 = plan is not None and isinstance(plan.quantized, Fp8Block) and plan.quantized.scale_fmt == "ue8m0"
+    ue8m0 = plan is not None and plan.quantized.power_of_two_scales
     extra = value_findings(source, ckpt.headers, values_progress, ue8m0=ue8m0,
                            weight_shapes=packed_shapes(ckpt.expected))
     return dataclasses.replace(report, findings=tuple(report.findings) + tuple(extra), values_checked=True)

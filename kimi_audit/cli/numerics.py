@@ -20,9 +20,9 @@ from kimi_audit.findings import Severity, error
 from kimi_audit.format.header import TensorInfo
 from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.kinds import PACKED_WEIGHT, WEIGHT, role_of
+from kimi_audit.model.kinds import PACKED_WEIGHT, WEIGHT, module_name, role_of
 from kimi_audit.model.layout import expected_layout, layer_block, scheme_of
-from kimi_audit.model.quant import FP8_DTYPE, Fp8Block, PackQuantized, Scheme
+from kimi_audit.model.quant import FP8_DTYPE, Fp8Block, Scheme, fp8_block
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
 from kimi_audit.report.tensor import json_text, render_rmsnorm, render_tensor
 from kimi_audit.sources import open_source
@@ -158,27 +158,34 @@ def _resolve(fetch: TensorFetcher, name: str) -> str:
 
 
 def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Scheme, int | None, int | None] | None:
-    """(module, scheme, out, in) for an FP8 `weight` or an INT4 `weight_packed`, else None. out x in comes from
-    the layout config.json implies (None for an INT4 module the layout lacks: then from weight_shape)."""
-    if t.dtype == FP8_DTYPE and role_of(name) == WEIGHT and len(t.shape) == 2:
-        try:
-            _, cfg = load_config(src)
-        except KimiAuditError:  # no usable config: DeepSeek's 128 x 128 blocks
-            return name[: -len(".weight")], Fp8Block(), t.shape[0], t.shape[1]
-        scheme = cfg.quant.quantized if cfg.quant is not None else None
-        return name[: -len(".weight")], scheme if isinstance(scheme, Fp8Block) else Fp8Block(), *t.shape
-    if role_of(name) != PACKED_WEIGHT:
+    """(module, scheme, out, in) for a quantized module's weight (an FP8 `weight`, packed `weight_packed` words),
+    else None. The scheme is the one the config's plan gives the module (FP8 weights it does not describe as
+    such: DeepSeek's blocks); out x in comes from the layout config.json implies (None for a packed module the
+    layout lacks: then from weight_shape)."""
+    role = role_of(name)
+    fp8 = role == WEIGHT and t.dtype == FP8_DTYPE and len(t.shape) == 2
+    if not fp8 and role != PACKED_WEIGHT:
         return None
-    module = name[: -len(".weight_packed")]
-    _, cfg = load_config(src)
-    packed = scheme_of(cfg, module)
-    if not isinstance(packed, PackQuantized):
-        raise KimiAuditError(f"{name}: config.json does not describe {module} as compressed-tensors pack-quantized "
-                             f"({packed.describe()})")
+    module = module_name(name)
+    try:
+        _, cfg = load_config(src)
+    except KimiAuditError:
+        if not fp8:
+            raise
+        return module, Fp8Block(), t.shape[0], t.shape[1]  # no usable config: DeepSeek's blocks
+    scheme = scheme_of(cfg, module)
+    main = scheme.stored(1, 1)[0]
+    if fp8:
+        if main.dtype != FP8_DTYPE:
+            scheme = Fp8Block(fp8_block(cfg.quant))
+        return module, scheme, t.shape[0], t.shape[1]
+    if module + main.suffix != name:
+        raise KimiAuditError(f"{name}: config.json does not describe {module} as stored in packed words "
+                             f"({scheme.describe()})")
     e = expected_layout(cfg).get(name)
     if e is None or not e.shape[0]:
-        return module, packed, None, None
-    return module, packed, e.shape[0], e.logical // e.shape[0]
+        return module, scheme, None, None
+    return module, scheme, e.shape[0], e.logical // e.shape[0]
 
 
 @app.command()
@@ -218,7 +225,7 @@ def tensor(
     quant = _quantized_module(src, name, t)
     if quant is not None:
         module, scheme, out, inp = quant
-        kind = "FP8" if isinstance(scheme, Fp8Block) else f"INT{getattr(scheme, 'bits', '')}"
+        kind = scheme.name
         stored: dict[str, np.ndarray] = {name[len(module):]: arr}
         complete = True
         for s in scheme.stored(out or 1, inp or 1):
@@ -244,8 +251,7 @@ def tensor(
                     findings += bad
                     complete = complete and not bad
         if dequant and complete and out is not None and inp is not None:
-            per = 2 if isinstance(scheme, Fp8Block) else 8  # the result, plus INT4's codes and float32 products
-            check_memory(per * out * inp, f"dequantizing {module} ({out * inp:,} values)")
+            check_memory(scheme.dequant_bytes_per_value * out * inp, f"dequantizing {module} ({out * inp:,} values)")
             try:
                 deq_st = tensor_stats(scheme.dequantize(stored, out, inp))
             except NumericsError as e:
@@ -274,7 +280,7 @@ def tensor(
     if as_json:
         sys.stdout.write(json_text(doc))
     else:
-        packed = quant is not None and isinstance(quant[1], PackQuantized)
+        packed = quant is not None and bool(quant[1].param_dtype)
         render_tensor(stdout, doc, f"{t.dtype} packed words" if packed else t.dtype,
                       None if quant is None else quant[1].describe())
     raise typer.Exit(1 if problems else 0)

@@ -67,6 +67,8 @@ class Scheme:
 
     key: ClassVar[str] = ""
     formats: ClassVar[tuple[tuple[str, str | None], ...]] = ()
+    dequant_bytes_per_value: ClassVar[int] = 2
+    """Memory `dequantize` needs per weight value (its result, and what it computes on)."""
     registry: ClassVar[dict[tuple[str, str | None], type[Scheme]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -83,6 +85,22 @@ class Scheme:
     def summary(self) -> dict[str, Any]:
         """The scheme's settings as plain data (`model.quantization` in `audit --json`)."""
         raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        """A short name of how the weight is stored (`FP8`, `INT4`, `BF16`)."""
+        raise NotImplementedError
+
+    @property
+    def param_dtype(self) -> str:
+        """The parameters' dtype where the stored weight packs them into another (`INT4` in I32 words); "" where
+        the weight tensor holds them as they are."""
+        return ""
+
+    @property
+    def power_of_two_scales(self) -> bool:
+        """Every block scale is meant to be an exact power of two (the values pass checks SCALE_NOT_UE8M0)."""
+        return False
 
     def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
         raise NotImplementedError
@@ -112,6 +130,10 @@ class Unquantized(Scheme):
 
     def summary(self) -> dict[str, Any]:
         return {"method": None, "dtype": self.dtype}
+
+    @property
+    def name(self) -> str:
+        return self.dtype
 
     def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
         return (Stored(".weight", self.dtype, (out, inp), PARAMETER, out * inp),)
@@ -146,6 +168,14 @@ class Fp8Block(Scheme):
     def summary(self) -> dict[str, Any]:
         return {"method": "fp8", "fmt": self.fmt, "block": list(self.block)}
 
+    @property
+    def name(self) -> str:
+        return "FP8"
+
+    @property
+    def power_of_two_scales(self) -> bool:
+        return self.scale_fmt == "ue8m0"
+
     def grid(self, out: int, inp: int) -> tuple[int, int]:
         """The weight_scale_inv shape of an [out, in] weight: [ceil(out/b0), ceil(in/b1)], edge blocks partial."""
         return scale_grid((out, inp), self.block)
@@ -175,6 +205,16 @@ class PackQuantized(Scheme):
     scale_dtype: str = "BF16"
     actorder: str | None = None
     strategy: str = "group"
+    dequant_bytes_per_value: ClassVar[int] = 8
+    """The result, the unpacked codes and the float32 products."""
+
+    @property
+    def name(self) -> str:
+        return f"INT{self.bits}"
+
+    @property
+    def param_dtype(self) -> str:
+        return self.name
 
     @classmethod
     def plan(cls, q: dict[str, Any], plain: Unquantized) -> QuantPlan:

@@ -23,7 +23,6 @@ from kimi_audit.model.arch.spec import Factor
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE, kind_of
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, layer_block, scheme_of
-from kimi_audit.model.quant import PackQuantized
 
 Mult = tuple[tuple[int, str], ...]
 Slot = tuple[str | None, str]
@@ -192,7 +191,7 @@ class Builder:
         stored = scheme.stored(math.prod(f.value for f in out), math.prod(f.value for f in inp))
         main = next(s for s in stored if s.kind in (PARAMETER, PACKED))
         meta = tuple(StoredPart(module + s.suffix, s.dtype, s.shape, s.kind, 0) for s in stored if s is not main)
-        param_dtype = f"INT{scheme.bits}" if isinstance(scheme, PackQuantized) else ""
+        param_dtype = scheme.param_dtype
         label = f"Weight ({param_dtype}, packed in {main.dtype} words)" if main.kind == PACKED else "Weight"
         parts = [Part(label, module + main.suffix, tuple(out + inp), main.dtype, main.kind, main.shape,
                       param_dtype, scheme.describe(), meta)]
