@@ -112,7 +112,8 @@ def kimi_config(layers: int, experts: int) -> dict:
 
 def layout_of(cfg: dict) -> list:
     from kimi_audit.model.config import model_config_from_dict
-    from kimi_audit.model.layout import BUFFER, expected_layout
+    from kimi_audit.model.kinds import BUFFER
+    from kimi_audit.model.layout import expected_layout
 
     return [t for t in expected_layout(model_config_from_dict(cfg)).values() if t.kind != BUFFER]
 

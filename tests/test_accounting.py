@@ -16,11 +16,14 @@ from hub_fixtures import *  # noqa: F403
 from hub_fixtures import TINY_REPO
 from kimi_audit.cli import app
 from kimi_audit.format.header import TensorInfo
-from kimi_audit.model.accounting import UNACCOUNTED, accounting_dict, accounting_of_checkpoint, build_accounting
+from kimi_audit.model.accounting.account import accounting_of_checkpoint, build_accounting
+from kimi_audit.model.accounting.tree import UNACCOUNTED
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
-from kimi_audit.model.layout import BUFFER, PACKED, PARAMETER, SCALE, expected_layout
+from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE
+from kimi_audit.model.layout import expected_layout
 from kimi_audit.model.replica import ReplicaTensor, replica_shards, write_shard
+from kimi_audit.report.accounting import accounting_dict
 from kimi_audit.sources import LocalSource
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
 
@@ -189,7 +192,7 @@ def test_derived_tree_matches_the_layout_for_config_variants(change):
     assert ("mtp" in keys) is (cfg.num_nextn_predict_layers > 0)
     assert ("blocks.moe.attention.q_projection.q_proj" in keys) is (cfg.q_lora_rank is None)
     dtypes = {r.dtype for r in acc.dtypes}
-    assert ("F8_E4M3" in dtypes) is (cfg.quantization is not None)
+    assert ("F8_E4M3" in dtypes) is (cfg.quant is not None)
 
 
 def test_params_cli_json_and_exit_codes(tiny_dir, tmp_path):

@@ -261,9 +261,11 @@ def test_tensor_reports_nan_weight_and_bad_scales(tiny_copy: Path) -> None:
     poke(tiny_copy, name + "_scale_inv", np.array([0.0, -1.0], np.float32), start_elem=1)
     doc = run_json("tensor", str(tiny_copy), name, "--dequant", code=1)
     assert doc["stats"]["nan"] == 2 and doc["dequantized"]["nan"] == 2
-    assert any("2 of 6 scales are not finite and > 0" in p for p in doc["problems"])
+    assert doc["problems"] == [f"VALUE_NAN: {name}: 2 of {doc['stats']['count']:,} values are NaN",
+                               f"SCALE_NOT_POSITIVE: {name}_scale_inv: 2 of 6 block scales are ≤ 0 (dequantized "
+                               "weights would be zero or sign-flipped)"]
     r = run("tensor", str(tiny_copy), name)
-    assert r.exit_code == 1 and "2 NaN" in r.stdout
+    assert r.exit_code == 1 and "VALUE_NAN" in r.stdout and "2 of" in r.stdout
 
 
 def test_tensor_errors_are_one_line(tiny_dir: Path) -> None:
@@ -483,3 +485,23 @@ def test_values_ue8m0_scales_must_be_powers_of_two(tiny_copy: Path) -> None:
     (tiny_copy / "config.json").write_text(json.dumps(cfg))
     assert [f["code"] for f in run_json("audit", str(tiny_copy), "--values", "--no-progress")["findings"]] == \
         ["VALUES_CHECKED"]
+
+
+def test_values_pass_names_every_tensor_it_could_not_check(tmp_path: Path) -> None:
+    """A small tensor the pass cannot decode (an F4 gain: a valid safetensors dtype numpy has no type for) is
+    a VALUES_SKIPPED finding, never a silent pass; the one beside it is checked."""
+    from kimi_audit.format.header import read_shard_header
+    from shard_builder import entry, write_shard
+
+    shard = "model.safetensors"
+    write_shard(tmp_path / shard, {"model.norm.weight": entry("F4", [16], 0, 8),
+                                   "model.layers.0.input_layernorm.weight": entry("BF16", [4], 8, 16)})
+    src = LocalSource(tmp_path)
+    found = value_findings(src, {shard: read_shard_header(src, shard)})
+    skipped = [f for f in found if f.code == "VALUES_SKIPPED"]
+    assert [(f.tensor, f.shard) for f in skipped] == [("model.norm.weight", shard)]
+    assert "'F4'" in skipped[0].message and "not checked" in skipped[0].message
+    zero = [f for f in found if f.code == "GAIN_ALL_ZERO"]  # the other gain was read: all zero bytes
+    assert [f.tensor for f in zero] == ["model.layers.0.input_layernorm.weight"]
+    checked = next(f for f in found if f.code == "VALUES_CHECKED")
+    assert checked.actual == 1

@@ -9,11 +9,13 @@ from typer.testing import CliRunner
 
 from kimi_audit.cli import app
 from kimi_audit.errors import KimiAuditError
-from kimi_audit.model.accounting import accounting_of_checkpoint, build_accounting
+from kimi_audit.model.accounting.account import accounting_of_checkpoint, build_accounting
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.config import model_config_from_dict
-from kimi_audit.model.explain import DOCS, build_card, card_dict, card_text, find_nodes
+from kimi_audit.model.explain import build_card, find_nodes
+from kimi_audit.model.explain_docs import DOCS
 from kimi_audit.model.layout import expected_layout
+from kimi_audit.report.explain import card_dict, card_text
 from kimi_audit.sources import LocalSource
 from test_accounting import DEEPSEEK_V3, as_found, thinking_raw, v32_raw
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny

@@ -95,7 +95,8 @@ def test_fetch_shard_prefix_matches_read_shard_header(replica_dir: Path) -> None
 def test_exact_figure_past_the_quick_bound_is_checked_against_the_entries_text() -> None:
     """Twenty-dimensional shapes make each entry longer than the quick bound allows: the exact figure
     must still be taken, once the bound from the entries' own text admits it."""
-    from kimi_audit.model.layout import PARAMETER, _tensor
+    from kimi_audit.model.kinds import PARAMETER
+    from kimi_audit.model.layout import _tensor
 
     names = [f"t.{i}.weight" for i in range(50)]
     shape = (1,) * 20

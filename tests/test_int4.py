@@ -247,7 +247,8 @@ def build_int4(d: Path, symmetric: bool = True, seed: int = 0) -> Path:
     from safetensors.torch import save_file
 
     from kimi_audit.model.config import model_config_from_dict
-    from kimi_audit.model.layout import BUFFER, PACKED, SCALE, expected_layout
+    from kimi_audit.model.kinds import BUFFER, PACKED, SCALE
+    from kimi_audit.model.layout import expected_layout
     from tiny_checkpoint import tiny_shard_of
 
     config = int4_config(symmetric)
@@ -329,6 +330,9 @@ def test_tiny_int4_checkpoint_audits_clean(int4_dir: Path) -> None:
     doc = run_json("audit", str(int4_dir), "--values", "--no-progress")
     assert [f["code"] for f in doc["findings"]] == ["VALUES_CHECKED"], doc["findings"]
     assert "72 INT4 group scales, 72 weight_shapes" in doc["findings"][0]["message"]
+    # the summary is the plan's: the scheme's own fields, no phantom FP8 block
+    assert doc["model"]["quantization"] == {"method": "compressed-tensors", "format": "pack-quantized", "bits": 4,
+                                            "group_size": 32, "strategy": "group", "symmetric": True}
 
 
 @pytest.mark.parametrize("given", [EXPERT, EXPERT + ".weight_packed"], ids=["module", "weight_packed"])
@@ -375,8 +379,10 @@ def test_weight_shape_and_group_scale_faults(int4_dir: Path, tmp_path: Path) -> 
     assert doc["weight_shape"] == [160, 352] and doc["dequantized"] is None
     assert doc["problems"] == [f"WEIGHT_SHAPE_MISMATCH: {EXPERT}.weight_shape holds [160, 352], the config "
                                "implies [160, 320]"]
-    doc = run_json("tensor", str(d), down, code=1)
-    assert doc["problems"] == [f"{down}.weight_scale: 3 of 1,600 scales are not finite and > 0"]
+    doc = run_json("tensor", str(d), down, code=1)  # the values pass's own check: the same codes as below
+    assert doc["problems"] == [f"VALUE_NAN: {down}.weight_scale: 1 of 1,600 values are NaN",
+                               f"SCALE_NOT_POSITIVE: {down}.weight_scale: 2 of 1,600 group scales are ≤ 0 "
+                               "(dequantized weights would be zero or sign-flipped)"]
     doc = run_json("audit", str(d), "--values", "--no-progress", code=1)
     got = {(f["code"], f["severity"], f["tensor"], str(f["expected"]), f["actual"]) for f in doc["findings"]
            if f["severity"] != "info"}

@@ -8,8 +8,10 @@ from collections import Counter
 import pytest
 
 from kimi_audit.errors import ConfigError
+from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
-from kimi_audit.model.layout import BUFFER, DENSE, MOE, MTP, PARAMETER, SCALE, expected_layout
+from kimi_audit.model.kinds import BUFFER, PARAMETER, SCALE
+from kimi_audit.model.layout import expected_layout
 from kimi_audit.model.quant import Fp8Block
 
 
@@ -156,3 +158,28 @@ def test_specs_by_name_is_the_layout_without_entries(kimi):
         e, s = layout[name], specs[name]
         assert (s.dtype, s.shape, s.nbytes) == (e.dtype, e.shape, e.nbytes)
     assert specs.get("no.such.tensor") is None
+
+
+def test_every_family_model_type_has_one_registered_description() -> None:
+    """The configs read as the family (model.config) are exactly those an architecture module registers."""
+    from kimi_audit.model.arch.registry import ARCHITECTURES
+    from kimi_audit.model.config import FAMILY_TYPES
+
+    assert set(ARCHITECTURES) == FAMILY_TYPES
+
+
+def test_the_layout_and_the_accounting_walk_one_description() -> None:
+    """Every leaf part of the accounting tree is a component the layout expects in that block, and every
+    counted tensor the layout expects is some leaf's part: both are walks over model.arch's description."""
+    from kimi_audit.model.accounting.account import build_accounting
+    from kimi_audit.model.kinds import PACKED
+
+    raw = json.loads(pinned_config_bytes())
+    cfg = model_config_from_dict(dict(raw, num_hidden_layers=4, n_routed_experts=3, attention_bias=True))
+    layout = expected_layout(cfg)
+    expected = {(e.block, e.component) for e in layout.values() if e.kind in (PARAMETER, PACKED)}
+    acc = build_accounting(cfg, {}, layout)
+    block = {"blocks.dense": DENSE, "blocks.moe": MOE, "mtp": MTP}
+    parts = {(next((b for k, b in block.items() if n.key.startswith(k + ".")), None), p.component)
+             for n in acc.root.leaves() for p in n.parts}
+    assert parts == expected

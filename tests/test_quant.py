@@ -10,8 +10,17 @@ from pathlib import Path
 import pytest
 
 from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
-from kimi_audit.model.layout import PACKED, PARAMETER, SCALE, ExpectedLayout, expected_layout
-from kimi_audit.model.quant import Fp8Block, PackQuantized, QuantPlan, Scheme, Unquantized, quant_plan
+from kimi_audit.model.kinds import PACKED, PARAMETER, SCALE
+from kimi_audit.model.layout import ExpectedLayout, expected_layout
+from kimi_audit.model.quant import (
+    Fp8Block,
+    PackQuantized,
+    QuantPlan,
+    Scheme,
+    Unquantized,
+    UnsupportedQuantization,
+    quant_plan,
+)
 from kimi_audit.model.replica_models import replica_model
 
 DATA = Path(__file__).parent / "data"
@@ -40,9 +49,41 @@ def layout(raw: dict) -> ExpectedLayout:
     return expected_layout(model_config_from_dict(raw))
 
 
-def test_every_scheme_registers_under_its_config_key() -> None:
-    assert Scheme.registry == {"none": Unquantized, "fp8": Fp8Block,
-                               "compressed-tensors/pack-quantized": PackQuantized}
+def test_every_scheme_registers_under_its_method_and_format() -> None:
+    assert Scheme.registry == {("fp8", None): Fp8Block, ("compressed-tensors", "pack-quantized"): PackQuantized}
+
+
+def test_quant_plan_dispatches_through_the_registry() -> None:
+    """A scheme class registered for a (method, format) pair is what quant_plan builds: a new format is one
+    class (here a throwaway one, removed from the registry afterwards)."""
+
+    class Probe(Unquantized):
+        formats = (("probe-method", "probe-format"),)
+
+        @classmethod
+        def plan(cls, q: dict, plain: Unquantized) -> QuantPlan:
+            return QuantPlan(cls(dtype="F16"), plain)
+
+    try:
+        plan = quant_plan({"quant_method": "probe-method", "format": "probe-format"}, "BF16")
+        assert plan is not None and type(plan.quantized) is Probe and plan.quantized.dtype == "F16"
+    finally:
+        del Scheme.registry[("probe-method", "probe-format")]
+    with pytest.raises(UnsupportedQuantization, match="quant_method 'probe-method'"):
+        quant_plan({"quant_method": "probe-method", "format": "probe-format"}, "BF16")
+    with pytest.raises(UnsupportedQuantization, match="compressed-tensors format 'float-quantized'"):
+        quant_plan({"quant_method": "compressed-tensors", "format": "float-quantized"}, "BF16")
+
+
+def test_the_summary_gives_each_schemes_own_fields() -> None:
+    """`model.quantization` in `audit --json`: FP8 keeps method/fmt/block; INT4 gives its real fields, not a
+    phantom FP8 block."""
+    fp8 = model_config_from_dict(instruct()).quant
+    assert fp8 is not None and fp8.summary() == {"method": "fp8", "fmt": "e4m3", "block": [128, 128]}
+    int4 = model_config_from_dict(thinking()).quant
+    assert int4 is not None and int4.summary() == {
+        "method": "compressed-tensors", "format": "pack-quantized", "bits": 4, "group_size": 32,
+        "strategy": "group", "symmetric": True}
 
 
 def test_int4_experts_store_packed_words_group_scales_and_their_shape() -> None:

@@ -10,7 +10,8 @@ from kimi_audit.checks.stats import compute_stats
 from kimi_audit.format.header import TensorInfo
 from kimi_audit.format.table import TensorTable, tensor_table
 from kimi_audit.model.checkpoint import load_checkpoint
-from kimi_audit.model.layout import PARAMETER, ExpectedLayout, classify_name
+from kimi_audit.model.kinds import PARAMETER, kind_of
+from kimi_audit.model.layout import ExpectedLayout
 from kimi_audit.sources import LocalSource
 
 
@@ -19,7 +20,7 @@ def recount(actual: TensorTable, expected) -> dict[tuple[str, str], list[int]]:
     for row, name in enumerate(actual.names):
         t = actual.info(row)
         e = expected.get(name)
-        row = rows[(e.kind if e is not None else classify_name(name), t.dtype)]
+        row = rows[(e.kind if e is not None else kind_of(name), t.dtype)]
         row[0] += 1
         row[1] += prod(t.shape)
         row[2] += t.end - t.begin

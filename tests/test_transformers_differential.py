@@ -30,7 +30,8 @@ from kimi_audit.constants import INDEX_FILE
 from kimi_audit.errors import ConfigError
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.model.config import REFERENCE_DEFAULTS, model_config_from_dict, pinned_config_bytes
-from kimi_audit.model.layout import BUFFER, SCALE, ExpectedLayout, expected_layout
+from kimi_audit.model.kinds import BUFFER, SCALE
+from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.sources import LocalSource
 
 DEEPSEEK_V3_CONFIG = Path(__file__).parent / "data" / "deepseek-v3.config.json"

@@ -16,7 +16,9 @@ import numpy as np
 from safetensors import TensorSpec, serialize_file
 
 from kimi_audit.model.config import model_config_from_dict
-from kimi_audit.model.layout import BUFFER, FP8_DTYPE, SCALE, SCALE_SUFFIX, expected_layout
+from kimi_audit.model.kinds import BUFFER, SCALE
+from kimi_audit.model.layout import expected_layout
+from kimi_audit.model.quant import FP8_DTYPE, SCALE_SUFFIX
 
 TINY_CONFIG = {
     "architectures": ["DeepseekV3ForCausalLM"],

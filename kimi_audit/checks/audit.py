@@ -15,8 +15,9 @@ from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import Finding, Severity, warning
 from kimi_audit.format.table import tensor_table
 from kimi_audit.gcpause import gc_paused
+from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
-from kimi_audit.model.layout import DENSE, MOE, MTP, layer_block
+from kimi_audit.model.layout import layer_block
 from kimi_audit.sources.base import Source
 
 
@@ -83,7 +84,7 @@ class AuditReport:
 def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
     cfg = ckpt.config
     blocks = [layer_block(cfg, i) for i in range(cfg.total_layers)]
-    q = cfg.quantization
+    q = cfg.quant
     return {
         "model_type": cfg.model_type,
         "architectures": ckpt.config_raw.get("architectures"),
@@ -97,7 +98,7 @@ def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
         "q_lora_rank": cfg.q_lora_rank,
         "kv_lora_rank": cfg.kv_lora_rank,
         "vocab_size": cfg.vocab_size,
-        "quantization": None if q is None else {"method": q.method, "fmt": q.fmt, "block": list(q.block)},
+        "quantization": None if q is None else q.summary(),
     }
 
 
@@ -127,7 +128,7 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
     all_findings.extend(duplicates)
     cov = covered(ckpt, expected, aligned.positions)
     if cfg.layout_supported:
-        stored = Counter(actual.dtypes) if cfg.quantization is None else None
+        stored = Counter(actual.dtypes) if cfg.quant is None else None
         all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
         all_findings.extend(cov.extra)
         all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything))

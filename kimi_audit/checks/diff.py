@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kimi_audit.format.table import Located, locate_tensors
-from kimi_audit.model.accounting import Accounting, accounting_of_checkpoint, collapse
+from kimi_audit.model.accounting.account import accounting_of_checkpoint
+from kimi_audit.model.accounting.tree import Accounting, collapse
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.numerics.tensor_io import read_exact, windowed_map
 from kimi_audit.sources.base import Source

@@ -8,8 +8,9 @@ from typing import NamedTuple
 
 from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.table import TensorTable
-from kimi_audit.model.layout import BUFFER, PACKED, PARAMETER, SCALE, SCALE_SUFFIX, ExpectedLayout, ExpectedTensor
-from kimi_audit.model.quant import METADATA_SUFFIXES
+from kimi_audit.model.kinds import BUFFER, METADATA_SUFFIXES, PACKED, PARAMETER, SCALE
+from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor
+from kimi_audit.model.quant import SCALE_SUFFIX
 
 MISMATCH_CODES = {
     PARAMETER: ("DTYPE_MISMATCH", "SHAPE_MISMATCH"),

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kimi_audit.format.table import TensorLookup
+from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import DENSE, MOE, MTP, layer_block
+from kimi_audit.model.layout import layer_block
 
 COMPONENT = "self_attn.q_a_layernorm.weight"
 

@@ -6,8 +6,10 @@ from collections import Counter
 from typing import Any
 
 from kimi_audit.findings import Finding, error, warning
+from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 
-EXPECTED = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+EXPECTED = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(DEEPSEEK_FP8_BLOCK)}
+"""The family's FP8 settings (DeepSeek-V3's): what QUANT_CONFIG compares an fp8 quantization_config with."""
 
 
 def quantization_findings(

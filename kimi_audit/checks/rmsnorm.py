@@ -19,11 +19,11 @@ import numpy as np
 
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import FP8_DTYPE, SCALE_SUFFIX
+from kimi_audit.model.layout import scheme_of
+from kimi_audit.model.quant import FP8_DTYPE, Fp8Block, fp8_block
 from kimi_audit.numerics.kernels import (
     TensorStats,
     bfloat16,
-    dequantize_fp8,
     f32_to_bf16,
     rms_norm,
     tensor_stats,
@@ -174,16 +174,25 @@ def load_input(path: Path, width: int, layers: int = 1) -> np.ndarray:
     return a
 
 
+def linear_weight(fetch: TensorFetcher, cfg: ModelConfig, module: str, out: int, inp: int) -> np.ndarray:
+    """A Linear module's weight [out, in], dequantized by the scheme the config's plan gives it (FP8 weights
+    the config does not describe as such: DeepSeek's blocks), from the tensors that scheme stores."""
+    scheme = scheme_of(cfg, module)
+    main = scheme.stored(out, inp)[0]
+    w, wt, _ = fetch.read(module + main.suffix)
+    if wt.dtype == FP8_DTYPE and main.dtype != FP8_DTYPE:
+        scheme = Fp8Block(fp8_block(cfg.quant))
+    tensors = {s.suffix: w if s.suffix == main.suffix else fetch.read(module + s.suffix)[0]
+               for s in scheme.stored(out, inp)}
+    return scheme.dequantize(tensors, out, inp)
+
+
 def query_latent(fetch: TensorFetcher, cfg: ModelConfig, layer: int, emb: np.ndarray) -> np.ndarray:
     """embedding rows -> layer's input_layernorm -> q_a_proj (dequantized), bf16 [1, T, q_lora_rank]."""
     p = f"model.layers.{layer}."
     g_in, _, _ = fetch.read(p + INPUT_LAYERNORM)
     h = rms_norm(emb, g_in, cfg.rms_norm_eps)
-    w, wt, _ = fetch.read(p + Q_A_PROJ)
-    if wt.dtype == FP8_DTYPE:
-        s, _, _ = fetch.read(p + Q_A_PROJ[: -len(".weight")] + SCALE_SUFFIX)
-        block = cfg.quantization.block if cfg.quantization else (128, 128)
-        w = dequantize_fp8(w, s, block)
+    w = linear_weight(fetch, cfg, p + Q_A_PROJ[: -len(".weight")], cfg.q_lora_rank or 0, cfg.hidden_size)
     # F.linear: float32 accumulation, one rounding to bf16 (not bit-matched to a particular GEMM)
     q = to_float32(h) @ to_float32(w).T
     return f32_to_bf16(q)[None]

@@ -13,7 +13,8 @@ from math import prod
 from kimi_audit.checks.layout import Alignment, align
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.format.table import TensorTable
-from kimi_audit.model.layout import BUFFER, PACKED, PARAMETER, SCALE, ExpectedLayout, classify_name
+from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE, kind_of
+from kimi_audit.model.layout import ExpectedLayout
 
 KIND_ORDER = (PARAMETER, PACKED, SCALE, BUFFER)
 
@@ -76,7 +77,7 @@ def compute_stats(
             add(s.kind, s.dtype, n, n * prod(s.shape), n * s.nbytes, n * s.logical)
     for row in odd:
         i = spec_rows[row]
-        kind = expected.specs[i].kind if i >= 0 else classify_name(actual.names[row])
+        kind = expected.specs[i].kind if i >= 0 else kind_of(actual.names[row])
         elements = prod(actual.shapes[row])
         # packed words of the wrong shape still stand for their module (reported as SHAPE_MISMATCH)
         logical = elements if kind == PARAMETER else expected.specs[i].logical if kind == PACKED and i >= 0 else 0

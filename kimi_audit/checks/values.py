@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING
 from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding, Severity, error, info, warning
 from kimi_audit.format.header import ShardHeader, TensorInfo
-from kimi_audit.model.layout import SCALE_SUFFIX
-from kimi_audit.model.quant import Fp8Block
+from kimi_audit.model import kinds
 from kimi_audit.numerics.tensor_io import data_holes, in_hole, read_exact, windowed_map
 from kimi_audit.sources.base import Source
 
@@ -44,12 +43,12 @@ ROUTER_BIAS = "router_bias"
 SCALE = "scale"
 GROUP_SCALE = "group_scale"
 WEIGHT_SHAPE = "weight_shape"
+VALUES = "values"
+"""Any other tensor (check_values: NaN and Inf only)."""
 
 UE8M0_WARN_ONLY = "self_attn.o_proj"
 """Module whose scales are not powers of two in the published DeepSeek-V3.1 release (deepseek-ai/DeepSeek-V3
 issue 961): SCALE_NOT_UE8M0 is a warning there, an error elsewhere."""
-
-ROUTER_BIAS_SUFFIX = ".e_score_correction_bias"
 
 MAX_GAP = 1 << 16
 """Two small tensors closer than this in a shard are fetched with one read (the gap read too)."""
@@ -57,6 +56,8 @@ MAX_SPAN = 1 << 24
 """No coalesced read is longer than this."""
 MAX_SMALL_BYTES = 1 << 26
 """A 'small' tensor bigger than this is not fetched by the values pass (reported as skipped)."""
+VALUES_CHUNK = 1 << 22
+"""Values converted to float32 at a time by check_values."""
 MAX_PER_CODE = 50
 """Findings listed one by one per code; the rest are counted in one summary finding."""
 
@@ -67,19 +68,14 @@ Job = tuple[str, int, int, int, list[TensorInfo]]
 """One coalesced read: (shard, data_start, begin, end, members), offsets relative to the data buffer."""
 
 
+VALUE_KINDS = {kinds.BLOCK_SCALE: SCALE, kinds.GROUP_SCALE: GROUP_SCALE, kinds.WEIGHT_SHAPE: WEIGHT_SHAPE,
+               kinds.ROUTER_BIAS: ROUTER_BIAS, kinds.GAIN: GAIN}
+"""The roles (model.kinds) of the small tensors this pass reads, and the class it checks each as."""
+
+
 def value_kind(name: str) -> str | None:
     """Which small tensor class a name belongs to, or None for everything else."""
-    if name.endswith(SCALE_SUFFIX):
-        return SCALE
-    if name.endswith(".weight_scale"):
-        return GROUP_SCALE
-    if name.endswith(".weight_shape"):
-        return WEIGHT_SHAPE
-    if name.endswith(ROUTER_BIAS_SUFFIX):
-        return ROUTER_BIAS
-    if name.endswith("norm.weight"):
-        return GAIN
-    return None
+    return VALUE_KINDS.get(kinds.role_of(name))
 
 
 def small_tensors(headers: dict[str, ShardHeader]) -> list[tuple[str, TensorInfo, str]]:
@@ -128,9 +124,13 @@ def read_tensors(
 
 
 def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = False,
-                 expected_shape: tuple[int, ...] | None = None) -> list[tuple[str, str, int]]:
-    """(code, message, count) for what is wrong with one small tensor's values. `ue8m0`: FP8 scales must be
-    powers of two; `expected_shape`: what a `weight_shape` must hold."""
+                 expected_shape: tuple[int, ...] | None = None, shard: str | None = None) -> list[Finding]:
+    """What is wrong with one tensor's values, as findings (`actual`: how many values or tensors).
+
+    `kind` is a small-tensor class (GAIN, ROUTER_BIAS, SCALE, GROUP_SCALE, WEIGHT_SHAPE) or VALUES (any other
+    tensor: NaN and Inf only; integer tensors hold neither). `ue8m0`: FP8 block scales must be powers of two
+    (a warning in UE8M0_WARN_ONLY's scales); `expected_shape`: what a `weight_shape` must hold. The one value
+    check of the `audit --values` pass and the `tensor` command."""
     import numpy as np
 
     from kimi_audit.numerics.dtypes import to_float32
@@ -138,33 +138,52 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
     if kind == WEIGHT_SHAPE:
         held = [int(v) for v in values.reshape(-1)] if values.dtype.kind in "iu" else None
         if expected_shape is not None and held != list(expected_shape):
-            return [("WEIGHT_SHAPE_MISMATCH", f"{name} holds {held if held is not None else values.dtype}, the "
-                     f"config implies {list(expected_shape)}", 1)]
+            return [error("WEIGHT_SHAPE_MISMATCH", f"{name} holds {held if held is not None else values.dtype}, the "
+                          f"config implies {list(expected_shape)}", tensor=name, shard=shard, actual=1,
+                          expected=list(expected_shape))]
         return []
-    f = to_float32(values).reshape(-1)
-    n = f.size
-    out: list[tuple[str, str, int]] = []
-    nan = int(np.count_nonzero(np.isnan(f)))
-    inf = int(np.count_nonzero(np.isinf(f)))
+    flat = values.reshape(-1)
+    if flat.dtype.kind in "iub":
+        return []
+    n = flat.size
+    nan = inf = bad = zero = off = 0
+    first_off: float | None = None
+    for i in range(0, n, VALUES_CHUNK):  # float32 a chunk at a time: a whole weight may be gigabytes
+        f = to_float32(flat[i : i + VALUES_CHUNK])
+        nan += int(np.count_nonzero(np.isnan(f)))
+        inf += int(np.count_nonzero(np.isinf(f)))
+        if kind in (SCALE, GROUP_SCALE):
+            bad += int(np.count_nonzero(f <= 0))  # NaN compares False: counted above
+            if ue8m0 and kind == SCALE:
+                mant, exp = np.frexp(f)  # f == 0.5 * 2**exp exactly for a power of two; E8M0: 2**-127 .. 2**127
+                hits = np.flatnonzero((f > 0) & np.isfinite(f) & ((mant != 0.5) | (exp < -126)))
+                if hits.size and first_off is None:
+                    first_off = float(f[hits[0]])
+                off += int(hits.size)
+        elif kind == GAIN:
+            zero += int(np.count_nonzero(f == 0))
+    out: list[Finding] = []
+    where = {"tensor": name, "shard": shard}
     if nan:
-        out.append(("VALUE_NAN", f"{name}: {nan:,} of {n:,} values are NaN", nan))
+        out.append(error("VALUE_NAN", f"{name}: {nan:,} of {n:,} values are NaN", actual=nan,
+                         expected=_expected("VALUE_NAN"), **where))
     if inf:
-        out.append(("VALUE_INF", f"{name}: {inf:,} of {n:,} values are ±Inf", inf))
-    if kind in (SCALE, GROUP_SCALE):
-        what = "block" if kind == SCALE else "group"
-        bad = int(np.count_nonzero(f <= 0))  # NaN compares False: counted above
-        if bad:
-            out.append(("SCALE_NOT_POSITIVE", f"{name}: {bad:,} of {n:,} {what} scales are ≤ 0 "
-                        "(dequantized weights would be zero or sign-flipped)", bad))
-        if ue8m0 and kind == SCALE:
-            mant, exp = np.frexp(f)  # f == 0.5 * 2**exp exactly for a power of two; E8M0 holds 2**-127 .. 2**127
-            off = np.flatnonzero((f > 0) & np.isfinite(f) & ((mant != 0.5) | (exp < -126)))
-            if off.size:
-                out.append(("SCALE_NOT_UE8M0", f"{name}: {off.size:,} of {n:,} block scales are not powers of two "
-                            f"(scale_fmt ue8m0); the first is {float(f[off[0]]):.9g}", int(off.size)))
-    elif kind == GAIN and n and not np.any(f):
-        out.append(("GAIN_ALL_ZERO", f"{name}: all {n:,} RMSNorm gains are zero "
-                    "(the normalized output is identically zero)", n))
+        out.append(error("VALUE_INF", f"{name}: {inf:,} of {n:,} values are ±Inf", actual=inf,
+                         expected=_expected("VALUE_INF"), **where))
+    what = "block" if kind == SCALE else "group"
+    if bad:
+        out.append(error("SCALE_NOT_POSITIVE", f"{name}: {bad:,} of {n:,} {what} scales are ≤ 0 "
+                         "(dequantized weights would be zero or sign-flipped)", actual=bad,
+                         expected=_expected("SCALE_NOT_POSITIVE"), **where))
+    if off:
+        severity = warning if UE8M0_WARN_ONLY in name else error
+        out.append(severity("SCALE_NOT_UE8M0", f"{name}: {off:,} of {n:,} block scales are not powers of two "
+                            f"(scale_fmt ue8m0); the first is {first_off:.9g}", actual=off,
+                            expected=_expected("SCALE_NOT_UE8M0"), **where))
+    if kind == GAIN and n and zero == n:
+        out.append(error("GAIN_ALL_ZERO", f"{name}: all {n:,} RMSNorm gains are zero "
+                         "(the normalized output is identically zero)", actual=n,
+                         expected=_expected("GAIN_ALL_ZERO"), **where))
     return out
 
 
@@ -190,8 +209,7 @@ def value_findings(
     by_shard: dict[str, list[TensorInfo]] = {}
     for shard, t, _kind in todo:
         if t.nbytes > MAX_SMALL_BYTES or t.end < t.begin:
-            skipped.append(info("VALUES_SKIPPED", f"{t.name}: {t.nbytes:,} bytes, not fetched by the "
-                                "values pass", tensor=t.name, shard=shard, actual=t.nbytes))
+            skipped.append(skipped_finding(t, shard, f"{t.nbytes:,} bytes, not fetched by the values pass"))
             continue
         by_shard.setdefault(shard, []).append(t)
     absent: list[tuple[str, TensorInfo]] = []
@@ -210,8 +228,9 @@ def value_findings(
                     present.append(t)
             infos = present
         for g0, g1, members in plan_reads(infos, max_gap):
-            if h.data_start + g1 > h.file_size:
-                continue  # data past end of file: the header check reports it
+            if h.data_start + g1 > h.file_size:  # the header check reports the data past the end of file
+                skipped.extend(skipped_finding(t, shard, "its data lies past the end of the file") for t in members)
+                continue
             jobs.append((shard, h.data_start, g0, g1, members))
 
     def fetch(job: Job) -> tuple[Job, bytes | None, SourceError | None]:
@@ -241,20 +260,17 @@ def value_findings(
                 raw = data[t.begin - g0 : t.end - g0]
                 try:
                     arr = decode(raw, t.dtype, t.shape)
-                except NumericsError:
-                    continue  # size/dtype violations are the header checks' findings
+                except NumericsError as e:  # the header checks name a size or dtype violation; never a silent pass
+                    skipped.append(skipped_finding(t, shard, f"not decoded ({e})"))
+                    continue
                 kind = kinds[(shard, t.name)]
-                expected_shape = shapes.get(t.name)
-                for code, message, count in check_values(t.name, kind, arr, ue8m0=ue8m0,
-                                                         expected_shape=expected_shape):
-                    warn = code == "SCALE_NOT_UE8M0" and UE8M0_WARN_ONLY in t.name
-                    key = (code, Severity.WARNING if warn else Severity.ERROR)
+                for finding in check_values(t.name, kind, arr, ue8m0=ue8m0, expected_shape=shapes.get(t.name),
+                                            shard=shard):
+                    key = (finding.code, finding.severity)
                     totals[key] = totals.get(key, 0) + 1
                     lst = issues.setdefault(key, [])
                     if len(lst) < max_per_code:
-                        lst.append((warning if warn else error)(
-                            code, message, tensor=t.name, shard=shard, actual=count,
-                            expected=list(expected_shape) if expected_shape else _expected(code)))
+                        lst.append(finding)
                 checked += 1
                 checked_kinds[kind] += 1
             if progress:
@@ -280,6 +296,12 @@ def value_findings(
         actual=checked,
     ))
     return findings + skipped
+
+
+def skipped_finding(t: TensorInfo, shard: str, why: str) -> Finding:
+    """A small tensor the pass did not check, and why (VALUES_SKIPPED): none is left out silently."""
+    return info("VALUES_SKIPPED", f"{t.name}: {why}; its values were not checked", tensor=t.name, shard=shard,
+                actual=t.nbytes)
 
 
 def not_present_finding(absent: list[tuple[str, TensorInfo]]) -> Finding:
@@ -332,7 +354,7 @@ def audit_with_values(source: Source, progress: ProgressFn | None = None,
     ckpt = load_checkpoint(source, progress)
     report = audit_checkpoint(ckpt)
     plan = ckpt.config.quant
-    ue8m0 = plan is not None and isinstance(plan.quantized, Fp8Block) and plan.quantized.scale_fmt == "ue8m0"
+    ue8m0 = plan is not None and plan.quantized.power_of_two_scales
     extra = value_findings(source, ckpt.headers, values_progress, ue8m0=ue8m0,
                            weight_shapes=packed_shapes(ckpt.expected))
     return dataclasses.replace(report, findings=tuple(report.findings) + tuple(extra), values_checked=True)

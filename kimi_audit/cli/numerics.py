@@ -7,30 +7,29 @@ through the Source interface (local directory or Hub): a 3 KB gain is 3 KB on th
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from kimi_audit.cli.application import app, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import KimiAuditError
+from kimi_audit.findings import Severity, error
 from kimi_audit.format.header import TensorInfo
 from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import FP8_DTYPE, SCALE_SUFFIX, expected_layout, layer_block, scheme_of
-from kimi_audit.model.quant import Fp8Block, PackQuantized, Scheme
+from kimi_audit.model.kinds import PACKED_WEIGHT, WEIGHT, module_name, role_of
+from kimi_audit.model.layout import expected_layout, layer_block, scheme_of
+from kimi_audit.model.quant import FP8_DTYPE, Fp8Block, Scheme, fp8_block
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
+from kimi_audit.report.tensor import json_text, render_rmsnorm, render_tensor
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
 
 if TYPE_CHECKING:
     from kimi_audit.checks.rmsnorm import LayerResult
-    from kimi_audit.numerics.kernels import TensorStats
 
 
 # ------------------------------------------------------------------ rmsnorm
@@ -56,10 +55,6 @@ def _layers(cfg: ModelConfig, layers: list[int] | None, all_layers: bool) -> lis
         if not 0 <= n < total:
             raise KimiAuditError(f"--layer {n}: the model has layers 0..{total - 1}")
     return chosen
-
-
-def _fmt(v: float | None, spec: str = ".4g") -> str:
-    return "-" if v is None else format(v, spec)
 
 
 @app.command()
@@ -142,73 +137,14 @@ def rmsnorm(
             "layers": [r.to_json() for r in results],
             "ok": ok,
         }
-        sys.stdout.write(json.dumps(_clean(doc), indent=2, allow_nan=False, default=_json_default) + "\n")
+        sys.stdout.write(json_text(doc))
     else:
-        _render_rmsnorm(src, cfg, input_desc, results, show, fetch.bytes_read)
+        render_rmsnorm(stdout, src.label, src.revision, cfg.rms_norm_eps, input_desc, results, show,
+                       fetch.bytes_read)
     raise typer.Exit(0 if ok else 1)
 
 
-def _json_default(v: Any) -> Any:
-    raise TypeError(type(v))
-
-
-def _clean(v: Any) -> Any:
-    """JSON has no NaN/Inf: non-finite floats become null."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    return v
-
-
-def _render_rmsnorm(src: Source, cfg: ModelConfig, input_desc: dict[str, Any], results: list[LayerResult], show: int,
-                    bytes_read: int) -> None:
-    from kimi_audit.checks.rmsnorm import max_abs
-
-    rev = f" @ {src.revision}" if src.revision else ""
-    shape = "×".join(str(d) for d in input_desc["shape"])
-    what = {"random": f"seeded bf16 N(0,1), seed {input_desc.get('seed')}", "file": input_desc.get("path"),
-            "embeddings": f"embedding rows of tokens {input_desc.get('token_ids')} → input_layernorm → q_a_proj"}
-    stdout.print(f"[bold]RMSNorm[/bold] (DeepseekV3RMSNorm, eps={cfg.rms_norm_eps:g}) on {src.label}{rev}")
-    stdout.print(f"input [{shape}]: {what[input_desc['kind']]}; {bytes_read:,} bytes fetched")
-    stdout.print("γ: the layer's q_a_layernorm gain; out RMS: min–max over positions of RMS(y); "
-                 "|RMS(y/γ)−1|: the largest over positions", highlight=False)
-    table = Table(show_lines=False)
-    for col, just in (("layer", "right"), ("block", "left"), ("γ min", "right"), ("γ max", "right"),
-                      ("γ mean", "right"), ("out RMS", "right"), ("|RMS(y/γ)−1|", "right"), ("check", "left")):
-        table.add_column(col, justify=just, no_wrap=col == "out RMS")  # type: ignore[arg-type]
-    for r in results:
-        fin = [v for v in r.output_rms if math.isfinite(v)]
-        span = f"{min(fin):.4f}–{max(fin):.4f}" if fin else "-"
-        check = "[green]ok[/green]" if r.ok else "[red]" + "; ".join(r.problems) + "[/red]"
-        table.add_row(str(r.layer), r.block, _fmt(r.gain.min), _fmt(r.gain.max), _fmt(r.gain.mean),
-                      span, _fmt(max_abs(r.unit_deviation), ".3g"), check)
-    stdout.print(table)
-    if show:
-        for r in results:
-            vals = " ".join(_fmt(v, ".4f") for v in r.output_rms[:show])
-            more = f" … ({len(r.output_rms):,} positions)" if len(r.output_rms) > show else ""
-            stdout.print(f"layer {r.layer} output RMS per position: {vals}{more}", highlight=False)
-    bad = [r for r in results if not r.ok]
-    if bad:
-        stdout.print(f"[red]{len(bad)} of {len(results)} layers failed the check[/red]")
-    else:
-        stdout.print(f"[green]{len(results)} layer(s): gains finite and non-zero, outputs finite[/green]")
-
-
 # ------------------------------------------------------------------ tensor
-
-
-def _stats_rows(table: Table, label: str, st: TensorStats) -> None:
-    table.add_row(label, "count", f"{st.count:,}")
-    for k in ("min", "max", "mean", "std"):
-        table.add_row("", k, _fmt(getattr(st, k), ".6g"))
-    table.add_row("", "NaN / +Inf / −Inf", f"{st.nan:,} / {st.posinf:,} / {st.neginf:,}")
-    table.add_row("", "zeros", f"{st.zeros:,}")
-    if st.saturated is not None:
-        table.add_row("", "FP8 saturated |x| = 448", f"{st.saturated:,}")
 
 
 def _resolve(fetch: TensorFetcher, name: str) -> str:
@@ -222,28 +158,34 @@ def _resolve(fetch: TensorFetcher, name: str) -> str:
 
 
 def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Scheme, int | None, int | None] | None:
-    """(module, scheme, out, in) for an FP8 `weight` or an INT4 `weight_packed`, else None. out x in comes from
-    the layout config.json implies (None for an INT4 module the layout lacks: then from weight_shape)."""
-    if t.dtype == FP8_DTYPE and name.endswith(".weight") and len(t.shape) == 2:
-        try:
-            _, cfg = load_config(src)
-        except KimiAuditError:  # no usable config: DeepSeek's 128 x 128 blocks
-            return name[: -len(".weight")], Fp8Block(), t.shape[0], t.shape[1]
-        scheme = cfg.quant.quantized if cfg.quant is not None else None
-        block = cfg.quantization.block if cfg.quantization else (128, 128)
-        return name[: -len(".weight")], scheme if isinstance(scheme, Fp8Block) else Fp8Block(block), *t.shape
-    if not name.endswith(".weight_packed"):
+    """(module, scheme, out, in) for a quantized module's weight (an FP8 `weight`, packed `weight_packed` words),
+    else None. The scheme is the one the config's plan gives the module (FP8 weights it does not describe as
+    such: DeepSeek's blocks); out x in comes from the layout config.json implies (None for a packed module the
+    layout lacks: then from weight_shape)."""
+    role = role_of(name)
+    fp8 = role == WEIGHT and t.dtype == FP8_DTYPE and len(t.shape) == 2
+    if not fp8 and role != PACKED_WEIGHT:
         return None
-    module = name[: -len(".weight_packed")]
-    _, cfg = load_config(src)
-    packed = scheme_of(cfg, module)
-    if not isinstance(packed, PackQuantized):
-        raise KimiAuditError(f"{name}: config.json does not describe {module} as compressed-tensors pack-quantized "
-                             f"({packed.describe()})")
+    module = module_name(name)
+    try:
+        _, cfg = load_config(src)
+    except KimiAuditError:
+        if not fp8:
+            raise
+        return module, Fp8Block(), t.shape[0], t.shape[1]  # no usable config: DeepSeek's blocks
+    scheme = scheme_of(cfg, module)
+    main = scheme.stored(1, 1)[0]
+    if fp8:
+        if main.dtype != FP8_DTYPE:
+            scheme = Fp8Block(fp8_block(cfg.quant))
+        return module, scheme, t.shape[0], t.shape[1]
+    if module + main.suffix != name:
+        raise KimiAuditError(f"{name}: config.json does not describe {module} as stored in packed words "
+                             f"({scheme.describe()})")
     e = expected_layout(cfg).get(name)
     if e is None or not e.shape[0]:
-        return module, packed, None, None
-    return module, packed, e.shape[0], e.logical // e.shape[0]
+        return module, scheme, None, None
+    return module, scheme, e.shape[0], e.logical // e.shape[0]
 
 
 @app.command()
@@ -267,24 +209,23 @@ def tensor(
     """
     import numpy as np
 
+    from kimi_audit.checks.values import GROUP_SCALE, SCALE, VALUES, WEIGHT_SHAPE, check_values, value_kind
     from kimi_audit.numerics.dtypes import NumericsError
-    from kimi_audit.numerics.kernels import tensor_stats, to_float32
+    from kimi_audit.numerics.kernels import tensor_stats
 
     src = open_source(source, revision)
     fetch = TensorFetcher(src)
     name = _resolve(fetch, name)
     arr, t, shard = fetch.read(name, max_bytes)
     st = tensor_stats(arr, dtype=t.dtype)
-    problems: list[str] = []
-    if st.nan or st.inf:
-        problems.append(f"{name}: {st.nan:,} NaN and {st.inf:,} Inf values")
+    findings = check_values(name, value_kind(name) or VALUES, arr, shard=shard)
     scale_st = deq_st = None
     scale_name: str | None = None
     weight_shape: list[int] | None = None
     quant = _quantized_module(src, name, t)
     if quant is not None:
         module, scheme, out, inp = quant
-        kind = "FP8" if isinstance(scheme, Fp8Block) else f"INT{getattr(scheme, 'bits', '')}"
+        kind = scheme.name
         stored: dict[str, np.ndarray] = {name[len(module):]: arr}
         complete = True
         for s in scheme.stored(out or 1, inp or 1):
@@ -292,72 +233,54 @@ def tensor(
             if s.suffix in stored:
                 continue
             if not fetch.listed(full):
-                problems.append(f"{name} is {kind} but {full} is absent")
+                findings.append(error("SCALE_MISSING", f"{name} is {kind} but {full} is absent", tensor=full))
                 complete = False
                 continue
-            a, ti, _ = fetch.read(full, max_bytes)
+            a, ti, s_shard = fetch.read(full, max_bytes)
             stored[s.suffix] = a
-            if s.suffix in (SCALE_SUFFIX, ".weight_scale"):
+            what = value_kind(full)
+            if what in (SCALE, GROUP_SCALE):
                 scale_name, scale_st = full, tensor_stats(a, dtype=ti.dtype)
-                s32 = to_float32(a)
-                bad = int(np.count_nonzero(~(np.isfinite(s32) & (s32 > 0))))
-                if bad:
-                    problems.append(f"{full}: {bad:,} of {s32.size:,} scales are not finite and > 0")
-            elif s.suffix == ".weight_shape":
+                findings += check_values(full, what, a, shard=s_shard)
+            elif what == WEIGHT_SHAPE:
                 weight_shape = [int(v) for v in a.reshape(-1)]
                 if out is None and len(weight_shape) == 2:
                     out, inp = weight_shape
-                elif weight_shape != [out, inp]:
-                    problems.append(f"WEIGHT_SHAPE_MISMATCH: {full} holds {weight_shape}, the config implies "
-                                    f"[{out}, {inp}]")
-                    complete = False
+                else:
+                    bad = check_values(full, WEIGHT_SHAPE, a, expected_shape=(out or 0, inp or 0), shard=s_shard)
+                    findings += bad
+                    complete = complete and not bad
         if dequant and complete and out is not None and inp is not None:
-            per = 2 if isinstance(scheme, Fp8Block) else 8  # the result, plus INT4's codes and float32 products
-            check_memory(per * out * inp, f"dequantizing {module} ({out * inp:,} values)")
+            check_memory(scheme.dequant_bytes_per_value * out * inp, f"dequantizing {module} ({out * inp:,} values)")
             try:
                 deq_st = tensor_stats(scheme.dequantize(stored, out, inp))
             except NumericsError as e:
-                problems.append(f"{module}: cannot dequantize: {e}")
+                findings.append(error("SHAPE_MISMATCH", f"{module}: cannot dequantize: {e}", tensor=module))
     elif dequant:
         stderr.print(f"note: {name} is {t.dtype}, not a quantized weight: nothing to dequantize")
 
+    problems = [f"{f.code}: {f.message}" for f in findings if f.severity == Severity.ERROR]
+    doc = {
+        "source": src.label,
+        "revision": src.revision,
+        "tensor": name,
+        "module": None if quant is None else quant[0],
+        "scheme": None if quant is None else quant[1].key,
+        "shard": shard,
+        "dtype": t.dtype,
+        "shape": list(t.shape),
+        "bytes": t.nbytes,
+        "stats": st.to_json(),
+        "scale": None if scale_st is None else {"tensor": scale_name, "stats": scale_st.to_json()},
+        "weight_shape": weight_shape,
+        "dequantized": None if deq_st is None else deq_st.to_json(),
+        "ok": not problems,
+        "problems": problems,
+    }
     if as_json:
-        doc = {
-            "source": src.label,
-            "revision": src.revision,
-            "tensor": name,
-            "module": None if quant is None else quant[0],
-            "scheme": None if quant is None else quant[1].key,
-            "shard": shard,
-            "dtype": t.dtype,
-            "shape": list(t.shape),
-            "bytes": t.nbytes,
-            "stats": st.to_json(),
-            "scale": None if scale_st is None else {"tensor": scale_name, "stats": scale_st.to_json()},
-            "weight_shape": weight_shape,
-            "dequantized": None if deq_st is None else deq_st.to_json(),
-            "ok": not problems,
-            "problems": problems,
-        }
-        sys.stdout.write(json.dumps(_clean(doc), indent=2, allow_nan=False, default=_json_default) + "\n")
+        sys.stdout.write(json_text(doc))
     else:
-        rev = f" @ {src.revision}" if src.revision else ""
-        stdout.print(f"[bold]{name}[/bold] in {shard} ({src.label}{rev})")
-        stdout.print(f"{t.dtype} {list(t.shape)}, {t.nbytes:,} bytes")
-        if quant is not None:
-            shape_note = f"; weight_shape {weight_shape}" if weight_shape is not None else ""
-            stdout.print(f"module {quant[0]}: {quant[1].describe()}{shape_note}", highlight=False)
-        table = Table(show_header=True)
-        table.add_column("values")
-        table.add_column("statistic")
-        table.add_column("", justify="right")
-        packed = quant is not None and isinstance(quant[1], PackQuantized)
-        _stats_rows(table, f"{t.dtype} packed words" if packed else t.dtype, st)
-        if scale_st is not None:
-            _stats_rows(table, f"scales {scale_st.dtype} {list(scale_st.shape)}", scale_st)
-        if deq_st is not None:
-            _stats_rows(table, f"dequantized {deq_st.dtype}", deq_st)
-        stdout.print(table)
-        for p in problems:
-            stdout.print(f"[red]{p}[/red]", highlight=False)
+        packed = quant is not None and bool(quant[1].param_dtype)
+        render_tensor(stdout, doc, f"{t.dtype} packed words" if packed else t.dtype,
+                      None if quant is None else quant[1].describe())
     raise typer.Exit(1 if problems else 0)

@@ -43,13 +43,6 @@ the 671B defaults; their absence is a ConfigError that names the key.
 
 
 @dataclass(frozen=True)
-class Quantization:
-    method: str
-    fmt: str | None
-    block: tuple[int, int]
-
-
-@dataclass(frozen=True)
 class ModelConfig:
     model_type: str
     hidden_size: int
@@ -74,10 +67,10 @@ class ModelConfig:
     attention_bias: bool
     dtype: str
     """safetensors dtype of unquantized weights, from `dtype` (transformers 5) or `torch_dtype`."""
-    quantization: Quantization | None
     rms_norm_eps: float
     quant: QuantPlan | None = None
-    """Which scheme stores each Linear module (model.quant); None: nothing quantized."""
+    """Which scheme stores each Linear module (model.quant): the one description of the checkpoint's
+    quantization; None: nothing quantized (or a method no scheme implements: see quant_unsupported)."""
     quant_unsupported: str | None = None
     """quantization_config's method or format that no scheme implements (a QUANT_UNSUPPORTED finding)."""
     index_n_heads: int | None = None
@@ -125,17 +118,6 @@ def _int(cfg: dict[str, Any], key: str, *, optional: bool = False) -> Any:
     return v
 
 
-def parse_quantization(q: Any) -> Quantization | None:
-    if q is None:
-        return None
-    if not isinstance(q, dict):
-        raise ConfigError(f"config.json quantization_config must be an object, got {type(q).__name__}")
-    block = q.get("weight_block_size", [128, 128])
-    if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
-        raise ConfigError(f"quantization_config.weight_block_size must be [rows, cols], got {block!r}")
-    return Quantization(str(q.get("quant_method")), q.get("fmt"), (block[0], block[1]))
-
-
 def _weights_dtype(cfg: dict[str, Any]) -> str:
     """`dtype` first (transformers 5 writes only it), then `torch_dtype`; neither recorded means bfloat16."""
     for key in DTYPE_KEYS:
@@ -174,7 +156,7 @@ def unsupported_config(cfg: dict[str, Any]) -> ModelConfig:
         q_lora_rank=None, kv_lora_rank=0, num_attention_heads=0, qk_nope_head_dim=0, qk_rope_head_dim=0,
         v_head_dim=0, num_hidden_layers=0, first_k_dense_replace=0, moe_layer_freq=1, n_routed_experts=None,
         n_shared_experts=None, num_experts_per_tok=None, topk_method=None, vocab_size=0, tie_word_embeddings=True,
-        num_nextn_predict_layers=0, attention_bias=False, dtype="BF16", quantization=None, rms_norm_eps=1e-6,
+        num_nextn_predict_layers=0, attention_bias=False, dtype="BF16", rms_norm_eps=1e-6,
         norm_dtype="BF16", layout_supported=False)
 
 
@@ -228,7 +210,6 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         num_nextn_predict_layers=_int(cfg, "num_nextn_predict_layers"),
         attention_bias=bool(_default(cfg, "attention_bias")),
         dtype=dtype,
-        quantization=parse_quantization(raw_quant) if unsupported is None else None,
         rms_norm_eps=float(eps),
         quant=plan,
         quant_unsupported=unsupported,

@@ -1,6 +1,6 @@
 """The explain cards' catalogue: what each role of the accounting tree computes, from the model code.
 
-`DOCS` maps a node's role (accounting_tree.Node.role) to its `Doc`: the code expression, a sentence, the
+`DOCS` maps a node's role (model.accounting.tree.Node.role) to its `Doc`: the code expression, a sentence, the
 math, input and output shapes with named axes (from the config), where the code is, and a note. How a
 Linear module is stored (its quantization scheme) is not here: the card takes it from the node.
 """

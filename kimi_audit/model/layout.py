@@ -1,8 +1,6 @@
-"""Every tensor a DeepseekV3-family checkpoint should hold, derived from its config.
-
-Mirrors modeling_deepseek.py: DeepseekV3Attention (MLA), DeepseekV3MLP for dense blocks,
-DeepseekV3MoE (router gate + routed experts + shared experts) for MoE blocks, and the
-multi-token-prediction layers stored after the main stack (DeepSeek-V3's `model.layers.61`).
+"""Every tensor a checkpoint should hold, derived from its config: a walk over its architecture's module
+tree (model.arch), in checkpoint order (the tensors before the layers, each decoder layer by its block kind,
+the tensors after), each Linear module stored as the quantization plan's scheme for it says (model.quant).
 """
 
 from __future__ import annotations
@@ -14,25 +12,12 @@ from operator import sub
 from typing import Any, NamedTuple
 
 from kimi_audit.constants import DTYPE_BITS
+from kimi_audit.model.arch.registry import describe
+from kimi_audit.model.arch.spec import DENSE, MOE, MTP, Buffer, Group, Node, Param, indexed, product
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.quant import (
-    BUFFER,
-    FP8_DTYPE,
-    METADATA_SUFFIXES,
-    PACKED,
-    PARAMETER,
-    SCALE,
-    SCALE_SUFFIX,
-    Scheme,
-    Unquantized,
-)
+from kimi_audit.model.kinds import BUFFER, PARAMETER, SCALE
+from kimi_audit.model.quant import Scheme, Unquantized
 
-__all__ = ["BUFFER", "FP8_DTYPE", "PACKED", "PARAMETER", "SCALE", "SCALE_SUFFIX"]  # re-exported kinds
-
-
-DENSE = "dense"
-MOE = "moe"
-MTP = "mtp"
 
 class ExpectedTensor(NamedTuple):
     name: str
@@ -193,7 +178,6 @@ class SpecsByName(Mapping[str, Spec]):
 def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
     """Name -> expected tensor, in checkpoint order (embedding, layers 0..N-1, MTP layers, norm, lm_head).
     A config outside the family (LAYOUT_UNSUPPORTED) has an empty layout."""
-    h, dt = cfg.hidden_size, cfg.dtype
     names: list[str] = []
     spec_of: list[int] = []
     layer_of: list[int | None] = []
@@ -216,8 +200,10 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
         spec_of.append(spec(t))
         layer_of.append(None)
 
-    top(_tensor("model.embed_tokens.weight", dt, (cfg.vocab_size, h), PARAMETER, "model.embed_tokens.weight",
-                None, None))
+    tree = describe(cfg)
+    for node in tree.before:
+        for t in _walk(cfg, node, None, None, []):
+            top(t)
     # Layers of one block kind differ only in their index: build each kind once, then stamp it out
     # (the 139,644 names of Kimi-K2 are made by map, at C speed: no bytecode per tensor). Where the
     # quantization plan picks schemes by module name (an ignore list), each layer's choices are part of
@@ -235,7 +221,7 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
         template = templates.get((block, choices))
         if template is None:
             seen: list[str] = []
-            rows = list(_decoder_layer(cfg, layer, seen))
+            rows = [t for node in tree.blocks[block] for t in _walk(cfg, node, layer, block, seen)]
             modules.setdefault(block, seen)
             if by_name and not choices:
                 assert cfg.quant is not None
@@ -249,9 +235,8 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
         names.extend(map(prefix.__add__, suffixes))
         spec_of.extend(specs)
         layer_of.extend(repeat(layer, len(specs)))
-    top(_tensor("model.norm.weight", cfg.norm_dtype, (h,), PARAMETER, "model.norm.weight", None, None))
-    if not cfg.tie_word_embeddings:
-        for t in _linear_tensors(cfg, "lm_head", cfg.vocab_size, h, None, None):
+    for node in tree.after:
+        for t in _walk(cfg, node, None, None, []):
             top(t)
     return ExpectedLayout(names, spec_of, list(spec_index), layer_of, meta_at, meta_owner)
 
@@ -271,81 +256,31 @@ def layer_block(cfg: ModelConfig, layer: int) -> str:
     return MOE if cfg.is_moe_layer(layer) else DENSE
 
 
-def _decoder_layer(cfg: ModelConfig, layer: int, modules: list[str]) -> Iterator[ExpectedTensor]:
-    """One layer's tensors, named relative to its `model.layers.{i}.` prefix; the Linear modules met are
-    appended to `modules`."""
-    block = layer_block(cfg, layer)
-    h, dt, nt = cfg.hidden_size, cfg.dtype, cfg.norm_dtype
-
-    def param(component: str, shape: tuple[int, ...], dtype: str = dt) -> ExpectedTensor:
-        return _tensor(component, dtype, shape, PARAMETER, component, layer, block)
-
-    def linear(module: str, out: int, inp: int, bias: bool = False) -> Iterator[ExpectedTensor]:
-        modules.append(module)
-        yield from _linear_tensors(cfg, module, out, inp, layer, block)
-        if bias:
-            yield param(module + ".bias", (out,), dt)
-
-    if block == MTP:
-        yield param("embed_tokens.weight", (cfg.vocab_size, h))
-        yield param("enorm.weight", (h,), nt)
-        yield param("hnorm.weight", (h,), nt)
-        yield from linear("eh_proj", h, 2 * h)
-        yield param("shared_head.norm.weight", (h,), nt)
-        yield from linear("shared_head.head", cfg.vocab_size, h)
-
-    yield param("input_layernorm.weight", (h,), nt)
-    yield param("post_attention_layernorm.weight", (h,), nt)
-
-    heads, qhd, bias = cfg.num_attention_heads, cfg.q_head_dim, cfg.attention_bias
-    if cfg.q_lora_rank is None:
-        yield from linear("self_attn.q_proj", heads * qhd, h)
-    else:
-        yield from linear("self_attn.q_a_proj", cfg.q_lora_rank, h, bias)
-        yield param("self_attn.q_a_layernorm.weight", (cfg.q_lora_rank,), nt)
-        yield from linear("self_attn.q_b_proj", heads * qhd, cfg.q_lora_rank)
-    yield from linear("self_attn.kv_a_proj_with_mqa", cfg.kv_lora_rank + cfg.qk_rope_head_dim, h, bias)
-    yield param("self_attn.kv_a_layernorm.weight", (cfg.kv_lora_rank,), nt)
-    yield from linear("self_attn.kv_b_proj", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)
-    yield from linear("self_attn.o_proj", h, heads * cfg.v_head_dim, bias)
-    if cfg.index_n_heads and cfg.index_head_dim:  # DeepSeek-V3.2's sparse-attention indexer
-        ih, idim = cfg.index_n_heads, cfg.index_head_dim
-        yield from linear("self_attn.indexer.wq_b", ih * idim, cfg.q_lora_rank or h)
-        yield from linear("self_attn.indexer.wk", idim, h)
-        yield param("self_attn.indexer.k_norm.weight", (idim,), "F32")  # a LayerNorm: gain and bias
-        yield param("self_attn.indexer.k_norm.bias", (idim,), "F32")
-        yield param("self_attn.indexer.weights_proj.weight", (ih, h), dt)  # kept unquantized, no bias
-    else:
-        comp = "self_attn.rotary_emb.inv_freq"
-        yield _tensor(comp, dt, (cfg.qk_rope_head_dim // 2,), BUFFER, comp, layer, block)
-
-    if block == DENSE:
-        yield from _mlp(linear, "mlp", cfg.intermediate_size, h)
+def _walk(cfg: ModelConfig, node: Node, layer: int | None, block: str | None, modules: list[str],
+          index: tuple[str, int] | None = None) -> Iterator[ExpectedTensor]:
+    """The tensors of one description node in checkpoint order (a repeated group once per index), named
+    relative to the layer's prefix; the Linear modules met are appended to `modules`."""
+    if isinstance(node, Group):
+        if node.repeat is None:
+            for child in node.children:
+                yield from _walk(cfg, child, layer, block, modules, index)
+            return
+        for i in range(node.repeat.value):
+            for child in node.children:
+                yield from _walk(cfg, child, layer, block, modules, (node.index_at, i))
         return
-    assert cfg.n_routed_experts is not None
-    yield param("mlp.gate.weight", (cfg.n_routed_experts, h))
-    if cfg.topk_method == "noaux_tc":
-        yield param("mlp.gate.e_score_correction_bias", (cfg.n_routed_experts,), "F32")
-    inter = cfg.moe_intermediate_size
-    for e in range(cfg.n_routed_experts):
-        for t in _mlp(linear, f"mlp.experts.{e}", inter, h):
-            yield t._replace(component=t.component.replace(f"experts.{e}.", "experts.", 1))
-    if cfg.n_shared_experts:
-        yield from _mlp(linear, "mlp.shared_experts", inter * cfg.n_shared_experts, h)
-
-
-def _mlp(linear, module: str, inter: int, h: int) -> Iterator[ExpectedTensor]:  # type: ignore[no-untyped-def]
-    yield from linear(f"{module}.gate_proj", inter, h)
-    yield from linear(f"{module}.up_proj", inter, h)
-    yield from linear(f"{module}.down_proj", h, inter)
-
-
-def classify_name(name: str) -> str:
-    """Kind of a tensor the layout does not know, from its name alone."""
-    if name.endswith(METADATA_SUFFIXES):
-        return SCALE
-    if name.endswith(".weight_packed"):
-        return PACKED
-    if name.endswith(".inv_freq"):
-        return BUFFER
-    return PARAMETER
+    if isinstance(node, Buffer):
+        yield _tensor(node.component, node.dtype, node.shape, BUFFER, node.component, layer, block)
+        return
+    for t in node.tensors:
+        if isinstance(t, Param):
+            name = t.component if index is None else indexed(t.component, *index)
+            yield _tensor(name, t.dtype, tuple(f.value for f in t.shape), PARAMETER, t.component, layer, block)
+            continue
+        module = t.module if index is None else indexed(t.module, *index)
+        modules.append(module)
+        out = product(t.out)
+        for e in _linear_tensors(cfg, module, out, product(t.inp), layer, block):
+            yield e._replace(component=t.module + e.component[len(module):]) if index is not None else e
+        if t.bias:
+            yield _tensor(module + ".bias", cfg.dtype, (out,), PARAMETER, t.module + ".bias", layer, block)

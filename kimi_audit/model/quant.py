@@ -1,8 +1,9 @@
 """Quantization schemes as data: which tensors store one Linear module, and what they count for.
 
-Each scheme is one small class registered under its config key (`Scheme.registry`, filled by
-`__init_subclass__`, as gguf-py registers one class per quantization type), so a new format is one new
-class. The layout asks the checkpoint's QuantPlan, per Linear module, for its scheme, and the scheme
+Each scheme is one small class registered under the (quant_method, format) pairs it reads
+(`Scheme.registry`, filled by `__init_subclass__`, as gguf-py registers one class per quantization type);
+`quant_plan` looks the config's pair up there and asks that class for the plan, so a new format is one new
+class and nothing else. The layout asks the checkpoint's QuantPlan, per Linear module, for its scheme, and the scheme
 for the tensors that store the module's weight [out, in]:
 
 - none: `weight` in the config's dtype;
@@ -26,26 +27,18 @@ from operator import not_, or_
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
+from kimi_audit.model.kinds import METADATA_SUFFIXES, PACKED, PARAMETER, SCALE
+from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK, ceil_div, scale_grid
+
+__all__ = ["FP8_DTYPE", "METADATA_SUFFIXES", "SCALE_SUFFIX", "Fp8Block", "PackQuantized", "QuantPlan", "Scheme",
+           "Stored", "Unquantized", "UnsupportedQuantization", "ceil_div", "fp8_block", "quant_plan"]
 
 if TYPE_CHECKING:
     import numpy as np
 
-PARAMETER = "parameter"
-SCALE = "scale"
-"""Quantization metadata: block and group scales, weight_shape, zero points, group indices."""
-BUFFER = "buffer"
-PACKED = "packed"
-"""Quantized weight words (weight_packed): stands for its module's out x in logical parameters."""
-
 FP8_DTYPE = "F8_E4M3"
 SCALE_SUFFIX = ".weight_scale_inv"
-"""The FP8 block scale; every quantization-metadata suffix is in METADATA_SUFFIXES."""
-METADATA_SUFFIXES = (SCALE_SUFFIX, ".weight_scale", ".weight_shape", ".weight_zero_point", ".weight_g_idx",
-                     ".input_scale")
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+"""The FP8 block scale; every quantization-metadata suffix is in METADATA_SUFFIXES (model.kinds)."""
 
 
 @dataclass(frozen=True)
@@ -66,15 +59,48 @@ class UnsupportedQuantization(ConfigError):
 
 @dataclass(frozen=True)
 class Scheme:
-    """How one Linear module's weight [out, in] is stored."""
+    """How one Linear module's weight [out, in] is stored.
+
+    A subclass that names `formats` (the (quant_method, format) pairs of quantization_config it reads; format
+    None where the method has no `format` key) is registered under them, and `quant_plan` dispatches to its
+    `plan()`: a new format is one class and nothing else."""
 
     key: ClassVar[str] = ""
-    registry: ClassVar[dict[str, type[Scheme]]] = {}
+    formats: ClassVar[tuple[tuple[str, str | None], ...]] = ()
+    dequant_bytes_per_value: ClassVar[int] = 2
+    """Memory `dequantize` needs per weight value (its result, and what it computes on)."""
+    registry: ClassVar[dict[tuple[str, str | None], type[Scheme]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.key:
-            Scheme.registry[cls.key] = cls
+        for pair in cls.formats:
+            Scheme.registry[pair] = cls
+
+    @classmethod
+    def plan(cls, q: dict[str, Any], plain: Unquantized) -> QuantPlan:
+        """The plan of a quantization_config this class is registered for (UnsupportedQuantization for
+        settings it does not implement, ConfigError for malformed ones)."""
+        raise NotImplementedError
+
+    def summary(self) -> dict[str, Any]:
+        """The scheme's settings as plain data (`model.quantization` in `audit --json`)."""
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        """A short name of how the weight is stored (`FP8`, `INT4`, `BF16`)."""
+        raise NotImplementedError
+
+    @property
+    def param_dtype(self) -> str:
+        """The parameters' dtype where the stored weight packs them into another (`INT4` in I32 words); "" where
+        the weight tensor holds them as they are."""
+        return ""
+
+    @property
+    def power_of_two_scales(self) -> bool:
+        """Every block scale is meant to be an exact power of two (the values pass checks SCALE_NOT_UE8M0)."""
+        return False
 
     def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
         raise NotImplementedError
@@ -102,6 +128,13 @@ class Unquantized(Scheme):
     key: ClassVar[str] = "none"
     dtype: str = "BF16"
 
+    def summary(self) -> dict[str, Any]:
+        return {"method": None, "dtype": self.dtype}
+
+    @property
+    def name(self) -> str:
+        return self.dtype
+
     def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
         return (Stored(".weight", self.dtype, (out, inp), PARAMETER, out * inp),)
 
@@ -115,13 +148,37 @@ class Unquantized(Scheme):
 @dataclass(frozen=True)
 class Fp8Block(Scheme):
     key: ClassVar[str] = "fp8"
-    block: tuple[int, int] = (128, 128)
+    formats: ClassVar[tuple[tuple[str, str | None], ...]] = (("fp8", None),)
+    block: tuple[int, int] = DEEPSEEK_FP8_BLOCK
     scale_fmt: str | None = None
     """`ue8m0` (DeepSeek-V3.1 on): every scale is meant to be an exact power of two."""
+    fmt: str | None = "e4m3"
+    """quantization_config's `fmt` as written (QUANT_CONFIG checks it is e4m3)."""
+
+    @classmethod
+    def plan(cls, q: dict[str, Any], plain: Unquantized) -> QuantPlan:
+        block = q.get("weight_block_size", list(DEEPSEEK_FP8_BLOCK))
+        if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
+            raise ConfigError(f"config.json quantization_config.weight_block_size {block!r} is not [rows, cols]")
+        scale_fmt, fmt = q.get("scale_fmt"), q.get("fmt")
+        scheme = cls(block=(block[0], block[1]), scale_fmt=scale_fmt if isinstance(scale_fmt, str) else None,
+                     fmt=fmt if isinstance(fmt, str) else None)
+        return QuantPlan(scheme, plain, keep_plain=(".eh_proj", ".shared_head.head", "lm_head"))
+
+    def summary(self) -> dict[str, Any]:
+        return {"method": "fp8", "fmt": self.fmt, "block": list(self.block)}
+
+    @property
+    def name(self) -> str:
+        return "FP8"
+
+    @property
+    def power_of_two_scales(self) -> bool:
+        return self.scale_fmt == "ue8m0"
 
     def grid(self, out: int, inp: int) -> tuple[int, int]:
         """The weight_scale_inv shape of an [out, in] weight: [ceil(out/b0), ceil(in/b1)], edge blocks partial."""
-        return ceil_div(out, self.block[0]), ceil_div(inp, self.block[1])
+        return scale_grid((out, inp), self.block)
 
     def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
         return (Stored(".weight", FP8_DTYPE, (out, inp), PARAMETER, out * inp),
@@ -141,11 +198,31 @@ class Fp8Block(Scheme):
 @dataclass(frozen=True)
 class PackQuantized(Scheme):
     key: ClassVar[str] = "compressed-tensors/pack-quantized"
+    formats: ClassVar[tuple[tuple[str, str | None], ...]] = (("compressed-tensors", "pack-quantized"),)
     bits: int = 4
     group_size: int = 32
     symmetric: bool = True
     scale_dtype: str = "BF16"
     actorder: str | None = None
+    strategy: str = "group"
+    dequant_bytes_per_value: ClassVar[int] = 8
+    """The result, the unpacked codes and the float32 products."""
+
+    @property
+    def name(self) -> str:
+        return f"INT{self.bits}"
+
+    @property
+    def param_dtype(self) -> str:
+        return self.name
+
+    @classmethod
+    def plan(cls, q: dict[str, Any], plain: Unquantized) -> QuantPlan:
+        return _compressed_tensors(q, plain)
+
+    def summary(self) -> dict[str, Any]:
+        return {"method": "compressed-tensors", "format": "pack-quantized", "bits": self.bits,
+                "group_size": self.group_size, "strategy": self.strategy, "symmetric": self.symmetric}
 
     def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
         groups = ceil_div(inp, self.group_size)
@@ -200,6 +277,10 @@ class QuantPlan:
     by_name: bool = field(default=False)
     """Whether the choice depends on more than the module's kind (an ignore list): then every layer is asked."""
 
+    def summary(self) -> dict[str, Any]:
+        """The quantized modules' scheme as plain data (`model.quantization` in `audit --json`)."""
+        return self.quantized.summary()
+
     def scheme_for(self, module: str) -> Scheme:
         if module in self.ignore_names or (self.ignore_re is not None and self.ignore_re.fullmatch(module)):
             return self.plain
@@ -217,28 +298,31 @@ class QuantPlan:
         return tuple(map(not_, plain))
 
 
+def fp8_block(plan: QuantPlan | None) -> tuple[int, int]:
+    """The block of FP8 weights' scales: the plan's, else Fp8Block's default (FP8 weights a config does not
+    describe are read as DeepSeek's)."""
+    scheme = plan.quantized if plan is not None else None
+    return scheme.block if isinstance(scheme, Fp8Block) else Fp8Block.block
+
+
 def quant_plan(q: Any, dtype: str) -> QuantPlan | None:
-    """The plan quantization_config describes (None: nothing quantized). UnsupportedQuantization names an
-    unknown method or format."""
-    plain = Unquantized(dtype)
+    """The plan quantization_config describes (None: nothing quantized), made by the scheme class registered
+    for its (quant_method, format). UnsupportedQuantization names an unknown method or format."""
     if q is None:
         return None
     if not isinstance(q, dict):
         raise ConfigError(f"config.json quantization_config is a {type(q).__name__}, not an object")
-    method = q.get("quant_method")
-    if method == "fp8":
-        block = q.get("weight_block_size", [128, 128])
-        if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
-            raise ConfigError(f"config.json quantization_config.weight_block_size {block!r} is not [rows, cols]")
-        scale_fmt = q.get("scale_fmt")
-        return QuantPlan(Fp8Block(block=(block[0], block[1]), scale_fmt=scale_fmt if isinstance(scale_fmt, str)
-                                  else None), plain, keep_plain=(".eh_proj", ".shared_head.head", "lm_head"))
-    if method == "compressed-tensors":
-        fmt = q.get("format")
-        if fmt != "pack-quantized":
-            raise UnsupportedQuantization(f"compressed-tensors format {fmt!r}")
-        return _compressed_tensors(q, plain)
-    raise UnsupportedQuantization(f"quant_method {method!r}")
+    method, fmt = q.get("quant_method"), q.get("format")
+    scheme = None
+    if isinstance(method, str):
+        scheme = Scheme.registry.get((method, fmt if isinstance(fmt, str) else None))
+        if scheme is None and fmt is not None:
+            scheme = Scheme.registry.get((method, None))
+    if scheme is None:
+        if any(m == method for m, _ in Scheme.registry):
+            raise UnsupportedQuantization(f"{method} format {fmt!r}")
+        raise UnsupportedQuantization(f"quant_method {method!r}")
+    return scheme.plan(q, Unquantized(dtype))
 
 
 def _compressed_tensors(q: dict[str, Any], plain: Unquantized) -> QuantPlan:

@@ -24,7 +24,16 @@ from typing import TYPE_CHECKING
 
 from kimi_audit.constants import CONFIG_FILE, DTYPE_BITS, INDEX_FILE
 from kimi_audit.model.config import ModelConfig, parse_config_bytes
-from kimi_audit.model.layout import BUFFER, expected_layout
+from kimi_audit.model.kinds import (
+    BLOCK_SCALE,
+    BUFFER,
+    GROUP_SCALE,
+    ROTARY_BUFFER,
+    ROUTER_BIAS,
+    WEIGHT_SHAPE,
+    role_of,
+)
+from kimi_audit.model.layout import expected_layout
 from kimi_audit.model.replica_models import (
     DEFAULT_MODEL,
     PUBLISHED_INV_FREQ_SHAPE,
@@ -41,7 +50,6 @@ __all__ = ["DEFAULT_MODEL", "PUBLISHED_INV_FREQ_SHAPE", "REPLICA_MODELS", "Repli
 
 SMALL_TENSOR_BYTES = 1 << 20
 FILLED_DTYPES = ("BF16", "F32", "F16")
-GROUP_SCALE_SUFFIX = ".weight_scale"
 FILLED_EXPERT = ".mlp.experts.0."
 """INT4 group scales (~0.9 MB each, 1,152 a layer) get values in this expert only."""
 
@@ -68,7 +76,7 @@ class ReplicaTensor:
             return True
         if self.nbytes > SMALL_TENSOR_BYTES or self.dtype not in FILLED_DTYPES:
             return False
-        return not self.name.endswith(GROUP_SCALE_SUFFIX) or FILLED_EXPERT in self.name
+        return role_of(self.name) != GROUP_SCALE or FILLED_EXPERT in self.name
 
 
 def shard_name(i: int, n: int) -> str:
@@ -93,7 +101,7 @@ def replica_shards(cfg: ModelConfig | None = None, *, model: str = DEFAULT_MODEL
     for t, i in zip(entries, m.assign(entries, m.shards)):
         shape = m.inv_freq if t.kind == BUFFER and m.inv_freq is not None else t.shape
         values = None
-        if t.name.endswith(".weight_shape") and t.owner:  # [out, in] of the packed weight it describes
+        if role_of(t.name) == WEIGHT_SHAPE and t.owner:  # [out, in] of the packed weight it describes
             w = layout.entry(t.position - t.owner)
             values = (w.shape[0], w.logical // w.shape[0])
         shards[names[i - 1]].append(ReplicaTensor(t.name, t.dtype, shape, values))
@@ -129,13 +137,14 @@ def synthetic_values(t: ReplicaTensor, rng: np.random.Generator) -> np.ndarray:
     if t.values is not None:
         return np.array(t.values, dtype={"I64": np.int64, "I32": np.int32}[t.dtype])
     n = t.nbytes * 8 // DTYPE_BITS[t.dtype]
-    if t.name.endswith(".inv_freq"):
+    role = role_of(t.name)
+    if role == ROTARY_BUFFER:
         v = 1.0 / (50000.0 ** (np.arange(n, dtype=np.float64) * 2 / (2 * n)))
-    elif t.name.endswith("_scale_inv"):
+    elif role == BLOCK_SCALE:
         v = rng.uniform(2e-5, 4e-4, n)
-    elif t.name.endswith(GROUP_SCALE_SUFFIX):  # INT4 group scales: max |w| of 32 weights / 7
+    elif role == GROUP_SCALE:  # INT4 group scales: max |w| of 32 weights / 7
         v = rng.uniform(2e-4, 4e-3, n)
-    elif t.name.endswith("e_score_correction_bias"):
+    elif role == ROUTER_BIAS:
         v = rng.normal(0.0, 0.02, n)
     else:
         v = 1.0 + rng.normal(0.0, 0.05, n)

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
-from kimi_audit.model.layout import MTP, ExpectedTensor
+from kimi_audit.model.arch.spec import MTP
+from kimi_audit.model.layout import ExpectedTensor
 
 # Published fact: Kimi-K2 checkpoints store rotary_emb.inv_freq as BF16 [56], not [qk_rope_head_dim / 2].
 PUBLISHED_INV_FREQ_SHAPE = (56,)

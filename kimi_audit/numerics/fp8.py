@@ -19,6 +19,7 @@ from kimi_audit.numerics.dtypes import (
     fp8_e4m3_lut,
     to_float32,
 )
+from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK, scale_grid
 from kimi_audit.numerics.parallel import run_each, worker_count
 
 
@@ -31,17 +32,10 @@ def _as_fp8_codes(w: np.ndarray) -> np.ndarray:
     raise NumericsError(f"FP8 weight must be float8_e4m3fn (or its uint8 codes), got {w.dtype}")
 
 
-def scale_grid_shape(shape: Sequence[int], block: Sequence[int] = (128, 128)) -> tuple[int, int]:
-    """Shape of the weight_scale_inv grid for a 2-D weight: [ceil(out/bo), ceil(in/bi)]."""
-    out_f, in_f = shape
-    bo, bi = block
-    return (-(-out_f // bo), -(-in_f // bi))
-
-
 def dequantize_fp8(
     w: np.ndarray,
     scale_inv: np.ndarray,
-    block: Sequence[int] = (128, 128),
+    block: Sequence[int] = DEEPSEEK_FP8_BLOCK,
     out_dtype: np.dtype | type = bfloat16,
     *,
     threads: int | None = None,
@@ -68,7 +62,7 @@ def dequantize_fp8(
     bo, bi = (int(b) for b in block)
     if bo <= 0 or bi <= 0:
         raise NumericsError(f"block {list(block)} must be positive")
-    grid = scale_grid_shape(codes.shape, (bo, bi))
+    grid = scale_grid(codes.shape, (bo, bi))
     if s.shape != grid:
         raise NumericsError(
             f"scale_inv shape {list(s.shape)} != {list(grid)} for weight {list(codes.shape)}"

@@ -33,13 +33,14 @@ from kimi_audit.numerics.dtypes import (
     numpy_dtype,
     to_float32,
 )
-from kimi_audit.numerics.fp8 import dequantize_fp8, scale_grid_shape
+from kimi_audit.numerics.fp8 import dequantize_fp8
+from kimi_audit.numerics.grid import scale_grid
 from kimi_audit.numerics.rmsnorm import rms_norm, torch_sum_f32
 from kimi_audit.numerics.stats import TensorStats, tensor_stats
 
 __all__ = [
     "BF16_NAN_BITS", "FLOAT_DTYPES", "FP8_E4M3_MAX", "NP_DTYPES", "NumericsError", "TensorStats",
     "bf16_bits_to_f32", "bfloat16", "bits16", "decode", "dequantize_fp8", "f32_to_bf16", "f32_to_bf16_bits",
-    "float8_e4m3fn", "float8_e5m2", "fp8_e4m3_lut", "numpy_dtype", "rms_norm", "scale_grid_shape",
+    "float8_e4m3fn", "float8_e5m2", "fp8_e4m3_lut", "numpy_dtype", "rms_norm", "scale_grid",
     "tensor_stats", "to_float32", "torch_sum_f32",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kimi_audit.findings import Finding, error, info, warning
+from kimi_audit.numerics.grid import scale_grid
 from kimi_audit.verify.read import FileResult, Health
 from kimi_audit.verify.references import MANIFEST, Reference
 
@@ -132,7 +133,8 @@ def _health(shard: str, h: Health) -> Finding:
     if h.code == "BLOCK_ALL_ZERO" and len(h.shape) == 2 and h.block is not None:
         row, col = divmod(h.first, h.shape[1])
         b0, b1 = h.block
-        blocks = -(-h.shape[0] // b0) * -(-h.shape[1] // b1)
+        rows, cols = scale_grid(h.shape, h.block)
+        blocks = rows * cols
         what = f"{h.count:,} of {blocks:,} {b0}×{b1} blocks are all zeros"
         where = f"the first is block ({row // b0}, {col // b1}), at element {h.first:,}"
     else:

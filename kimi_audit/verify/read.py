@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+from kimi_audit.model.kinds import SCALE_ROLES, role_of
+
 if TYPE_CHECKING:
     from kimi_audit.numerics.scan import Scanner
 
@@ -110,7 +112,7 @@ def tensor_kind(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
         return FP8
     if dtype not in SCAN_DTYPES:
         return None
-    if name.endswith((".weight_scale_inv", ".weight_scale")):
+    if role_of(name) in SCALE_ROLES:
         return SCALE
     return FLOAT
 

@@ -25,6 +25,7 @@ from kimi_audit.checks.audit import AuditReport, audit_checkpoint
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error
 from kimi_audit.model.checkpoint import Checkpoint, load_checkpoint
+from kimi_audit.model.quant import fp8_block
 from kimi_audit.numerics.tensor_io import data_holes
 from kimi_audit.sources.base import Source
 from kimi_audit.sources.hub import HubSource
@@ -50,8 +51,6 @@ from kimi_audit.verify.result import (
     FileRow,
     VerifyReport,
 )
-
-DEFAULT_BLOCK = (128, 128)
 
 
 @dataclass(frozen=True)
@@ -166,8 +165,7 @@ def finish_manifest(report: VerifyReport, manifest: Manifest, path: Path) -> Ver
 
 def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -> list[FileTask]:
     src = target.source
-    q = ckpt.config.quantization
-    block = q.block if q is not None else DEFAULT_BLOCK
+    block = fp8_block(ckpt.config.quant)
     hub = None
     root = src.root
     if root is None:

@@ -2,11 +2,11 @@
 a Linear module as its quantization scheme stores it, and the rows listed apart.
 
 `Builder` files every found tensor under its (block kind, component) slot (quantization metadata under
-its module), and makes leaves whose derived counts come from config values and the model code's formulas
-beside the found ones. A Linear module's part asks the config's quantization plan (model.quant) for the
+its module), and makes leaves whose derived counts come from the architecture description's factors
+(model.arch) beside the found ones. A Linear module's part asks the config's quantization plan (model.quant) for the
 scheme of its first instance: the part counts out × in parameters however they are stored (INT4 packed
 words stand for them), and carries the scheme's metadata tensors (FP8 block scales, INT4 group scales and
-weight_shape) apart, never counted. accounting_model.py walks the model with these pieces; tensors no
+weight_shape) apart, never counted. model.py walks the model with these pieces; tensors no
 leaf claims become the "unaccounted" node; metadata and buffers the excluded rows.
 """
 
@@ -17,30 +17,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from kimi_audit.format.table import Located
-from kimi_audit.model.accounting_summary import DtypeRow, ExcludedRow, sum_rows
-from kimi_audit.model.accounting_tree import (
-    UNACCOUNTED,
-    Factor,
-    FoundTensor,
-    Node,
-    Part,
-    StoredPart,
-    collapse,
-    tensor_slot,
-)
+from kimi_audit.model.accounting.summary import DtypeRow, ExcludedRow, sum_rows
+from kimi_audit.model.accounting.tree import UNACCOUNTED, FoundTensor, Node, Part, StoredPart, collapse, tensor_slot
+from kimi_audit.model.arch.spec import Factor
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import (
-    BUFFER,
-    PACKED,
-    PARAMETER,
-    SCALE,
-    ExpectedLayout,
-    ExpectedTensor,
-    classify_name,
-    layer_block,
-    scheme_of,
-)
-from kimi_audit.model.quant import PackQuantized
+from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE, kind_of
+from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, layer_block, scheme_of
 
 Mult = tuple[tuple[int, str], ...]
 Slot = tuple[str | None, str]
@@ -110,7 +92,7 @@ class Builder:
                 if kind == PACKED:  # packed words of any shape stand for their module (as checks.stats counts)
                     logical = e.logical
             else:
-                kind = classify_name(name)
+                kind = kind_of(name)
                 slot = tensor_slot(cfg, name, blocks)[:2]
                 if kind == PACKED:
                     logical = 0  # no module the config knows of: it stands for nothing
@@ -195,9 +177,6 @@ class Builder:
 
     # parts
 
-    def f(self, key: str, label: str) -> Factor:
-        return Factor(getattr(self.cfg, key), label, (key,))
-
     def full_name(self, block: str | None, module: str) -> str:
         """The full name of the module's first instance in that block (what the quantization plan is asked)."""
         layers = self.layers_of.get(block, []) if block else []
@@ -212,7 +191,7 @@ class Builder:
         stored = scheme.stored(math.prod(f.value for f in out), math.prod(f.value for f in inp))
         main = next(s for s in stored if s.kind in (PARAMETER, PACKED))
         meta = tuple(StoredPart(module + s.suffix, s.dtype, s.shape, s.kind, 0) for s in stored if s is not main)
-        param_dtype = f"INT{scheme.bits}" if isinstance(scheme, PackQuantized) else ""
+        param_dtype = scheme.param_dtype
         label = f"Weight ({param_dtype}, packed in {main.dtype} words)" if main.kind == PACKED else "Weight"
         parts = [Part(label, module + main.suffix, tuple(out + inp), main.dtype, main.kind, main.shape,
                       param_dtype, scheme.describe(), meta)]

@@ -1,7 +1,7 @@
 """The parameter accounting's summary rows: by dtype, listed-apart metadata and buffers, activated
 parameters, the MTP layers against the main model, and the published figures compared against.
 
-Kept apart from the tree's nodes (accounting_tree.py); accounting.py re-exports both.
+Kept apart from the tree's nodes (tree.py).
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 `Node` is one component of the tree (a leaf holds the tensors of one instance as `Part`s, multiplied
 by its instance factors), `Accounting` the whole result. `tensor_slot` and `collapse` map checkpoint
 tensor names to the tree's (block, component) slots and back to compact patterns. The tree is built
-by accounting_build.py and accounting_model.py; accounting.py is the public entry point and re-exports
-everything here and in accounting_summary.py (the summary rows).
+by builder.py and model.py; account.py is the entry point; the summary rows are in summary.py.
 """
 
 from __future__ import annotations
@@ -16,35 +15,17 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kimi_audit.format.names import ranges
-from kimi_audit.model.accounting_summary import (
-    Activation,
-    Comparison,
-    DtypeRow,
-    ExcludedRow,
-    MtpSummary,
-)
+from kimi_audit.model.accounting.summary import Activation, Comparison, DtypeRow, ExcludedRow, MtpSummary
+from kimi_audit.model.arch.spec import Factor
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import PARAMETER, layer_block
+from kimi_audit.model.kinds import PARAMETER
+from kimi_audit.model.layout import layer_block
 
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 EXPERT_RE = re.compile(r"(?<=\.experts\.)\d+\.")
 DIGITS_RE = re.compile(r"\d+")
 
 UNACCOUNTED = "unaccounted"
-
-
-@dataclass(frozen=True)
-class Factor:
-    """One factor of a per-instance formula: its value, what it is, and the config keys it comes from."""
-
-    value: int
-    label: str
-    keys: tuple[str, ...]
-    expr: str | None = None
-    """How the value is built when it is not a single config value, e.g. "(512 + 64)"."""
-
-    def text(self) -> str:
-        return self.expr or f"{self.value:,}"
 
 
 @dataclass(frozen=True)

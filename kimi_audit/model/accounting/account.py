@@ -1,0 +1,79 @@
+"""The accounting of a checkpoint: its tree built from the config and the found tensors, with the activated
+parameters, the MTP summary and the comparison with the published figures."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kimi_audit.format.table import Located
+from kimi_audit.model.accounting.model import ModelBuilder
+from kimi_audit.model.accounting.summary import PUBLISHED, Activation, Comparison, MtpSummary
+from kimi_audit.model.accounting.tree import Accounting, Node
+from kimi_audit.model.config import ModelConfig, parse_config_bytes, pinned_config_bytes
+from kimi_audit.model.layout import ExpectedTensor, expected_layout
+
+
+def _mtp(root: Node) -> MtpSummary | None:
+    mtp = next((c for c in root.children if c.key == "mtp"), None)
+    if mtp is None:
+        return None
+    copies = sum(n.derived for _, n in mtp.walk() if n.role in ("embed_tokens", "shared_head_head"))
+    return MtpSummary(mtp.layers, root.derived, mtp.derived, copies)
+
+
+def _activation(cfg: ModelConfig, root: Node) -> Activation:
+    mtp = next((c.derived for c in root.children if c.key == "mtp"), 0)
+    embedding = next((c.derived for c in root.children if c.key == "embedding"), 0)
+    experts = [n for _, n in root.walk() if n.key == "blocks.moe.experts"]
+    routed = experts[0].derived if experts else 0
+    k = cfg.num_experts_per_tok or 0
+    if experts:
+        per_expert = experts[0].per_instance
+        moe_blocks = experts[0].mult[1][0]
+        active = per_expert * min(k, cfg.n_routed_experts or 0) * moe_blocks
+    else:
+        per_expert = moe_blocks = active = 0
+    always = root.derived - mtp - routed
+    return Activation(always + active, always, routed, active, k, cfg.n_routed_experts or 0, moe_blocks,
+                      per_expert, mtp, embedding)
+
+
+def _round_sig(x: float, sig: int) -> float:
+    if x == 0:
+        return 0.0
+    from math import floor, log10
+
+    return round(x, -floor(log10(abs(x))) + sig - 1)
+
+
+def published_applies(cfg: ModelConfig) -> bool:
+    """The published figures describe Kimi-K2's architecture: compare only when the config has it."""
+    _, pinned = parse_config_bytes(pinned_config_bytes())
+    return cfg == pinned
+
+
+def compare_published(total: int, activated: int) -> tuple[Comparison, ...]:
+    return tuple(
+        Comparison(p.source, p.total, p.activated, total / p.total, activated / p.activated,
+                   _round_sig(total, p.significant) == p.total, _round_sig(activated, p.significant) == p.activated)
+        for p in PUBLISHED
+    )
+
+
+def build_accounting(cfg: ModelConfig, actual: Located, expected: Mapping[str, ExpectedTensor] | None = None,
+                     *, source: str = "", revision: str | None = None) -> Accounting:
+    """The tree for `cfg`, with found counts from `actual` (tensor name -> (header entry, shard))."""
+    b = ModelBuilder(cfg, actual, expected if expected is not None else expected_layout(cfg))
+    root = b.model()
+    act = _activation(cfg, root)
+    comps = compare_published(root.derived, act.per_token) if published_applies(cfg) else ()
+    return Accounting(root, b.excluded(), root.by_dtype, act, comps, source, revision,
+                      stored=b.stored_totals(root), mtp=_mtp(root))
+
+
+def accounting_of_checkpoint(ckpt) -> Accounting:  # type: ignore[no-untyped-def]
+    """From a kimi_audit.checkpoint.Checkpoint (already loaded: no I/O here)."""
+    from kimi_audit.format.table import locate_tensors
+
+    actual, _ = locate_tensors(ckpt.headers)
+    return build_accounting(ckpt.config, actual, ckpt.expected, source=ckpt.label, revision=ckpt.revision)

@@ -1,0 +1,99 @@
+"""The accounting tree: a walk over the architecture's description (model.arch), the same one the layout reads.
+
+Each block kind present becomes a node (dense blocks and MoE blocks under "N transformer blocks", the
+multi-token-prediction layers apart: their embedding and output head noted as copies of the main ones), each
+description group a group, each leaf a leaf made by builder.Builder from the description's factors: Linear
+modules through the quantization plan, parameters as they are stored. A repeated group (the routed experts)
+multiplies its counts instead of listing its instances. Buffers are listed apart (Builder.excluded).
+"""
+
+from __future__ import annotations
+
+from kimi_audit.format.names import ranges
+from kimi_audit.model.accounting.builder import Builder, Mult
+from kimi_audit.model.accounting.tree import Node, Part
+from kimi_audit.model.arch.registry import describe
+from kimi_audit.model.arch.spec import (
+    ATTENTION_BIAS_KEYS,
+    BLOCK_KEYS,
+    DENSE,
+    DTYPE_KEYS,
+    MOE,
+    MTP,
+    QUANT_KEYS,
+    Buffer,
+    Group,
+    Linear,
+)
+from kimi_audit.model.arch.spec import Node as Described
+
+BLOCK_LABEL = {DENSE: ("dense block", "dense blocks"), MOE: ("MoE block", "MoE blocks"),
+               MTP: ("MTP layer", "MTP layers")}
+
+
+class ModelBuilder(Builder):
+    """The whole tree: `model()` is its root."""
+
+    def block_mult(self, block: str) -> Mult:
+        n = len(self.layers_of.get(block, ()))
+        one, many = BLOCK_LABEL[block]
+        return ((n, one if n == 1 else many),)
+
+    def block_keys(self, block: str | None) -> list[str]:
+        if block is None:
+            return []
+        if block == MTP:
+            return ["num_nextn_predict_layers"]
+        keys = ["num_hidden_layers"]
+        if self.cfg.n_routed_experts is not None:
+            keys += ["first_k_dense_replace", "moe_layer_freq", "n_routed_experts"]
+        return keys
+
+    def keys(self, keys: tuple[str, ...], block: str | None) -> list[str]:
+        """The leaf's config keys, the description's $-groups expanded."""
+        quant = ["quantization_config"] if self.cfg.quant is not None else []
+        groups = {BLOCK_KEYS: self.block_keys(block), DTYPE_KEYS: ["torch_dtype", *quant], QUANT_KEYS: quant,
+                  ATTENTION_BIAS_KEYS: ["attention_bias"] if self.cfg.attention_bias else []}
+        return [k for key in keys for k in groups.get(key, [key])]
+
+    def node(self, d: Described, prefix: str, block: str | None, mult: Mult) -> Node | None:
+        if isinstance(d, Buffer):
+            return None
+        key = f"{prefix}.{d.key}" if prefix else d.key
+        if isinstance(d, Group):
+            if d.repeat is not None:
+                mult = ((d.repeat.value, d.repeat.label),) + mult
+            return self.group(key, d.name or d.key, d.title, [self.node(c, key, block, mult) for c in d.children],
+                              mult, role=d.role, note=d.note)
+        parts: list[Part] = []
+        for t in d.tensors:
+            if isinstance(t, Linear):
+                parts += self.linear_parts(block, t.module, list(t.out), list(t.inp), t.bias)
+            else:
+                parts.append(Part(t.label, t.component, t.shape, t.dtype))
+        return self.leaf(key, d.name, d.title, d.role, block, parts, mult, self.keys(d.keys, block), d.note)
+
+    def block(self, block: str, nodes: tuple[Described, ...]) -> Node | None:
+        layers = self.layers_of.get(block)
+        if not layers:
+            return None
+        mult = self.block_mult(block)
+        pre = "mtp" if block == MTP else f"blocks.{block}"
+        children = [self.node(d, pre, block, mult) for d in nodes]
+        if block == MTP:
+            title = f"Multi-token prediction (layer{'s' if len(layers) > 1 else ''} {ranges(layers)})"
+            note = "Not in next-token inference: excluded from the activated parameters."
+            return self.group(pre, "mtp", title, children, mult, role="mtp_blocks", note=note)
+        return self.group(pre, block, f"{mult[0][0]} {mult[0][1]}", children, mult, role=f"{block}_blocks")
+
+    def model(self) -> Node:
+        c = self.cfg
+        tree = describe(c)
+        children: list[Node | None] = [self.node(d, "", None, ()) for d in tree.before]
+        children.append(self.group("blocks", "blocks", f"{c.num_hidden_layers} transformer blocks",
+                                   [self.block(b, tree.blocks[b]) for b in (DENSE, MOE) if b in tree.blocks]))
+        children.append(self.block(MTP, tree.blocks[MTP]) if MTP in tree.blocks else None)
+        children += [self.node(d, "", None, ()) for d in tree.after]
+        children.append(self.unaccounted())
+        return self.group("model", "model", f"{c.model_type} model", children, role="model")
+

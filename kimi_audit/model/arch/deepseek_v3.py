@@ -1,0 +1,202 @@
+"""DeepseekV3ForCausalLM as data: Kimi-K2 (Instruct, Base, 0905, Thinking), DeepSeek-V3, R1 and V3.1, and
+DeepSeek-V3.2 (`deepseek_v32`) as its variant with the sparse-attention indexer and F32 norm gains.
+
+Mirrors modeling_deepseek.py: DeepseekV3Attention (multi-head latent attention), DeepseekV3MLP for dense
+blocks, DeepseekV3MoE (router gate + routed experts + shared experts) for MoE blocks, and the
+multi-token-prediction layers stored after the main stack (DeepSeek-V3's `model.layers.61`): its embedding,
+norms, combining projection and output head before an ordinary MoE layer. DeepSeek-V3.2's indexer is
+DeepSeek-V3.2-Exp's inference/model.py `Indexer`; it takes the place of the rotary buffer.
+"""
+
+from __future__ import annotations
+
+from kimi_audit.model.arch.spec import (
+    ATTENTION_BIAS_KEYS,
+    BLOCK_KEYS,
+    DENSE,
+    DTYPE_KEYS,
+    MOE,
+    MTP,
+    QUANT_KEYS,
+    Buffer,
+    Factor,
+    Group,
+    Leaf,
+    Linear,
+    ModelTree,
+    Node,
+    Param,
+)
+from kimi_audit.model.config import ModelConfig
+
+MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32")
+"""The config model_types this description is registered for (model.arch.registry)."""
+
+MTP_EMBED_NOTE = ("A copy of model.embed_tokens.weight: the MTP module shares the main embedding at inference. "
+                  "Left out of the total counted once.")
+MTP_HEAD_NOTE = ("A copy of lm_head.weight: the MTP module shares the main output head at inference. "
+                 "Left out of the total counted once.")
+GAIN = "Learned gain"
+NORM_KEYS = (BLOCK_KEYS, "torch_dtype", "rms_norm_eps")
+
+
+def describe(cfg: ModelConfig) -> ModelTree:
+    """The module tree of `cfg` (a DeepseekV3-family config)."""
+    return _Describe(cfg).tree()
+
+
+class _Describe:
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.cfg = cfg
+        self.norm_dtype = cfg.norm_dtype or cfg.dtype
+
+    def f(self, key: str, label: str) -> Factor:
+        return Factor(getattr(self.cfg, key), label, (key,))
+
+    def gain(self, key: str, name: str, title: str, role: str, component: str, width: Factor,
+             keys: tuple[str, ...] = NORM_KEYS, note: str = "") -> Leaf:
+        """An RMSNorm's learned gain."""
+        return Leaf(key, name, title, role, (Param(GAIN, component, (width,), self.norm_dtype),), keys, note)
+
+    def tree(self) -> ModelTree:
+        c = self.cfg
+        h, v = self.f("hidden_size", "hidden"), self.f("vocab_size", "vocab")
+        before: tuple[Node, ...] = (
+            Leaf("embedding", "embed_tokens", "Token embedding", "embedding",
+                 (Param("Embedding table", "model.embed_tokens.weight", (v, h), c.dtype),), ("torch_dtype",)),)
+        after: list[Node] = [self.gain("norm", "norm", "Final RMSNorm", "final_norm", "model.norm.weight", h,
+                                       ("torch_dtype", "rms_norm_eps"))]
+        if not c.tie_word_embeddings:
+            after.append(Leaf("lm_head", "lm_head", "Output head (lm_head)", "lm_head",
+                              (Linear("lm_head", (v,), (h,)),), ("torch_dtype", "tie_word_embeddings", QUANT_KEYS)))
+        blocks = {DENSE: (self.norms(), self.attention(), *self.dense_mlp()),
+                  MOE: (self.norms(), self.attention(), *self.moe()),
+                  MTP: (self.mtp_head(), self.norms(), self.attention(), *self.moe())}
+        return ModelTree(before, blocks, tuple(after))
+
+    def norms(self) -> Group:
+        h = self.f("hidden_size", "hidden")
+        return Group("norms", "Block norms", (
+            self.gain("input_layernorm", "input_layernorm", "Pre-attention RMSNorm", "input_layernorm",
+                      "input_layernorm.weight", h),
+            self.gain("post_attention_layernorm", "post_attention_layernorm", "Pre-MLP RMSNorm",
+                      "post_attention_layernorm", "post_attention_layernorm.weight", h)))
+
+    def attention(self) -> Group:
+        c = self.cfg
+        h = self.f("hidden_size", "hidden")
+        heads = self.f("num_attention_heads", "heads")
+        bias = c.attention_bias
+        bk = (BLOCK_KEYS, DTYPE_KEYS, ATTENTION_BIAS_KEYS)
+        qhd = Factor(c.q_head_dim, "q head dim", ("qk_nope_head_dim", "qk_rope_head_dim"),
+                     f"({c.qk_nope_head_dim:,} + {c.qk_rope_head_dim:,})")
+        if c.q_lora_rank is None:
+            q = Group("q_projection", "Query projection", (
+                Leaf("q_proj", "q_proj", "Query projection", "q_proj",
+                     (Linear("self_attn.q_proj", (heads, qhd), (h,)),), bk),))
+        else:
+            ql = self.f("q_lora_rank", "q latent")
+            q = Group("q_compression", "Query compression", (
+                Leaf("q_a_proj", "q_a_proj", "Query down-projection", "q_a_proj",
+                     (Linear("self_attn.q_a_proj", (ql,), (h,), bias),), bk),
+                self.gain("q_a_layernorm", "q_a_layernorm", "Query latent RMSNorm", "q_a_layernorm",
+                          "self_attn.q_a_layernorm.weight", ql),
+                Leaf("q_b_proj", "q_b_proj", "Query up-projection", "q_b_proj",
+                     (Linear("self_attn.q_b_proj", (heads, qhd), (ql,)),), bk)))
+        kvl = self.f("kv_lora_rank", "kv latent")
+        kv_out = Factor(c.kv_lora_rank + c.qk_rope_head_dim, "kv latent + rope key",
+                        ("kv_lora_rank", "qk_rope_head_dim"), f"({c.kv_lora_rank:,} + {c.qk_rope_head_dim:,})")
+        kvb = Factor(c.qk_nope_head_dim + c.v_head_dim, "nope key + value dim", ("qk_nope_head_dim", "v_head_dim"),
+                     f"({c.qk_nope_head_dim:,} + {c.v_head_dim:,})")
+        kv = Group("kv_compression", "Key-value compression", (
+            Leaf("kv_a_proj_with_mqa", "kv_a_proj_with_mqa", "Joint key-value down-projection", "kv_a_proj_with_mqa",
+                 (Linear("self_attn.kv_a_proj_with_mqa", (kv_out,), (h,), bias),), bk),
+            self.gain("kv_a_layernorm", "kv_a_layernorm", "Key-value latent RMSNorm", "kv_a_layernorm",
+                      "self_attn.kv_a_layernorm.weight", kvl),
+            Leaf("kv_b_proj", "kv_b_proj", "Key-value up-projection", "kv_b_proj",
+                 (Linear("self_attn.kv_b_proj", (heads, kvb), (kvl,)),), bk)))
+        vd = self.f("v_head_dim", "value dim")
+        o = Group("output_projection", "Output projection", (
+            Leaf("o_proj", "o_proj", "Attention output projection", "o_proj",
+                 (Linear("self_attn.o_proj", (h,), (heads, vd), bias),), bk),))
+        last: Node = self.indexer() if c.index_n_heads and c.index_head_dim else Buffer(
+            "self_attn.rotary_emb.inv_freq", (c.qk_rope_head_dim // 2,), c.dtype)
+        return Group("attention", "Latent attention", (q, kv, o, last))
+
+    def indexer(self) -> Group:
+        """DeepSeek-V3.2's sparse-attention indexer (DSA): query and key projections, a LayerNorm on the keys
+        (gain and bias, F32) and per-head weights (kept unquantized, no bias)."""
+        c = self.cfg
+        h = self.f("hidden_size", "hidden")
+        ih, idim = self.f("index_n_heads", "indexer heads"), self.f("index_head_dim", "indexer head dim")
+        q_in = self.f("q_lora_rank", "q latent") if c.q_lora_rank else h
+        keys = (BLOCK_KEYS, "index_n_heads", "index_head_dim")
+        return Group("indexer", "Sparse-attention indexer", (
+            Leaf("wq_b", "wq_b", "Indexer query projection", "indexer_wq_b",
+                 (Linear("self_attn.indexer.wq_b", (ih, idim), (q_in,)),), (*keys, DTYPE_KEYS)),
+            Leaf("wk", "wk", "Indexer key projection", "indexer_wk",
+                 (Linear("self_attn.indexer.wk", (idim,), (h,)),), (*keys, DTYPE_KEYS)),
+            Leaf("k_norm", "k_norm", "Indexer key LayerNorm", "indexer_k_norm",
+                 (Param(GAIN, "self_attn.indexer.k_norm.weight", (idim,), "F32"),
+                  Param("Bias", "self_attn.indexer.k_norm.bias", (idim,), "F32")), keys),
+            Leaf("weights_proj", "weights_proj", "Indexer head weights", "indexer_weights_proj",
+                 (Param("Weight", "self_attn.indexer.weights_proj.weight", (ih, h), c.dtype),), (*keys, "torch_dtype")),
+        ))
+
+    def mlp(self, key: str, title: str, role: str, module: str, inter: Factor, keys: tuple[str, ...],
+            repeat: Factor | None = None) -> Group:
+        h = self.f("hidden_size", "hidden")
+        return Group(key, title, tuple(
+            Leaf(p, p, t, f"{role}_{p}",
+                 (Linear(f"{module}.{p}", (h,) if p == "down_proj" else (inter,),
+                         (inter,) if p == "down_proj" else (h,)),), (*keys, DTYPE_KEYS))
+            for p, t in (("gate_proj", "Gate projection"), ("up_proj", "Up projection"),
+                         ("down_proj", "Down projection"))),
+            repeat=repeat, index_at="experts." if repeat is not None else "")
+
+    def dense_mlp(self) -> tuple[Node, ...]:
+        return (self.mlp("mlp", "MLP (dense)", "mlp", "mlp", self.f("intermediate_size", "intermediate"),
+                         (BLOCK_KEYS, "intermediate_size")),)
+
+    def moe(self) -> tuple[Node, ...]:
+        c = self.cfg
+        assert c.n_routed_experts is not None
+        e, h = self.f("n_routed_experts", "experts"), self.f("hidden_size", "hidden")
+        router: list[Node] = [Leaf("gate", "gate", "Router gate (expert affinities)", "router_gate",
+                                   (Param("Weight", "mlp.gate.weight", (e, h), c.dtype),),
+                                   (BLOCK_KEYS, "torch_dtype", "num_experts_per_tok"))]
+        if c.topk_method == "noaux_tc":
+            router.append(Leaf("e_score_correction_bias", "e_score_correction_bias", "Expert score correction bias",
+                               "e_score_correction_bias",
+                               (Param("Bias", "mlp.gate.e_score_correction_bias", (e,), "F32"),),
+                               (BLOCK_KEYS, "topk_method")))
+        out: list[Node] = [Group("router", "Router", tuple(router)),
+                           self.mlp("experts", "Routed experts", "expert", "mlp.experts",
+                                    self.f("moe_intermediate_size", "moe intermediate"),
+                                    (BLOCK_KEYS, "moe_intermediate_size", "num_experts_per_tok"),
+                                    repeat=Factor(c.n_routed_experts, "experts", ("n_routed_experts",)))]
+        if c.n_shared_experts:
+            sh = Factor(c.moe_intermediate_size * c.n_shared_experts, "shared intermediate",
+                        ("moe_intermediate_size", "n_shared_experts"),
+                        f"({c.moe_intermediate_size:,} × {c.n_shared_experts:,})" if c.n_shared_experts > 1 else None)
+            out.append(self.mlp("shared_experts", "Shared experts", "shared", "mlp.shared_experts", sh,
+                                (BLOCK_KEYS, "moe_intermediate_size", "n_shared_experts")))
+        return tuple(out)
+
+    def mtp_head(self) -> Group:
+        c = self.cfg
+        h, v = self.f("hidden_size", "hidden"), self.f("vocab_size", "vocab")
+        two_h = Factor(2 * c.hidden_size, "2 × hidden", ("hidden_size",), f"(2 × {c.hidden_size:,})")
+        k = (BLOCK_KEYS, "torch_dtype")
+        lk = (*k, QUANT_KEYS)
+        return Group("mtp_head", "MTP embedding, projection and head", (
+            Leaf("embed_tokens", "embed_tokens", "MTP token embedding", "embed_tokens",
+                 (Param("Embedding table", "embed_tokens.weight", (v, h), c.dtype),), k, MTP_EMBED_NOTE),
+            self.gain("enorm", "enorm", "MTP embedding RMSNorm", "enorm", "enorm.weight", h),
+            self.gain("hnorm", "hnorm", "MTP hidden-state RMSNorm", "hnorm", "hnorm.weight", h),
+            Leaf("eh_proj", "eh_proj", "MTP combining projection", "eh_proj", (Linear("eh_proj", (h,), (two_h,)),), lk),
+            self.gain("shared_head_norm", "shared_head.norm", "MTP head RMSNorm", "shared_head_norm",
+                      "shared_head.norm.weight", h),
+            Leaf("shared_head_head", "shared_head.head", "MTP output head", "shared_head_head",
+                 (Linear("shared_head.head", (v,), (h,)),), lk, MTP_HEAD_NOTE),
+        ))
