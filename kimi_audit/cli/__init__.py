@@ -12,7 +12,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kimi_audit import __version__
+from kimi_audit.constants import VERSION
 
 if TYPE_CHECKING:
     from kimi_audit.cli.commands import app
@@ -37,7 +37,7 @@ def main() -> None:
     Nothing is left to run by then: temporary directories are removed by the commands themselves.
     """
     if sys.argv[1:] == ["--version"]:  # the whole answer: no need for the app
-        print(f"kimi-audit {__version__}")
+        print(f"kimi-audit {VERSION}")
         sys.stdout.flush()
         os._exit(0)
     from kimi_audit.cli.application import EXIT_BROKEN_PIPE, app_for, silence_stdout

@@ -83,7 +83,9 @@ def verify(
     if write_manifest is not None and not report.interrupted:
         report = finish_manifest(report, made, write_manifest)
     if as_json:
-        sys.stdout.write(json.dumps(report.to_dict(all_findings), indent=1) + "\n")
+        from kimi_audit.report.verify_data import verify_dict
+
+        sys.stdout.write(json.dumps(verify_dict(report, all_findings), indent=1) + "\n")
     else:
         from kimi_audit.report.verify_table import render_verify
 
