@@ -30,6 +30,19 @@ def test_to_dict_is_the_json_output_and_exit_codes_agree(tmp_path: Path) -> None
     assert report.verdict() == "PASS" and report.verdict("warning") == "FAIL"
 
 
+def test_the_report_reads_every_field_of_the_audits_own(tiny_dir: Path) -> None:
+    """kimi_audit.AuditReport composes checks.audit.AuditReport: each of its fields reads through."""
+    import dataclasses
+
+    from kimi_audit.checks.audit import AuditReport
+
+    report = kimi_audit.audit(tiny_dir)
+    assert isinstance(report.audit, AuditReport)
+    for field in dataclasses.fields(AuditReport):
+        assert getattr(report, field.name) == getattr(report.audit, field.name), field.name
+    assert (report.errors, report.warnings) == (report.audit.errors, report.audit.warnings)
+
+
 def test_values_reads_the_small_tensors_as_audit_values_does(tiny_dir: Path) -> None:
     report = kimi_audit.audit(tiny_dir, values=True)
     doc, code = cli_json(str(tiny_dir), "--values")
