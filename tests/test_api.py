@@ -62,6 +62,19 @@ def test_progress_is_called_per_shard(tiny_dir: Path) -> None:
     assert [(d, t) for _, d, t in seen] == [(1, 3), (2, 3), (3, 3)]
 
 
+def test_the_library_leaves_the_collector_alone(tiny_dir: Path) -> None:
+    """No hidden global state: inside the audit (where the progress callback runs) the host's collector
+    is as the host set it, and it is so afterwards."""
+    import gc
+
+    before = (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count())
+    seen: list[tuple[bool, tuple[int, int, int], int]] = []
+    kimi_audit.audit(tiny_dir, progress=lambda *_: seen.append(
+        (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count())))
+    assert seen and set(seen) == {before}
+    assert (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count()) == before
+
+
 def test_the_api_is_typed_and_lazy() -> None:
     import subprocess
     import sys
