@@ -1,4 +1,5 @@
-"""`verify`'s report as plain data: `verify --json` (schema kimi-audit/verify/1).
+"""`verify`'s report as plain data (the `--json` output, schema kimi-audit/verify/1): every file with its
+sha256 and status, the findings, the totals.
 
 Findings are listed as `audit --json` lists them (grouped, at most 10 a group and 500 in all unless
 `--all-findings`), after the header audit's own.
