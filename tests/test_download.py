@@ -14,9 +14,9 @@ from hub_fixtures import *  # noqa: F403
 from hub_fixtures import GATED_REPO, REPLICA_COMMIT, REPLICA_REPO, TINY_REPO, needed_bytes, shard_count
 from hub_server import FakeHub
 from kimi_audit.checks.audit import audit_source
-from kimi_audit.checks.report_dict import report_dict
 from kimi_audit.cli import app
 from kimi_audit.download.hub import download, select_files, verify_files
+from kimi_audit.report.json_report import report_dict
 from kimi_audit.sources.hub import HubSource
 from kimi_audit.sources.local import LocalSource
 

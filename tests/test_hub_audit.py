@@ -13,8 +13,8 @@ from hub_fixtures import *  # noqa: F403
 from hub_fixtures import GATED_REPO, GATED_TOKEN, REPLICA_COMMIT, REPLICA_REPO, TINY_REPO, needed_bytes, shard_count
 from hub_server import FakeHub
 from kimi_audit.checks.audit import audit_source
-from kimi_audit.checks.report_dict import report_dict
 from kimi_audit.cli import app
+from kimi_audit.report.json_report import report_dict
 from kimi_audit.sources.hub import HubError, HubSource, HubTimeoutError
 from kimi_audit.sources.local import LocalSource
 

@@ -1,4 +1,7 @@
-"""The audit: load a checkpoint from a source, run every check, return one immutable report."""
+"""The audit: load a checkpoint from a source, run every check, return one immutable report.
+
+The report is data (findings, statistics, the verdict); report/ renders it, the JSON included.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from kimi_audit.checks.root_causes import attribute, covered, fold_quantization
 from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import Finding, Severity, warning
 from kimi_audit.format.table import tensor_table
-from kimi_audit.gcpause import gc_paused
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
 from kimi_audit.model.layout import layer_block
@@ -74,12 +76,6 @@ class AuditReport:
             return f"PARTIAL: {self.absent_shards:,} of {self.listed_shards:,} shards absent"
         return "FAIL" if self.exit_code(fail_on) else "PASS"
 
-    def to_dict(self, fail_on: Severity | str = Severity.ERROR, all_findings: bool = False) -> dict[str, Any]:
-        """The report as plain data: exactly what `audit --json` prints (schema kimi-audit/audit/1)."""
-        from kimi_audit.checks.report_dict import report_dict
-
-        return report_dict(self, Severity(fail_on), all_findings)
-
 
 def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
     cfg = ckpt.config
@@ -111,11 +107,6 @@ def layout_unsupported(ckpt: Checkpoint) -> Finding:
 
 
 def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
-    with gc_paused():
-        return _audit(ckpt)
-
-
-def _audit(ckpt: Checkpoint) -> AuditReport:
     expected = ckpt.expected
     all_findings: list[Finding] = list(ckpt.findings)
     for header in ckpt.headers.values():

@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from kimi_audit import __version__
+from kimi_audit.constants import VERSION
 from kimi_audit.errors import KimiAuditError
 
 # What a process killed by SIGPIPE reports in a shell (`git log | head -1` does the same).
@@ -229,7 +229,7 @@ def byte_progress(description: str, enabled: bool = True) -> Iterator[Callable[[
 
 def version_callback(value: bool) -> None:
     if value:
-        stdout.print(f"kimi-audit {__version__}")
+        stdout.print(f"kimi-audit {VERSION}")
         raise typer.Exit()
 
 

@@ -26,7 +26,6 @@ from kimi_audit.format.estimate import first_read_bytes
 from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header, parse_fetched
 from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
-from kimi_audit.gcpause import gc_paused
 from kimi_audit.model.config import ModelConfig, parse_config_bytes
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.sources.base import Source
@@ -100,15 +99,14 @@ def read_headers(
     """Every shard's header. A remote source's headers are fetched in threads, each read sized from
     `expected` and the names the index lists in the shard; a local one's are read one after another."""
     results: dict[str, ShardHeader | Finding | str] = {}
-    with gc_paused():
-        if source.parallel_reads > 1 and len(shards) > 1:
-            _read_remote(source, shards, index, expected, results, progress)
-        else:
-            budget = HeaderBudget(MAX_TOTAL_HEADER_BYTES)
-            for done, shard in enumerate(shards, 1):
-                results[shard] = _read_one(source, shard, budget)
-                if progress:
-                    progress(shard, done, len(shards))
+    if source.parallel_reads > 1 and len(shards) > 1:
+        _read_remote(source, shards, index, expected, results, progress)
+    else:
+        budget = HeaderBudget(MAX_TOTAL_HEADER_BYTES)
+        for done, shard in enumerate(shards, 1):
+            results[shard] = _read_one(source, shard, budget)
+            if progress:
+                progress(shard, done, len(shards))
     results = {s: results[s] for s in shards}
     headers = {s: r for s, r in results.items() if isinstance(r, ShardHeader)}
     failures = [r for r in results.values() if isinstance(r, Finding)]
@@ -162,8 +160,7 @@ def _names_by_shard(shards: list[str], index: IndexFile | None) -> dict[str, lis
 
 
 def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Checkpoint:
-    with gc_paused():
-        return _load(source, source.list_files(), source.remote, progress)
+    return _load(source, source.list_files(), source.remote, progress)
 
 
 def _load(source: Source, files: tuple[str, ...], remote: bool, progress: ProgressFn | None) -> Checkpoint:

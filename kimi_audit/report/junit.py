@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from kimi_audit import __version__
 from kimi_audit.checks.audit import AuditReport
-from kimi_audit.checks.ignore import ignored_line
+from kimi_audit.constants import VERSION
 from kimi_audit.findings import Finding, Severity
+from kimi_audit.report.grouping import ignored_line
 
 MAX_LINES = 500
 """Findings listed per testcase; the rest are counted (the JSON report has them all)."""
@@ -122,7 +122,7 @@ def junit_tree(report: AuditReport, *, fail_on: Severity = Severity.ERROR, elaps
     props = ET.SubElement(suite, "properties")
     s = report.stats
     for k, v in (("source", report.source), ("revision", report.revision or ""),
-                 ("tool", f"kimi-audit {__version__}"), ("fail_on", fail_on.value),
+                 ("tool", f"kimi-audit {VERSION}"), ("fail_on", fail_on.value),
                  ("tensors", s.tensors), ("parameters", s.parameters), ("shards", s.shards),
                  ("ignored", len(report.ignored))):
         ET.SubElement(props, "property", name=k, value=xml_safe(v))

@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 
 from kimi_audit.checks.audit import AuditReport
-from kimi_audit.checks.grouping import group_findings
-from kimi_audit.checks.ignore import ignored_counts
 from kimi_audit.findings import Severity
+from kimi_audit.report.grouping import group_findings, ignored_counts
 
 MAX_GROUPS = 50
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

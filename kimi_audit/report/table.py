@@ -8,9 +8,8 @@ from rich.table import Table
 from rich.text import Text
 
 from kimi_audit.checks.audit import AuditReport
-from kimi_audit.checks.grouping import group_findings
-from kimi_audit.checks.ignore import ignored_line
 from kimi_audit.findings import Severity
+from kimi_audit.report.grouping import group_findings, ignored_line
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_GROUPS = 40
