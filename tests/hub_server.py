@@ -81,6 +81,7 @@ class RequestRecord:
     range: str | None
     bytes_sent: int
     gen: int = field(default=0, repr=False, compare=False)  # which reset_stats() epoch counted it
+    at: float = field(default=0.0, repr=False, compare=False)  # time.monotonic() when the server counted it
 
 
 @dataclass
@@ -89,6 +90,7 @@ class Stats:
     bytes_sent: int = 0
     per_path: dict[str, list[int]] = field(default_factory=dict)  # path -> [requests, bytes]
     records: list[RequestRecord] = field(default_factory=list)
+    peak_in_flight: int = 0  # the most requests the server was handling at once
 
     def for_path(self, needle: str) -> tuple[int, int]:
         """(requests, bytes) summed over the paths that contain `needle`."""
@@ -114,6 +116,7 @@ class FakeHub:
         self._lock = threading.Lock()
         self._stats = Stats()
         self._gen = 0
+        self._in_flight = 0
         self._hash_cache: dict[tuple[str, int, int], tuple[str, str]] = {}
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
@@ -167,8 +170,9 @@ class FakeHub:
         """A snapshot of the counters."""
         with self._lock:
             s = self._stats
-            records = [RequestRecord(r.method, r.path, r.status, r.range, r.bytes_sent) for r in s.records]
-            return Stats(s.requests, s.bytes_sent, {k: list(v) for k, v in s.per_path.items()}, records)
+            records = [RequestRecord(r.method, r.path, r.status, r.range, r.bytes_sent, at=r.at) for r in s.records]
+            return Stats(s.requests, s.bytes_sent, {k: list(v) for k, v in s.per_path.items()}, records,
+                         s.peak_in_flight)
 
     def reset_stats(self) -> None:
         with self._lock:
@@ -178,13 +182,22 @@ class FakeHub:
     def _record(self, method: str, path: str, status: int, rng: str | None, nbytes: int) -> RequestRecord:
         """Count a request (before its body goes out, so a client never sees an answer not yet counted)."""
         with self._lock:
-            rec = RequestRecord(method, path, status, rng, 0, self._gen)
+            rec = RequestRecord(method, path, status, rng, 0, self._gen, time.monotonic())
             s = self._stats
             s.requests += 1
             s.per_path.setdefault(path, [0, 0])[0] += 1
             s.records.append(rec)
         self._add_bytes(rec, nbytes)
         return rec
+
+    def _enter(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+            self._stats.peak_in_flight = max(self._stats.peak_in_flight, self._in_flight)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
     def _add_bytes(self, rec: RequestRecord, nbytes: int) -> None:
         with self._lock:
@@ -367,6 +380,7 @@ class _Handler(BaseHTTPRequestHandler):
         split = urlsplit(self.path)
         self._path = split.path
         self._query = parse_qs(split.query)
+        hub._enter()
         try:
             hub.wait(hub.latency_s)
             fault = hub._take_fault(self.command, self._path)
@@ -388,6 +402,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._route(fault)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
+        finally:
+            hub._leave()
 
     def _route(self, fault: Fault | None) -> None:
         path = self._path

@@ -12,15 +12,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import TINY_REPO
+from hub_repos import TINY_REPO
 from kimi_audit.cli import app
 from kimi_audit.format.header import TensorInfo
 from kimi_audit.model.accounting import UNACCOUNTED, accounting_dict, accounting_of_checkpoint, build_accounting
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
 from kimi_audit.model.layout import BUFFER, PACKED, PARAMETER, SCALE, expected_layout
-from kimi_audit.model.replica import ReplicaTensor, replica_shards, write_shard
+from kimi_audit.replica.build import ReplicaTensor, replica_shards, write_shard
 from kimi_audit.sources import LocalSource
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
 

@@ -202,7 +202,7 @@ def test_values_pass_on_a_header_only_copy(tiny_copy: Path) -> None:
 
 @pytest.mark.slow
 def test_header_only_replica_values_pass(tmp_path: Path) -> None:
-    from kimi_audit.model.replica import build_replica
+    from kimi_audit.replica.build import build_replica
 
     d = build_replica(tmp_path / "kimi-k2", fill_small=False)  # what `download --headers-only` leaves
     require_holes(d / "model-1-of-61.safetensors")

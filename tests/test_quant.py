@@ -12,7 +12,7 @@ import pytest
 from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
 from kimi_audit.model.layout import PACKED, PARAMETER, SCALE, ExpectedLayout, expected_layout
 from kimi_audit.model.quant import Fp8Block, PackQuantized, QuantPlan, Scheme, Unquantized, quant_plan
-from kimi_audit.model.replica_models import replica_model
+from kimi_audit.replica.models import replica_model
 
 DATA = Path(__file__).parent / "data"
 THINKING_QUANT = json.loads(replica_model("kimi-k2-thinking").config_bytes())["quantization_config"]

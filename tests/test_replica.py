@@ -7,7 +7,7 @@ import os
 
 from kimi_audit.checks.audit import audit_source
 from kimi_audit.model.config import parse_config_bytes, pinned_config_bytes
-from kimi_audit.model.replica import replica_shards, write_shard
+from kimi_audit.replica.build import replica_shards, write_shard
 from kimi_audit.sources import LocalSource
 
 

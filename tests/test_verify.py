@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import TINY_REPO
+from hub_repos import TINY_REPO
 from kimi_audit.checks.manifest import PREDICATE_TYPE, STATEMENT_TYPE, parse_manifest, read_manifest, root_digest
 from kimi_audit.checks.verify import FileTask, TensorPlan, plan_pieces, tensor_kind, verify_file
 from kimi_audit.checks.verify_check import VerifyOptions, VerifyTarget, prepare, verify_files

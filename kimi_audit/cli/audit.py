@@ -15,7 +15,7 @@ from kimi_audit.checks.audit import AuditReport, audit_source
 from kimi_audit.cli.application import app, shard_progress, sigterm_exits, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import DirectoryNotEmptyError, KimiAuditError
-from kimi_audit.model.replica_models import DEFAULT_MODEL, REPLICA_MODELS
+from kimi_audit.replica.models import DEFAULT_MODEL, REPLICA_MODELS
 from kimi_audit.report.json_report import render_json
 from kimi_audit.report.table import render_table
 from kimi_audit.sources import LocalSource, open_source
@@ -105,7 +105,7 @@ def demo(
     apparent, a few hundred MB on disk), so this shows the whole audit on a machine with no Hub access.
     A DIRECTORY that holds files is refused (exit 2, nothing written) unless --force.
     """
-    from kimi_audit.model.replica import build_replica
+    from kimi_audit.replica.build import build_replica
 
     spec = REPLICA_MODELS.get(model)
     if spec is None:

@@ -1,5 +1,5 @@
 """The family members a replica can be built of: config, shard names and count, what is stored, and which
-shard holds each tensor (facts from the releases; see model.replica for the writing).
+shard holds each tensor (facts from the releases; see replica.build for the writing).
 
 - kimi-k2-instruct, kimi-k2-base: `model-{i}-of-61.safetensors`, one decoder layer per shard (shard 1 also
   holds the embedding, shard 61 the final norm and lm_head); FP8 block scales.
