@@ -1,6 +1,6 @@
 """The package reads as the data flow: no stage imports a later one, and no module passes 400 lines.
 
-sources/ -> format/ -> numerics/ -> model/ -> checks/ -> report/ -> cli/; the shared modules at the
+sources/ -> format/ -> numerics/ -> model/ -> checks/ -> replica/ -> report/ -> cli/; the shared modules at the
 package root (errors, findings, constants, gcpause) come before them all. Every import counts, those
 inside functions included (a lazy import is still a dependency).
 """
@@ -14,7 +14,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "kimi_audit"
 SHARED = {"errors", "findings", "constants", "gcpause"}
-STAGES = ["sources", "format", "numerics", "model", "checks", "report", "cli"]
+STAGES = ["sources", "format", "numerics", "model", "checks", "replica", "report", "cli"]
 MAX_LINES = 400
 
 
