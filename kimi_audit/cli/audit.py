@@ -93,7 +93,8 @@ def demo(
                    "removed afterwards, also on Ctrl-C or SIGTERM)."),
     force: bool = typer.Option(False, "--force", help="Build in DIRECTORY even if it holds files. Only the "
                                "replica's own files are written there (config.json, model.safetensors.index.json, "
-                               "its shards), over any of the same name; nothing else is touched."),
+                               "its shards), each as a new file that replaces any of the same name (a link there "
+                               "is replaced, never written through); nothing else is touched."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report on stdout."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="NAME", help="The release to replicate: "
                               f"{', '.join(REPLICA_MODELS)}."),
