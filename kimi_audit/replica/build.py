@@ -1,15 +1,15 @@
 """Full-scale header replicas of the family: Kimi-K2-Instruct at the pinned revision (the default), and
 Kimi-K2-Base, -Instruct-0905, -Thinking, DeepSeek-V3 and V3.2 from the facts of their releases (replica.models).
 
-Sparse shards whose headers hold every tensor of the published layout, plus `config.json` (shipped as
+Sparse shards whose headers hold every tensor of the release's layout, plus `config.json` (shipped as
 package data) and `model.safetensors.index.json`. Big tensors are holes: Kimi-K2-Instruct's files are
 ~959 GB apparent and a few hundred MB on disk. Small tensors (norm gains, router biases, FP8 scales,
 rotary buffers, INT4 `weight_shape`s, and the INT4 group scales of expert 0 of each layer: all of them
 would be 63 GB) get deterministic synthetic values so the numeric commands have something real to read;
 numpy and ml_dtypes are imported by the functions that make them.
 
-Shard names, count and assignment are the model's (replica.models); Kimi-K2-Instruct's follows the
-published description: shard 1 holds the embedding and layer 0, shard i holds layer i-1, shard 61 also
+Shard names, count and assignment are the model's (replica.models); Kimi-K2-Instruct's follows its
+release's index: shard 1 holds the embedding and layer 0, shard i holds layer i-1, shard 61 also
 holds `model.norm.weight` and `lm_head.weight`.
 """
 
@@ -27,19 +27,10 @@ from typing import TYPE_CHECKING, BinaryIO
 from kimi_audit.constants import CONFIG_FILE, DTYPE_BITS, INDEX_FILE
 from kimi_audit.model.config import ModelConfig, parse_config_bytes
 from kimi_audit.model.layout import BUFFER, expected_layout
-from kimi_audit.replica.models import (
-    DEFAULT_MODEL,
-    PUBLISHED_INV_FREQ_SHAPE,
-    REPLICA_MODELS,
-    ReplicaModel,
-    plain_name,
-    replica_model,
-)
+from kimi_audit.replica.models import DEFAULT_MODEL, plain_name, replica_model
 
 if TYPE_CHECKING:
     import numpy as np
-
-__all__ = ["DEFAULT_MODEL", "PUBLISHED_INV_FREQ_SHAPE", "REPLICA_MODELS", "ReplicaModel", "replica_model"]
 
 SMALL_TENSOR_BYTES = 1 << 20
 FILLED_DTYPES = ("BF16", "F32", "F16")
