@@ -377,7 +377,7 @@ def bench_remote(replica: Path, repeats: int, latency_ms: float, tmp: Path) -> t
 
 
 def bench_family(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
-    from kimi_audit.model.replica import build_replica
+    from kimi_audit.replica.build import build_replica
 
     t0 = time.perf_counter()
     thinking = build_replica(tmp / "thinking", model="kimi-k2-thinking").resolve()
@@ -418,7 +418,7 @@ def main() -> int:
         tmp = Path(tmp_name)
         replica = args.replica
         if replica is None and ("local" in parts or "remote" in parts or "family" in parts):
-            from kimi_audit.model.replica import build_replica
+            from kimi_audit.replica.build import build_replica
 
             t0 = time.perf_counter()
             replica = build_replica(tmp / "replica")

@@ -21,7 +21,7 @@ from kimi_audit.model.quant import (
     UnsupportedQuantization,
     quant_plan,
 )
-from kimi_audit.model.replica_models import replica_model
+from kimi_audit.replica.models import replica_model
 
 DATA = Path(__file__).parent / "data"
 THINKING_QUANT = json.loads(replica_model("kimi-k2-thinking").config_bytes())["quantization_config"]

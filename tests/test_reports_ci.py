@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import TINY_REPO
+from hub_repos import TINY_REPO
 from kimi_audit.checks.audit import audit_source
 from kimi_audit.checks.gates import apply_gates, revision_gate
 from kimi_audit.cli import app

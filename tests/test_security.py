@@ -23,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import GATED_REPO, GATED_TOKEN, TINY_REPO
+from hub_repos import GATED_REPO, GATED_TOKEN, TINY_REPO
 from hub_server import FakeHub
 from kimi_audit.checks.audit import audit_source
 from kimi_audit.constants import INDEX_FILE

@@ -15,7 +15,7 @@ from kimi_audit.checks.audit import AuditReport, audit_source
 from kimi_audit.cli.application import app, shard_progress, sigterm_exits, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import DirectoryNotEmptyError, KimiAuditError
-from kimi_audit.model.replica_models import DEFAULT_MODEL, REPLICA_MODELS
+from kimi_audit.replica.models import DEFAULT_MODEL, REPLICA_MODELS
 from kimi_audit.report.json_report import render_json
 from kimi_audit.report.table import render_table
 from kimi_audit.sources import LocalSource, open_source
@@ -93,7 +93,8 @@ def demo(
                    "removed afterwards, also on Ctrl-C or SIGTERM)."),
     force: bool = typer.Option(False, "--force", help="Build in DIRECTORY even if it holds files. Only the "
                                "replica's own files are written there (config.json, model.safetensors.index.json, "
-                               "its shards), over any of the same name; nothing else is touched."),
+                               "its shards), each as a new file that replaces any of the same name (a link there "
+                               "is replaced, never written through); nothing else is touched."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report on stdout."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="NAME", help="The release to replicate: "
                               f"{', '.join(REPLICA_MODELS)}."),
@@ -101,11 +102,11 @@ def demo(
     """Build a full-scale header replica of a family member (default Kimi-K2-Instruct, 61 sparse shards) and
     audit it, offline.
 
-    The replica's headers match the published layout (Kimi-K2-Instruct: at the pinned revision, 959 GB
+    The replica's headers match the release's layout (Kimi-K2-Instruct: at the pinned revision, 959 GB
     apparent, a few hundred MB on disk), so this shows the whole audit on a machine with no Hub access.
     A DIRECTORY that holds files is refused (exit 2, nothing written) unless --force.
     """
-    from kimi_audit.model.replica import build_replica
+    from kimi_audit.replica.build import build_replica
 
     spec = REPLICA_MODELS.get(model)
     if spec is None:

@@ -2,6 +2,6 @@
 
 config.py reads config.json into ModelConfig; layout.py derives every expected tensor the way
 modeling_deepseek.py builds the model; accounting.py and explain.py count and describe parameters;
-checkpoint.py loads what an audit reads (config, index, headers); replica.py writes full-scale header
-replicas. It imports sources/ and format/, never a later stage.
+checkpoint.py loads what an audit reads (config, index, headers). It imports sources/ and format/, never a
+later stage.
 """

@@ -1,5 +1,5 @@
 """The family members a replica can be built of: config, shard names and count, what is stored, and which
-shard holds each tensor (facts from the releases; see model.replica for the writing).
+shard holds each tensor (facts from the releases; see replica.build for the writing).
 
 - kimi-k2-instruct, kimi-k2-base: `model-{i}-of-61.safetensors`, one decoder layer per shard (shard 1 also
   holds the embedding, shard 61 the final norm and lm_head); FP8 block scales.
@@ -24,8 +24,8 @@ from importlib import resources
 from kimi_audit.model.arch.spec import MTP
 from kimi_audit.model.layout import ExpectedTensor
 
-# Published fact: Kimi-K2 checkpoints store rotary_emb.inv_freq as BF16 [56], not [qk_rope_head_dim / 2].
-PUBLISHED_INV_FREQ_SHAPE = (56,)
+# As the Kimi-K2 releases' shard headers store rotary_emb.inv_freq: BF16 [56], not [qk_rope_head_dim / 2].
+STORED_INV_FREQ_SHAPE = (56,)
 
 Assign = Callable[[Sequence[ExpectedTensor], int], list[int]]
 """(the tensors to store, in layout order; the shard count) -> each one's shard number, 1-based."""
@@ -91,13 +91,13 @@ class ReplicaModel:
 
 REPLICA_MODELS: dict[str, ReplicaModel] = {m.name: m for m in (
     ReplicaModel("kimi-k2-instruct", "pinned Kimi-K2-Instruct",
-                 "kimi-k2-instruct.config.json", 61, plain_name, layer_per_shard, PUBLISHED_INV_FREQ_SHAPE),
+                 "kimi-k2-instruct.config.json", 61, plain_name, layer_per_shard, STORED_INV_FREQ_SHAPE),
     ReplicaModel("kimi-k2-base", "Kimi-K2-Base (as Instruct)", "kimi-k2-instruct.config.json",
-                 61, plain_name, layer_per_shard, PUBLISHED_INV_FREQ_SHAPE),
+                 61, plain_name, layer_per_shard, STORED_INV_FREQ_SHAPE),
     ReplicaModel("kimi-k2-instruct-0905", "Kimi-K2-Instruct-0905", "kimi-k2-instruct-0905.config.json",
-                 62, padded_name, embedding_alone, PUBLISHED_INV_FREQ_SHAPE),
+                 62, padded_name, embedding_alone, STORED_INV_FREQ_SHAPE),
     ReplicaModel("kimi-k2-thinking", "Kimi-K2-Thinking (INT4)", "kimi-k2-thinking.config.json",
-                 62, padded_name, embedding_alone, PUBLISHED_INV_FREQ_SHAPE),
+                 62, padded_name, embedding_alone, STORED_INV_FREQ_SHAPE),
     ReplicaModel("deepseek-v3", "DeepSeek-V3 (with MTP)", "deepseek-v3.config.json",
                  163, padded_name, balanced_mtp_last, None),
     ReplicaModel("deepseek-v32", "DeepSeek-V3.2 (with MTP)",
