@@ -19,7 +19,6 @@ from kimi_audit.sources.base import RangeRead, safe_member_name
 from kimi_audit.sources.cache import snapshot_of
 from kimi_audit.sources.files import open_regular
 
-
 CHECKPOINT_FILES = frozenset((CONFIG_FILE, INDEX_FILE))
 
 
