@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from kimi_audit.text import MAX_TEXT, clip
+
 
 class Severity(str, Enum):
     ERROR = "error"
@@ -28,6 +30,10 @@ class Finding:
     actual: Any = None
     covers: int = 0
     """How many findings this root cause stands for, not reported one by one (checks.root_causes)."""
+
+    def __post_init__(self) -> None:  # messages quote untrusted values: clipped here, once, whatever made them
+        if len(self.message) > MAX_TEXT:
+            object.__setattr__(self, "message", clip(self.message))
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from kimi_audit.cli.application import app, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
@@ -27,6 +28,7 @@ from kimi_audit.model.quant import Fp8Block, PackQuantized, Scheme
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
+from kimi_audit.text import printable
 
 if TYPE_CHECKING:
     from kimi_audit.checks.rmsnorm import LayerResult
@@ -319,7 +321,7 @@ def tensor(
             except NumericsError as e:
                 problems.append(f"{module}: cannot dequantize: {e}")
     elif dequant:
-        stderr.print(f"note: {name} is {t.dtype}, not a quantized weight: nothing to dequantize")
+        stderr.print(Text(printable(f"note: {name} is {t.dtype}, not a quantized weight: nothing to dequantize")))
 
     if as_json:
         doc = {
@@ -342,11 +344,11 @@ def tensor(
         sys.stdout.write(json.dumps(_clean(doc), indent=2, allow_nan=False, default=_json_default) + "\n")
     else:
         rev = f" @ {src.revision}" if src.revision else ""
-        stdout.print(f"[bold]{name}[/bold] in {shard} ({src.label}{rev})")
-        stdout.print(f"{t.dtype} {list(t.shape)}, {t.nbytes:,} bytes")
+        stdout.print(Text(printable(name), style="bold") + Text(printable(f" in {shard} ({src.label}{rev})")))
+        stdout.print(Text(f"{t.dtype} {list(t.shape)}, {t.nbytes:,} bytes"))
         if quant is not None:
             shape_note = f"; weight_shape {weight_shape}" if weight_shape is not None else ""
-            stdout.print(f"module {quant[0]}: {quant[1].describe()}{shape_note}", highlight=False)
+            stdout.print(Text(printable(f"module {quant[0]}: {quant[1].describe()}{shape_note}")))
         table = Table(show_header=True)
         table.add_column("values")
         table.add_column("statistic")
@@ -359,5 +361,5 @@ def tensor(
             _stats_rows(table, f"dequantized {deq_st.dtype}", deq_st)
         stdout.print(table)
         for p in problems:
-            stdout.print(f"[red]{p}[/red]", highlight=False)
+            stdout.print(Text(printable(p), style="red"))
     raise typer.Exit(1 if problems else 0)

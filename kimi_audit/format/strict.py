@@ -212,7 +212,7 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
     usable = True
     bits = DTYPE_BITS.get(dt) if type(dt) is str else None
     if bits is None:
-        bad("DTYPE_UNKNOWN", f"unknown dtype {dt!r}", actual=dt)
+        bad("DTYPE_UNKNOWN", f"unknown dtype {_short(dt)!r}", actual=_short(dt))
         usable = False
     if type(shape) is list and len(shape) > MAX_DIMS:
         bad("SHAPE_INVALID", f"shape has {len(shape):,} dims, more than {MAX_DIMS} (numpy's limit)",
@@ -246,8 +246,9 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
             bad("SIZE_MISMATCH", f"{dt} {_short(shape)} needs {nbits // 8:,} bytes, data_offsets span {end - begin:,}",
                 expected=nbits // 8, actual=end - begin)
         return TensorInfo(name, dt, tuple(shape), begin, end)
-    # Extent still validated, so one bad dtype doesn't also read as a gap in the buffer.
-    return TensorInfo(name, str(dt), (), begin, end)
+    # Extent still validated, so one bad dtype doesn't also read as a gap in the buffer. (Its dtype cut
+    # short: a 1 MB dtype string is not repeated in every table that groups tensors by dtype.)
+    return TensorInfo(name, label(str(_short(dt)), 40), (), begin, end)
 
 
 def _short(v: Any, limit: int = 80) -> Any:
