@@ -19,7 +19,7 @@ class Severity(str, Enum):
         return {"error": 2, "warning": 1, "info": 0}[self.value]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a hostile header can make a million of them
 class Finding:
     code: str
     severity: Severity
