@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -125,6 +126,21 @@ def _int(cfg: dict[str, Any], key: str, *, optional: bool = False) -> Any:
     return v
 
 
+def _non_negative_float(cfg: dict[str, Any], key: str) -> float:
+    """A number key as a finite float >= 0; a 4,000-digit integer (JSON allows it) is a ConfigError, not an
+    OverflowError from float()."""
+    v = _default(cfg, key)
+    if type(v) in (int, float):
+        try:
+            f = float(v)
+        except OverflowError:
+            raise ConfigError(f"config.json {key} is an integer of {len(str(v)):,} digits, out of the float range") \
+                from None
+        if math.isfinite(f) and f >= 0:
+            return f
+    raise ConfigError(f"config.json {key} must be a non-negative number, got {v!r}")
+
+
 def parse_quantization(q: Any) -> Quantization | None:
     if q is None:
         return None
@@ -191,9 +207,7 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     except UnsupportedQuantization as e:
         unsupported = str(e)
     v32 = cfg.get("model_type") == "deepseek_v32"
-    eps = _default(cfg, "rms_norm_eps")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
-        raise ConfigError(f"config.json rms_norm_eps must be a non-negative number, got {eps!r}")
+    eps = _non_negative_float(cfg, "rms_norm_eps")
     moe_layer_freq = _int(cfg, "moe_layer_freq")
     if moe_layer_freq == 0:
         raise ConfigError("config.json moe_layer_freq must be at least 1")
@@ -229,7 +243,7 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         attention_bias=bool(_default(cfg, "attention_bias")),
         dtype=dtype,
         quantization=parse_quantization(raw_quant) if unsupported is None else None,
-        rms_norm_eps=float(eps),
+        rms_norm_eps=eps,
         quant=plan,
         quant_unsupported=unsupported,
         index_n_heads=_int(cfg, "index_n_heads", optional=True) if v32 else None,
