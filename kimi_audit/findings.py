@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from kimi_audit.text import MAX_TEXT, clip
+from kimi_audit.text import MAX_TEXT, clip, printable
 
 
 class Severity(str, Enum):
@@ -31,9 +31,10 @@ class Finding:
     covers: int = 0
     """How many findings this root cause stands for, not reported one by one (checks.root_causes)."""
 
-    def __post_init__(self) -> None:  # messages quote untrusted values: clipped here, once, whatever made them
-        if len(self.message) > MAX_TEXT:
-            object.__setattr__(self, "message", clip(self.message))
+    def __post_init__(self) -> None:
+        # Messages quote untrusted values: made one printable line and clipped here, once, whatever made them.
+        if len(self.message) > MAX_TEXT or not self.message.isprintable():
+            object.__setattr__(self, "message", clip(printable(clip(self.message))))  # escapes lengthen it
 
     def to_json(self) -> dict[str, Any]:
         return {

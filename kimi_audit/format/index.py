@@ -36,7 +36,7 @@ def natural_key(name: str) -> list[Any]:
     out: list[Any] = []
     num = ""
     for ch in name:
-        if ch.isdigit():
+        if ch.isdecimal():  # not isdigit: int() refuses "²"
             num += ch
             continue
         if num:
@@ -70,7 +70,7 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
     if b"\\u" not in raw:
         try:
             doc = _DECODER.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # json.loads says what is wrong
             doc = None
     if doc is not None:
         wm, meta = doc.weight_map, doc.metadata

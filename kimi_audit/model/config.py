@@ -123,7 +123,18 @@ def _int(cfg: dict[str, Any], key: str, *, optional: bool = False) -> Any:
         return None
     if type(v) is not int or v < 0:
         raise ConfigError(f"config.json {key!r} must be a non-negative integer, got {v!r}")
+    _within_int64(key, v)
     return v
+
+
+def _within_int64(key: str, v: int) -> None:
+    """A size beyond a signed 64-bit integer (what torch and safetensors hold a dim in) is no real config's,
+    and products of such sizes run past the digits Python will print (4,300): refused up front."""
+    if v > I64_MAX:
+        raise ConfigError(f"config.json {key!r} is {len(str(v)):,} digits long, over 2^63 - 1")
+
+
+I64_MAX = 2**63 - 1
 
 
 def _non_negative_float(cfg: dict[str, Any], key: str) -> float:
@@ -179,7 +190,8 @@ def in_family(cfg: dict[str, Any]) -> bool:
     archs = cfg.get("architectures")
     if "model_type" not in cfg and "architectures" not in cfg:
         return True
-    return cfg.get("model_type") in FAMILY_TYPES or (
+    model_type = cfg.get("model_type")
+    return (type(model_type) is str and model_type in FAMILY_TYPES) or (
         isinstance(archs, list) and any(a in FAMILY_ARCHITECTURES for a in archs if isinstance(a, str)))
 
 
