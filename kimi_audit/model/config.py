@@ -127,14 +127,14 @@ def _int(cfg: dict[str, Any], key: str, *, optional: bool = False) -> Any:
     return v
 
 
+I64_MAX = 2**63 - 1
+
+
 def _within_int64(key: str, v: int) -> None:
     """A size beyond a signed 64-bit integer (what torch and safetensors hold a dim in) is no real config's,
     and products of such sizes run past the digits Python will print (4,300): refused up front."""
     if v > I64_MAX:
-        raise ConfigError(f"config.json {key!r} is {len(str(v)):,} digits long, over 2^63 - 1")
-
-
-I64_MAX = 2**63 - 1
+        raise ConfigError(f"config.json {key!r} is a {v.bit_length():,}-bit integer, over 2^63 - 1")
 
 
 def _non_negative_float(cfg: dict[str, Any], key: str) -> float:
@@ -145,7 +145,7 @@ def _non_negative_float(cfg: dict[str, Any], key: str) -> float:
         try:
             f = float(v)
         except OverflowError:
-            raise ConfigError(f"config.json {key} is an integer of {len(str(v)):,} digits, out of the float range") \
+            raise ConfigError(f"config.json {key} is a {int(v).bit_length():,}-bit integer, out of the float range") \
                 from None
         if math.isfinite(f) and f >= 0:
             return f
