@@ -43,10 +43,10 @@ STRICTER = {
     ),
 
     "RANK_OVER_64": (
-        "A shape of more than 64 dims. The Rust reader sets no bound on rank, but numpy's NPY_MAXDIMS is 64, "
-        "so safetensors.numpy (and kimi-audit's value checks) cannot load such a tensor; no real checkpoint "
-        "has more than 5 dims, and a 20,000-dim shape otherwise costs 6,000-digit sizes in every report. "
-        "kimi-audit refuses it (SHAPE_INVALID) from its length, before any product is computed."
+        "A shape of more than 64 dims. The library accepts one (300 dims, in this corpus), but numpy's "
+        "NPY_MAXDIMS is 64, so safetensors.numpy (and kimi-audit's value checks) cannot load such a tensor; "
+        "no real checkpoint has more than 5 dims, and a 20,000-dim shape otherwise costs 6,000-digit sizes "
+        "in every report. kimi-audit refuses it (SHAPE_INVALID) from its length, before any product is computed."
     ),
 }
 
