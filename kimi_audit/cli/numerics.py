@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.text import Text
 
 from kimi_audit.cli.application import app, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
@@ -27,6 +28,7 @@ from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetche
 from kimi_audit.report.tensor import json_text, render_rmsnorm, render_tensor
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
+from kimi_audit.text import printable
 
 if TYPE_CHECKING:
     from kimi_audit.checks.rmsnorm import LayerResult
@@ -257,7 +259,7 @@ def tensor(
             except NumericsError as e:
                 findings.append(error("SHAPE_MISMATCH", f"{module}: cannot dequantize: {e}", tensor=module))
     elif dequant:
-        stderr.print(f"note: {name} is {t.dtype}, not a quantized weight: nothing to dequantize")
+        stderr.print(Text(printable(f"note: {name} is {t.dtype}, not a quantized weight: nothing to dequantize")))
 
     problems = [f"{f.code}: {f.message}" for f in findings if f.severity == Severity.ERROR]
     doc = {

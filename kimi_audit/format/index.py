@@ -14,6 +14,10 @@ from kimi_audit.findings import Finding, error
 from kimi_audit.format.jsondup import duplicate_keys
 from kimi_audit.sources.base import Source, safe_member_name
 
+MAX_INDEX_SHARDS = 10_000
+"""The most distinct shard files an index may list (DeepSeek-V3 has 163, Kimi-K2 61): beyond it, every
+shard name would cost a finding, a sort key and a lookup, 60x the index's size in memory."""
+
 
 @dataclass(frozen=True)
 class IndexFile:
@@ -32,7 +36,7 @@ def natural_key(name: str) -> list[Any]:
     out: list[Any] = []
     num = ""
     for ch in name:
-        if ch.isdigit():
+        if ch.isdecimal():  # not isdigit: int() refuses "²"
             num += ch
             continue
         if num:
@@ -66,7 +70,7 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
     if b"\\u" not in raw:
         try:
             doc = _DECODER.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # json.loads says what is wrong
             doc = None
     if doc is not None:
         wm, meta = doc.weight_map, doc.metadata
@@ -111,6 +115,8 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
         distinct = set(wm.values())
     except TypeError:  # an unhashable value (a list): sorted out entry by entry below
         distinct = set()
+    if len(distinct) > MAX_INDEX_SHARDS:
+        return invalid(_too_many(len(distinct)))
     if distinct and all(type(shard) is str for shard in distinct):
         canonical = {shard: shard for shard in distinct}  # one str per shard, not one per tensor
         try:
@@ -135,6 +141,8 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
             continue
         if shard in unsafe:
             continue
+        if len(safe) + len(unsafe) >= MAX_INDEX_SHARDS:
+            return invalid(_too_many(len(set(map(_short_repr, wm.values())))))
         try:
             safe_member_name(shard)
         except UnsafePathError as e:
@@ -146,6 +154,11 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
     for shard, why in unsafe.items():
         findings.append(error("INDEX_UNSAFE_PATH", f"{name}: refused to open {why}", shard=str(shard)[:200]))
     return IndexFile(total_size, weight_map, tuple(findings))
+
+
+def _too_many(n: int) -> str:
+    return (f"lists {n:,} distinct shard files, more than the {MAX_INDEX_SHARDS:,} any checkpoint has: "
+            "not used (the largest public checkpoints have under 200 shards)")
 
 
 def _short_repr(v: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -115,7 +116,33 @@ def _int(cfg: dict[str, Any], key: str, *, optional: bool = False) -> Any:
         return None
     if type(v) is not int or v < 0:
         raise ConfigError(f"config.json {key!r} must be a non-negative integer, got {v!r}")
+    _within_int64(key, v)
     return v
+
+
+I64_MAX = 2**63 - 1
+
+
+def _within_int64(key: str, v: int) -> None:
+    """A size beyond a signed 64-bit integer (what torch and safetensors hold a dim in) is no real config's,
+    and products of such sizes run past the digits Python will print (4,300): refused up front."""
+    if v > I64_MAX:
+        raise ConfigError(f"config.json {key!r} is a {v.bit_length():,}-bit integer, over 2^63 - 1")
+
+
+def _non_negative_float(cfg: dict[str, Any], key: str) -> float:
+    """A number key as a finite float >= 0; a 4,000-digit integer (JSON allows it) is a ConfigError, not an
+    OverflowError from float()."""
+    v = _default(cfg, key)
+    if type(v) in (int, float):
+        try:
+            f = float(v)
+        except OverflowError:
+            raise ConfigError(f"config.json {key} is a {int(v).bit_length():,}-bit integer, out of the float range") \
+                from None
+        if math.isfinite(f) and f >= 0:
+            return f
+    raise ConfigError(f"config.json {key} must be a non-negative number, got {v!r}")
 
 
 def _weights_dtype(cfg: dict[str, Any]) -> str:
@@ -145,7 +172,8 @@ def in_family(cfg: dict[str, Any]) -> bool:
     archs = cfg.get("architectures")
     if "model_type" not in cfg and "architectures" not in cfg:
         return True
-    return cfg.get("model_type") in FAMILY_TYPES or (
+    model_type = cfg.get("model_type")
+    return (type(model_type) is str and model_type in FAMILY_TYPES) or (
         isinstance(archs, list) and any(a in FAMILY_ARCHITECTURES for a in archs if isinstance(a, str)))
 
 
@@ -173,9 +201,7 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     except UnsupportedQuantization as e:
         unsupported = str(e)
     v32 = cfg.get("model_type") == "deepseek_v32"
-    eps = _default(cfg, "rms_norm_eps")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
-        raise ConfigError(f"config.json rms_norm_eps must be a non-negative number, got {eps!r}")
+    eps = _non_negative_float(cfg, "rms_norm_eps")
     moe_layer_freq = _int(cfg, "moe_layer_freq")
     if moe_layer_freq == 0:
         raise ConfigError("config.json moe_layer_freq must be at least 1")
@@ -210,7 +236,7 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         num_nextn_predict_layers=_int(cfg, "num_nextn_predict_layers"),
         attention_bias=bool(_default(cfg, "attention_bias")),
         dtype=dtype,
-        rms_norm_eps=float(eps),
+        rms_norm_eps=eps,
         quant=plan,
         quant_unsupported=unsupported,
         index_n_heads=_int(cfg, "index_n_heads", optional=True) if v32 else None,

@@ -10,6 +10,7 @@ from rich.text import Text
 from kimi_audit.checks.audit import AuditReport
 from kimi_audit.findings import Severity
 from kimi_audit.report.grouping import group_findings, ignored_line
+from kimi_audit.text import printable
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_GROUPS = 40
@@ -17,9 +18,7 @@ MAX_GROUPS = 40
 
 def _plain(text: str) -> Text:
     """Untrusted text (tensor names, messages): no rich markup, no terminal control characters."""
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return Text(text)
+    return Text(printable(text))
 
 
 def _n(v: int) -> str:

@@ -17,6 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING
 
+from kimi_audit.sources.files import open_regular
+
 if TYPE_CHECKING:
     from kimi_audit.sources.hub import HubSource
 
@@ -39,7 +41,7 @@ class LocalReader:
     """Windows of a local file, memory-mapped."""
 
     def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY)
+        self.fd = open_regular(path, os.path.basename(path))  # a FIFO or device is refused, never blocks
         self.size = os.fstat(self.fd).st_size
         self.advise = getattr(os, "posix_fadvise", None)
 
