@@ -32,6 +32,7 @@ from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding
 from kimi_audit.format.index import IndexFile, parse_index
 from kimi_audit.model.config import parse_config_bytes
+from kimi_audit.report.json_report import report_dict
 from kimi_audit.sources.base import safe_member_name
 from kimi_audit.sources.local import LocalSource
 from kimi_audit.text import MAX_TEXT
@@ -170,7 +171,7 @@ def audit_with(tiny: Path, config: bytes | None = None, index: bytes | None = No
         except KimiAuditError:
             return
         check_findings(report.findings)
-        json.dumps(report.to_dict())
+        json.dumps(report_dict(report))
 
 
 def cli_audit(tiny: Path, config: bytes | None = None, index: bytes | None = None) -> None:

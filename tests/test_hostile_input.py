@@ -236,6 +236,16 @@ def test_index_shard_names_up_to_the_bound_are_still_read() -> None:
     assert parse_index(raw).findings == () and len(parse_index(raw).weight_map) == MAX_INDEX_SHARDS
 
 
+def test_the_index_duplicate_key_search_turns_deep_nesting_into_a_finding() -> None:
+    """Found by the config/index fuzzer (hypothesis raises the recursion limit, so json.loads read a ~2,000-deep
+    index that the duplicate-key search, one frame deeper, could not): a RecursionError escaped parse_index.
+    The search itself now answers with a finding whatever the depth."""
+    from kimi_audit.format.index import _duplicates
+
+    found = _duplicates("[" * 100_000 + "]" * 100_000, INDEX_FILE)
+    assert [f.code for f in found] == ["INDEX_INVALID"] and "nested too deeply" in found[0].message
+
+
 def test_megabyte_dtypes_are_not_repeated_whole(tiny_copy: Path) -> None:
     for i in range(4):
         add_tensor(tiny_copy, f"d{i}.weight", {"dtype": chr(65 + i) * 1_000_000, "shape": [1]}, b"\0")

@@ -167,8 +167,12 @@ def _short_repr(v: Any) -> str:
 
 
 def _duplicates(text: str, name: str) -> list[Finding]:
+    try:
+        dups = duplicate_keys(text)
+    except RecursionError:  # the duplicate search's hook nests deeper than the plain decode
+        return [error("INDEX_INVALID", f"{name}: nested too deeply to look for duplicate keys", shard=name)]
     return [error("INDEX_DUPLICATE_KEY", f"{name}: key {k[:200]!r} appears more than once", tensor=k, shard=name)
-            for k in duplicate_keys(text)]
+            for k in dups]
 
 
 def load_index(source: Source, files: tuple[str, ...]) -> tuple[IndexFile | None, list[Finding]]:
