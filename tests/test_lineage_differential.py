@@ -262,6 +262,22 @@ def test_release_spelling_audits_clean(saved: dict[str, tuple[Path, int]], tmp_p
     assert report.findings == ()
 
 
+def test_v4_mtp_module_is_one_info(saved: dict[str, tuple[Path, int]], tmp_path: Path) -> None:
+    """The release's `mtp.N.*` (described by no source read): one TENSORS_UNDESCRIBED, not an error each;
+    anything else unknown stays an error."""
+    def change(shards: Shards) -> None:
+        respell("deepseek_v4")(shards)
+        first = next(iter(shards.values()))
+        for name in ("mtp.0.e_proj.weight", "mtp.0.enorm.weight", "mtp.0.attn.wq_a.weight"):
+            first[name] = torch.zeros(4, 4)
+        first["layers.1.ffn.extra.weight"] = torch.zeros(2)
+    rewrite(saved["deepseek_v4"][0], tmp_path / "mtp", change)
+    report = audit(tmp_path / "mtp")
+    assert [(f.code, f.severity.value, f.covers) for f in report.findings if f.code != "TENSOR_UNEXPECTED"] == [
+        ("TENSORS_UNDESCRIBED", "info", 3)]
+    assert [f.tensor for f in report.findings if f.code == "TENSOR_UNEXPECTED"] == ["layers.1.ffn.extra.weight"]
+
+
 def test_a_mixture_of_spellings_is_findings(saved: dict[str, tuple[Path, int]], tmp_path: Path) -> None:
     rewrite(saved["deepseek_v4"][0], tmp_path / "mixed", respell("deepseek_v4", only="model.embed_tokens.weight"))
     report = audit(tmp_path / "mixed")

@@ -13,7 +13,7 @@ from kimi_audit.checks.index import index_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
-from kimi_audit.checks.root_causes import attribute, covered, fold_quantization
+from kimi_audit.checks.root_causes import attribute, covered, fold_quantization, fold_undescribed
 from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import Finding, Severity, info, warning
 from kimi_audit.format.table import tensor_table
@@ -137,7 +137,7 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
     else:
         all_findings.append(layout_unsupported(ckpt))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards))
-    all_findings = fold_quantization(attribute(all_findings, ckpt, cov), expected)
+    all_findings = fold_quantization(fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected)
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)
     shards = tuple(

@@ -44,6 +44,10 @@ DIALECTS = {"transformers": r"^model\.(embed_tokens\.weight|norm\.weight|hc_head
 DIALECT_NOTES = {"transformers": "transformers 5.x's save_pretrained spelling (`model.` before the layers, "
                                  "`model.embed_tokens`, `model.norm`, `model.hc_head.*`)"}
 
+UNDESCRIBED = {r"^mtp\.\d+\.": "the multi-token-prediction module (`mtp.N.*`), which no source this tool "
+                                 "reads describes (transformers 5.25 builds none and drops it on load)"}
+"""Names stored by the release that this description leaves out: pattern -> what they are."""
+
 GAIN = "Learned gain"
 F32 = "F32"
 
@@ -149,7 +153,7 @@ class _Describe:
         c = self.cfg
         h = self.f("hidden_size", "hidden")
         width = Factor(2 * dim.value, "2 × " + dim.label, dim.keys, f"(2 × {dim.value:,})") if overlap else dim
-        r = self.d(rate, "compress rate")
+        r = Factor(self.cfg.dim(rate), "compress rate", ("compress_rates",))
         keys = (BLOCK_KEYS, "compress_rates")
         return Group(key, "KV compressor", (
             Leaf("wkv", "wkv", "Compressor key-value projection", "compressor_wkv",

@@ -71,7 +71,7 @@ class _Describe(_MLA):
                      f"({heads} × {hd})")
         kernel = Factor(c.dim("linear_conv_kernel_dim"), "kernel", ("linear_conv_kernel_dim",))
         one = Factor(1, "channel", ())
-        k = (BLOCK_KEYS, DTYPE_KEYS, "linear_attn_config")
+        k = (BLOCK_KEYS, DTYPE_KEYS)
 
         def lin(p: str, title: str, out: Factor, inp: Factor) -> Leaf:
             return Leaf(p, p, title, f"kda_{p}", (Linear(f"self_attn.{p}", (out,), (inp,)),), k)
@@ -79,7 +79,7 @@ class _Describe(_MLA):
         def param(p: str, title: str, shape: tuple[Factor, ...], dtype: str, label: str = "Weight") -> Leaf:
             name = p.removesuffix(".weight")
             return Leaf(name, name, title, f"kda_{name}", (Param(label, f"self_attn.{p}", shape, dtype),),
-                        (BLOCK_KEYS, "linear_attn_config"))
+                        (BLOCK_KEYS,))
 
         return Group("attention", "Kimi delta attention (KDA)", (
             lin("q_proj", "Query projection", qkv, h), lin("k_proj", "Key projection", qkv, h),

@@ -26,6 +26,8 @@ SPELLED: tuple[ModuleType, ...] = (deepseek_v4, kimi_linear)
 """The modules that know dialects of their names."""
 DIALECTS: dict[str, dict[str, str]] = {t: m.DIALECTS for m in SPELLED for t in m.MODEL_TYPES}
 DIALECT_NOTES: dict[str, dict[str, str]] = {t: m.DIALECT_NOTES for m in SPELLED for t in m.MODEL_TYPES}
+UNDESCRIBED: dict[str, dict[str, str]] = {t: deepseek_v4.UNDESCRIBED for t in deepseek_v4.MODEL_TYPES}
+"""model_type -> tensor names its release stores that its description leaves out (pattern -> what they are)."""
 
 
 def describe(cfg: ModelConfig) -> ModelTree:
