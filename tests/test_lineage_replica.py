@@ -50,7 +50,8 @@ def test_demo_builds_and_audits_deepseek_v4_flash(tmp_path: Path) -> None:
     audit = audit_source(LocalSource(d))
     assert audit.findings == ()  # the release's spelling: no dialect, nothing to report
     # a snapshot of what the layout derives (family.md's "~284 B total", unconfirmed), not a published figure
-    assert (audit.stats.tensors, audit.stats.parameters) == (34_225, 284_325_879_255)
+    assert (audit.stats.tensors, audit.stats.parameters, audit.stats.elements, audit.stats.payload_bytes) == (
+        34_225, 284_325_879_255, 284_328_206_295, 568_742_283_100)  # README's family table
 
 
 def test_a_missing_router_bias_in_the_v4_flash_replica_is_named_once(tmp_path: Path) -> None:
