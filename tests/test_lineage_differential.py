@@ -33,6 +33,7 @@ from transformers.utils import logging as hf_logging
 
 from kimi_audit.checks.audit import AuditReport, audit_source
 from kimi_audit.constants import INDEX_FILE
+from kimi_audit.errors import ConfigError
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.model.config import ModelConfig, model_config_from_dict
 from kimi_audit.model.kinds import BUFFER
@@ -154,6 +155,58 @@ def test_kimi_linear_layout_is_transformers_state_dict() -> None:
     params = sum(t.logical for t in expected_layout(cfg).values())
     assert params == sum(p.numel() for p in model.parameters()) + router_biases(cfg)
     assert params == sum(v.numel() for v in model.state_dict().values())
+
+
+V4_ATTENTION = {"sliding_attention": "swa", "compressed_sparse_attention": "csa", "heavily_compressed_attention": "hca"}
+
+
+@pytest.mark.parametrize("keys", [
+    {},
+    {"num_hidden_layers": 7, "num_hash_layers": 2, "compress_ratios": [0, 4, 128, 4, 128, 4, 0, 4]},
+    {"num_hidden_layers": 5, "mlp_layer_types": ["hash_moe", "moe", "hash_moe", "moe", "moe"],
+     "compress_rate_csa": 8, "compress_rate_hca": 64},
+], ids=["defaults", "legacy-ratios", "explicit"])
+def test_deepseek_v4_schedule_is_read_as_transformers_reads_it(keys: dict[str, Any]) -> None:
+    """Legacy keys (DeepSeek's `compress_ratios`, one more than the layers with the MTP layer's, and
+    `num_hash_layers`, `compress_rate_*`) fold in as DeepseekV4Config.__post_init__ folds them."""
+    theirs = DeepseekV4Config(**keys)
+    cfg = model_config_from_dict({"model_type": "deepseek_v4", **keys})
+    want = tuple(f"{'moe_hash' if m == 'hash_moe' else 'moe'}_{V4_ATTENTION[a]}"
+                 for m, a in zip(theirs.mlp_layer_types, theirs.layer_types))
+    assert cfg.layer_kinds == want
+    assert (cfg.dim("csa_rate"), cfg.dim("hca_rate")) == tuple(theirs.compress_rates[k] for k in (
+        "compressed_sparse_attention", "heavily_compressed_attention"))
+
+
+@pytest.mark.parametrize("keys", [
+    {},
+    {"num_hidden_layers": 6, "first_k_dense_replace": 2, "num_experts": 8,
+     "linear_attn_config": {"full_attn_layers": [3, 6], "kda_layers": [1, 2, 4, 5], "head_dim": 64, "num_heads": 4,
+                            "short_conv_kernel_size": 3}},
+], ids=["defaults", "moonshot-keys"])
+def test_kimi_linear_schedule_is_read_as_transformers_reads_it(keys: dict[str, Any]) -> None:
+    """Moonshot's `linear_attn_config` (1-indexed layer lists) and `first_k_dense_replace`, as KimiLinearConfig."""
+    theirs = KimiLinearConfig(**keys)
+    cfg = model_config_from_dict({"model_type": "kimi_linear", **keys})
+    want = tuple(f"{'moe' if m == 'sparse' else 'dense'}_{'mla' if a == 'full_attention' else 'kda'}"
+                 for m, a in zip(theirs.mlp_layer_types, theirs.layer_types))
+    assert cfg.layer_kinds == want
+    assert (cfg.dim("linear_head_dim"), cfg.dim("linear_num_heads"), cfg.dim("linear_conv_kernel_dim"),
+            cfg.n_routed_experts) == (theirs.linear_head_dim, theirs.linear_num_heads, theirs.linear_conv_kernel_dim,
+                                      theirs.num_local_experts)
+
+
+@pytest.mark.parametrize(("model_type", "keys", "match"), [
+    ("deepseek_v4", {"num_hidden_layers": 3, "layer_types": ["sliding_attention"]}, "layer_types"),
+    ("deepseek_v4", {"compress_ratios": [0, 3]}, "compress_ratios"),
+    ("deepseek_v4", {"o_groups": 7}, "o_groups"),
+    ("kimi_linear", {"num_hidden_layers": 2, "linear_attn_config": {"full_attn_layers": [1], "kda_layers": [3]}},
+     "kda_layers"),
+    ("kimi_linear", {"hidden_size": -1}, "hidden_size"),
+])
+def test_a_bad_lineage_config_is_a_config_error(model_type: str, keys: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        model_config_from_dict({"model_type": model_type, **keys})
 
 
 # --- 2. tiny models written by save_pretrained --------------------------------------------------------------
