@@ -78,8 +78,10 @@ def layout_findings(
     return out
 
 
-ROUTER_F32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
-"""What transformers keeps in float32 whatever the model's dtype (_keep_in_fp32_modules_strict)."""
+ROUTER_F32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias", "ffn.gate.bias",
+              "block_sparse_moe.gate.weight", "block_sparse_moe.gate.e_score_correction_bias")
+"""What transformers keeps in float32 whatever the model's dtype (_keep_in_fp32_modules_strict): DeepseekV3's
+router, DeepSeek-V4's routing bias, Kimi-Linear's router."""
 HALF = ("BF16", "F16")
 
 
