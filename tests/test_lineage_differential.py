@@ -30,8 +30,10 @@ from transformers import AutoModelForCausalLM, DeepseekV4Config, KimiLinearConfi
 from transformers.conversion_mapping import get_model_conversion_mapping
 from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 from transformers.utils import logging as hf_logging
+from typer.testing import CliRunner
 
 from kimi_audit.checks.audit import AuditReport, audit_source
+from kimi_audit.cli import app
 from kimi_audit.constants import INDEX_FILE
 from kimi_audit.errors import ConfigError
 from kimi_audit.findings import Finding, Severity
@@ -69,19 +71,19 @@ the release's per-expert and per-projection tensors."""
 
 def fused_shape(parts: list[tuple[str, tuple[int, ...]]]) -> tuple[int, ...]:
     """The shape transformers fuses these (name, shape) of ours into."""
-    if ".experts." in parts[0][0]:
-        by = {re.sub(r".*\.experts\.\d+\.(w\d)\.weight$", r"\1", n): [] for n, _ in parts}
-        for n, s in parts:
-            by[re.sub(r".*\.experts\.\d+\.(w\d)\.weight$", r"\1", n)].append(s)
-        if "w2" in by:
-            (shape,) = set(by["w2"])
-            return (len(by["w2"]), *shape)
-        (g,), (u,) = set(by["w1"]), set(by["w3"])
-        assert g == u and len(by["w1"]) == len(by["w3"])
-        return (len(by["w1"]), g[0] + u[0], g[1])
-    shapes = [s for _, s in parts]
-    assert len({s[1:] for s in shapes}) == 1
-    return (sum(s[0] for s in shapes), *shapes[0][1:])
+    if ".experts." not in parts[0][0]:  # KDA convolutions: concatenated along dim 0
+        shapes = [s for _, s in parts]
+        assert len({s[1:] for s in shapes}) == 1
+        return (sum(s[0] for s in shapes), *shapes[0][1:])
+    by: dict[str, list[tuple[int, ...]]] = {}
+    for n, s in parts:
+        by.setdefault(re.sub(r".*\.experts\.\d+\.(w\d)\.weight$", r"\1", n), []).append(s)
+    if "w2" in by:  # down_proj: the experts stacked
+        (shape,) = set(by["w2"])
+        return (len(by["w2"]), *shape)
+    (g,), (u,) = set(by["w1"]), set(by["w3"])  # gate_up_proj: stacked, w1 and w3 concatenated
+    assert g == u and len(by["w1"]) == len(by["w3"])
+    return (len(by["w1"]), g[0] + u[0], g[1])
 
 
 def against_state_dict(cfg: ModelConfig, model: PreTrainedModel) -> tuple[dict[str, int], dict[str, Any]]:
@@ -306,6 +308,14 @@ def respell(model_type: str, only: str | None = None) -> Callable[[Shards], None
                 renamed[n] = t
             shards[f] = renamed
     return change
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_params_agrees_with_the_audit(saved: dict[str, tuple[Path, int]], model_type: str) -> None:
+    """`params` reads the same tree: the derived total matches the stored one, exit 0 as the audit's."""
+    r = CliRunner().invoke(app, ["params", str(saved[model_type][0])], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "MATCH" in r.stdout and "✗" not in r.stdout
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
