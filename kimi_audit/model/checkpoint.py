@@ -194,7 +194,7 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
     findings += shard_findings
     headers, failures = read_headers(source, shards, index, progress, expected)
     named = with_dialect(config, _names(index, headers))
-    if expected is None or named != config:
+    if expected is None or named is not config:
         config, expected = named, expected_layout(named)
     findings += failures
     return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
