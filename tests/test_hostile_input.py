@@ -297,3 +297,13 @@ def test_markdown_passes_no_html_links_or_bidi(evil: Path) -> None:
     assert "<img" not in prose and "[bold]" not in prose
     assert not re.search(r"(?<!\\)\]\(", prose)  # no unescaped `](`: no link
     assert "\\u202e" in md and "&lt;img" in prose and "\\[click\\]" in prose
+
+
+@pytest.mark.parametrize("model_type", [["deepseek_v4"], {"a": 1}, 7])
+def test_a_model_type_that_is_not_a_string_is_outside_the_family(model_type: object) -> None:
+    """The architecture registry is looked up by model_type: an unhashable or non-string value is a config
+    outside the family (LAYOUT_UNSUPPORTED), not a TypeError."""
+    from kimi_audit.model.config import parse_config_bytes
+
+    cfg = parse_config_bytes(json.dumps({"model_type": model_type}).encode())[1]
+    assert not cfg.layout_supported

@@ -13,12 +13,14 @@ from kimi_audit.checks.index import index_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
-from kimi_audit.checks.root_causes import attribute, covered, fold_quantization
+from kimi_audit.checks.root_causes import attribute, covered, fold_quantization, fold_undescribed
 from kimi_audit.checks.stats import Stats, compute_stats
-from kimi_audit.findings import Finding, Severity, warning
+from kimi_audit.findings import Finding, Severity, info, warning
 from kimi_audit.format.table import tensor_table
+from kimi_audit.model.arch.registry import dialects
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
+from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.layout import layer_block
 from kimi_audit.sources.base import Source
 
@@ -85,8 +87,8 @@ def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
         "model_type": cfg.model_type,
         "architectures": ckpt.config_raw.get("architectures"),
         "layers": cfg.num_hidden_layers,
-        "dense_layers": blocks.count(DENSE),
-        "moe_layers": blocks.count(MOE),
+        "dense_layers": sum(b.split("_")[0] == DENSE for b in blocks),
+        "moe_layers": sum(b.split("_")[0] == MOE for b in blocks),
         "mtp_layers": blocks.count(MTP),
         "routed_experts": cfg.n_routed_experts,
         "shared_experts": cfg.n_shared_experts,
@@ -106,6 +108,13 @@ def layout_unsupported(ckpt: Checkpoint) -> Finding:
                    actual=raw.get("model_type"))
 
 
+def dialect_finding(cfg: ModelConfig) -> Finding:
+    """One info naming the spelling a whole checkpoint's tensor names follow, when not the release's own."""
+    return info("LAYOUT_DIALECT", f"the tensor names follow {dialects(cfg)[cfg.dialect]}, not the release's own: "
+                f"audited against the same {cfg.model_type} layout in that spelling", tensor="model_type",
+                actual=cfg.dialect)
+
+
 def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
     expected = ckpt.expected
     all_findings: list[Finding] = list(ckpt.findings)
@@ -118,6 +127,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
     aligned = align(actual, expected)
     all_findings.extend(duplicates)
     cov = covered(ckpt, expected, aligned.positions)
+    if cfg.dialect:
+        all_findings.append(dialect_finding(cfg))
     if cfg.layout_supported:
         stored = Counter(actual.dtypes) if cfg.quant is None else None
         all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
@@ -126,7 +137,7 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
     else:
         all_findings.append(layout_unsupported(ckpt))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards))
-    all_findings = fold_quantization(attribute(all_findings, ckpt, cov), expected)
+    all_findings = fold_quantization(fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected)
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)
     shards = tuple(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from kimi_audit.errors import ConfigError
+from kimi_audit.model.lineage import LINEAGE_BASE, LINEAGE_READERS, Read
 from kimi_audit.model.quant import QuantPlan, UnsupportedQuantization, quant_plan
 
 TORCH_DTYPE_TO_SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
@@ -81,6 +83,18 @@ class ModelConfig:
     """Dtype of the RMSNorm gains: F32 in DeepSeek-V3.2, else the weights' dtype."""
     layout_supported: bool = True
     """False for a config outside the DeepseekV3 family: only the format, index and file checks apply."""
+    layer_kinds: tuple[str, ...] = ()
+    """The block kind of each decoder layer, where the architecture schedules its layers itself (deepseek_v4's
+    attention and MLP types, kimi_linear's KDA and MLA layers); empty: the DeepseekV3 rule (is_moe_layer)."""
+    dims: tuple[tuple[str, int], ...] = ()
+    """Dimensions of an architecture beyond the DeepseekV3 ones (config key -> value), read by its description
+    (model.arch); `dim(key)` reads one."""
+    dialect: str = ""
+    """The spelling of the tensor names, where an architecture knows more than one (model.arch.registry):
+    "" the release's own, else the name of the writer whose spelling the checkpoint uses (`transformers`)."""
+
+    def dim(self, key: str) -> int:
+        return dict(self.dims)[key]
 
     @property
     def q_head_dim(self) -> int:
@@ -191,6 +205,10 @@ def unsupported_config(cfg: dict[str, Any]) -> ModelConfig:
 def model_config_from_dict(cfg: Any) -> ModelConfig:
     if not isinstance(cfg, dict):
         raise ConfigError("config.json is not a JSON object")
+    model_type = cfg.get("model_type")
+    reader = LINEAGE_READERS.get(model_type) if isinstance(model_type, str) else None
+    if reader is not None:
+        return _lineage(cfg, reader)
     if not in_family(cfg):
         return unsupported_config(cfg)
     dtype = _weights_dtype(cfg)
@@ -243,6 +261,25 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         index_head_dim=_int(cfg, "index_head_dim", optional=True) if v32 else None,
         norm_dtype="F32" if v32 else dtype,
     )
+
+
+def _lineage(cfg: dict[str, Any], reader: Callable[[dict[str, Any]], Read]) -> ModelConfig:
+    """A config of an architecture that schedules its layers itself (model.lineage): its reader's values on
+    the fields they share with DeepseekV3's, the rest in `dims`."""
+    dtype = _weights_dtype(cfg)
+    plan, unsupported = None, None
+    try:
+        plan = quant_plan(cfg.get("quantization_config"), dtype)
+    except UnsupportedQuantization as e:
+        unsupported = str(e)
+    fields, dims, kinds = reader(cfg)
+    implied = len(kinds) * (40 + 6 * (fields.get("n_routed_experts") or 0))
+    if implied > MAX_LAYOUT_TENSORS:
+        raise ConfigError(f"config.json implies about {implied:,} tensors, over the {MAX_LAYOUT_TENSORS:,} this "
+                          "tool builds a layout for")
+    return ModelConfig(**{**LINEAGE_BASE, **fields}, model_type=str(cfg["model_type"]), dtype=dtype,
+                       norm_dtype=dtype, quant=plan, quant_unsupported=unsupported, layer_kinds=kinds,
+                       dims=tuple(sorted(dims.items())))
 
 
 def parse_config_bytes(raw: bytes) -> tuple[dict[str, Any], ModelConfig]:

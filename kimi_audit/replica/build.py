@@ -88,11 +88,12 @@ def replica_shards(cfg: ModelConfig | None = None, *, model: str = DEFAULT_MODEL
     if cfg is None:
         cfg = model_config(model)
     layout = expected_layout(cfg)
-    entries = [t for t in layout.values() if t.kind != BUFFER or m.inv_freq is not None]
+    entries = [t for t in layout.values()
+               if t.kind != BUFFER or role_of(t.name) != ROTARY_BUFFER or m.inv_freq is not None]
     shards: dict[str, list[ReplicaTensor]] = {m.shard_name(i + 1, m.shards): [] for i in range(m.shards)}
     names = list(shards)
     for t, i in zip(entries, m.assign(entries, m.shards)):
-        shape = m.inv_freq if t.kind == BUFFER and m.inv_freq is not None else t.shape
+        shape = m.inv_freq if role_of(t.name) == ROTARY_BUFFER and m.inv_freq is not None else t.shape
         values = None
         if role_of(t.name) == WEIGHT_SHAPE and t.owner:  # [out, in] of the packed weight it describes
             w = layout.entry(t.position - t.owner)

@@ -9,6 +9,9 @@ shard holds each tensor (facts from the releases; see replica.build for the writ
 - deepseek-v3, deepseek-v32: 163 shards `model-00001-of-000163.safetensors`: the multi-token-prediction
   layer (61) alone in the last one, everything before it cut into 162 shards of about equal bytes.
   No `rotary_emb.inv_freq` is stored.
+- deepseek-v4-flash: DeepSeek's names (`layers.N.attn.*`, `embed.weight`, `head.weight`), BF16, no MTP
+  module, 46 shards of about equal bytes (Flash-Base's count, unconfirmed; the shard names as DeepSeek-V3's):
+  the sources of its config and what it leaves out are in data/deepseek-v4-flash.sources.json.
 
 Every assignment keeps a weight and its quantization metadata (FP8 scale, INT4 group scale and shape) in
 one shard: the published DeepSeek-V3 splits a few pairs, which audits as SCALE_SHARD_SPLIT warnings, and a
@@ -58,7 +61,7 @@ def balanced_mtp_last(tensors: Sequence[ExpectedTensor], n: int) -> list[int]:
     bigger than a shard's share."""
     main = [t for t in tensors if t.block != MTP]
     total = sum(t.nbytes or 0 for t in main)
-    cuts = n - 1
+    cuts = n - 1 if len(main) < len(tensors) else n  # no MTP layer: every shard takes a share
     out: list[int] = []
     pos, shard = 0, 1
     for t in tensors:
@@ -102,6 +105,8 @@ REPLICA_MODELS: dict[str, ReplicaModel] = {m.name: m for m in (
                  163, padded_name, balanced_mtp_last, None),
     ReplicaModel("deepseek-v32", "DeepSeek-V3.2 (with MTP)",
                  "deepseek-v32.config.json", 163, padded_name, balanced_mtp_last, None),
+    ReplicaModel("deepseek-v4-flash", "DeepSeek-V4-Flash (BF16, no MTP)", "deepseek-v4-flash.config.json",
+                 46, padded_name, balanced_mtp_last, None),
 )}
 DEFAULT_MODEL = "kimi-k2-instruct"
 

@@ -142,6 +142,17 @@ RULES: dict[str, Rule] = {
                                "Only the format, index and file checks ran: no tensor was checked against a layout.",
                                "Point the audit at a DeepseekV3 / Kimi-K2 checkpoint, or read the other checks "
                                "only."),
+    "LAYOUT_DIALECT": Rule("info", "the tensor names follow a known writer's spelling, not the release's own",
+                           "The whole checkpoint names its tensors as a known writer does (transformers 5.x's "
+                           "save_pretrained for deepseek_v4 and kimi_linear): it is audited against the same layout "
+                           "in that spelling. A mixture of spellings is reported tensor by tensor.",
+                           "None needed; loaders that read only the release's spelling need the names converted."),
+    "TENSORS_UNDESCRIBED": Rule("info", "tensors of a part of the release that the architecture's description "
+                                "leaves out: stored, not checked",
+                                "The release stores a part no source this tool reads describes (DeepSeek-V4's "
+                                "multi-token-prediction module `mtp.N.*`): its tensors are counted in one finding "
+                                "and not checked against a layout.",
+                                "None needed; check that part with the release's own loader."),
     "TENSOR_DUPLICATE": Rule("error", "the same tensor in two shards",
                            "Two shards hold a tensor of the same name; which one loads is undefined.", LAYOUT_HELP),
     "TENSOR_MISSING": Rule("error", "a tensor the config implies is in no shard",

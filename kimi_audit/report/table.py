@@ -49,7 +49,7 @@ def render_table(report: AuditReport, console: Console, fail_on: Severity = Seve
                   f"buffers excluded): [bold]{_n(s.parameters)}[/bold]")
 
     if qa.width is None:
-        console.print("q_a_layernorm: not applicable (config has no q_lora_rank)")
+        console.print("q_a_layernorm: not applicable (config has no q_lora_rank, or not the DeepseekV3 family's)")
     else:
         style = "green" if qa.ok else "bold red"
         console.print(f"q_a_layernorm gains (query latent RMSNorm, [{qa.width:,}] each): total {_n(qa.total_params)}")
