@@ -14,7 +14,7 @@ from kimi_audit.checks.ignore import IgnoreRule
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Severity
 
-FORMATS = ("table", "json", "junit", "markdown", "sarif")
+FORMATS = ("table", "json", "junit", "markdown", "sarif", "html")
 FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING}
 
 
@@ -55,10 +55,18 @@ def render(report: AuditReport, fmt: str, fail_on: Severity, elapsed: float, wid
     if fmt == "sarif":
         from kimi_audit.report.sarif import render_sarif
         return render_sarif(report, fail_on)
+    if fmt == "html":
+        from kimi_audit.report.html import render_html
+        return render_html(report, fail_on)
     from kimi_audit.report.table import render_table
     buf = io.StringIO()
     render_table(report, Console(file=buf, width=width or 120, color_system=None, soft_wrap=False), fail_on)
     return buf.getvalue()
+
+
+def write_output(path: Path, text: str) -> None:
+    """--output FILE: the report, written whole."""
+    _write(path, text, "w")
 
 
 def deliver(report: AuditReport, fmt: str, output: Path | None, fail_on: Severity, elapsed: float,

@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING
 import typer
 
 from kimi_audit.cli.application import app, byte_progress, shard_progress, stderr, stdout, user_errors
+from kimi_audit.errors import KimiAuditError
 
 if TYPE_CHECKING:
+    from kimi_audit.checks.audit import AuditReport
+    from kimi_audit.verify.result import VerifyReport
     from kimi_audit.verify.run import VerifyTarget
 
 
@@ -37,6 +40,9 @@ def verify(
                                                "of this copy (every file's sha256, and every tensor's) to FILE, "
                                                "for `model_signing` to sign."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report (kimi-audit/verify/1)."),
+    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json (--json) or html (one "
+                                   "self-contained page: the model drawn, weight health, every file's hash)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
     all_findings: bool = typer.Option(False, "--all-findings", help="JSON: list every finding, whole."),
     workers: int | None = typer.Option(None, "--workers", "-j", min=1, help="Processes reading files at once "
                                        "(default: one per core)."),
@@ -61,6 +67,7 @@ def verify(
     from kimi_audit.verify.references import manifest_reference
     from kimi_audit.verify.run import VerifyOptions, finish_manifest, prepare, verify_files
 
+    out_format = _verify_format(fmt, as_json)
     target = open_target(source, revision, local_dir, stream)
     refs = list(target.references)
     exclude = set(target.exclude)
@@ -81,10 +88,8 @@ def verify(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if write_manifest is not None and not report.interrupted:
         report = finish_manifest(report, made, write_manifest)
-    if as_json:
-        from kimi_audit.report.verify_data import verify_dict
-
-        sys.stdout.write(json.dumps(verify_dict(report, all_findings), indent=1) + "\n")
+    if out_format != "table" or output is not None:
+        _deliver(report, prepared.audit, out_format, output, all_findings)
     else:
         from kimi_audit.report.verify_table import render_verify
 
@@ -92,6 +97,45 @@ def verify(
     if report.interrupted:
         stderr.print(f"interrupted: {report.verdict.split(': ', 1)[1]}")
     raise typer.Exit(report.exit_code)
+
+
+VERIFY_FORMATS = ("table", "json", "html")
+
+
+def _verify_format(fmt: str | None, as_json: bool) -> str:
+    if fmt is not None and fmt not in VERIFY_FORMATS:
+        raise KimiAuditError(f"--format must be one of {', '.join(VERIFY_FORMATS)}, got {fmt!r}")
+    if as_json and fmt not in (None, "json"):
+        raise KimiAuditError(f"--json is --format json; it contradicts --format {fmt}")
+    return "json" if as_json else (fmt or "table")
+
+
+def _deliver(report: VerifyReport, audit: AuditReport, fmt: str, output: Path | None, all_findings: bool) -> None:
+    """The report as JSON or HTML (or the table, into --output), on stdout or into --output."""
+    from kimi_audit.cli.ci import write_output
+
+    if fmt == "json":
+        from kimi_audit.report.verify_data import verify_dict
+
+        text = json.dumps(verify_dict(report, all_findings), indent=1) + "\n"
+    elif fmt == "html":
+        from kimi_audit.report.html import render_verify_html
+
+        text = render_verify_html(report, audit)
+    else:
+        import io
+
+        from rich.console import Console
+
+        from kimi_audit.report.verify_table import render_verify
+
+        buf = io.StringIO()
+        render_verify(report, Console(file=buf, width=120, color_system=None, soft_wrap=False))
+        text = buf.getvalue()
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        write_output(output, text)
 
 
 def open_target(spec: str, revision: str | None, local_dir: Path | None, stream: bool) -> VerifyTarget:
