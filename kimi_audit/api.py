@@ -37,6 +37,12 @@ class AuditReport:
         """The report as plain data: exactly what `audit --json` prints (schema kimi-audit/audit/1)."""
         return report_dict(self.audit, Severity(fail_on), all_findings)
 
+    def to_html(self, fail_on: Severity | str = Severity.ERROR) -> str:
+        """The report as one self-contained HTML page: what `audit --format html` writes."""
+        from kimi_audit.report.html import render_html
+
+        return render_html(self.audit, Severity(fail_on))
+
     def exit_code(self, fail_on: Severity | str = Severity.ERROR) -> int:
         """The command line's exit code for these findings: 1 when any is at `fail_on` or worse, else 0."""
         return self.audit.exit_code(fail_on)

@@ -16,6 +16,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import compress, count
+from operator import is_
 
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.model.arch.spec import MTP
@@ -116,10 +119,8 @@ def _layer_prefix(name: str, layer: int) -> str:
 
 def first_of_spec(layout: ExpectedLayout) -> dict[int, int]:
     """Spec index -> the first position holding it."""
-    first: dict[int, int] = {}
-    for p, s in enumerate(layout.spec_of):
-        first.setdefault(s, p)
-    return first
+    n = len(layout.spec_of)
+    return dict(zip(reversed(layout.spec_of), range(n - 1, -1, -1)))  # the last written, the first position
 
 
 def locator(layout: ExpectedLayout, first: dict[int, int] | None = None) -> Locator:
@@ -153,11 +154,10 @@ def build_grid(layout: ExpectedLayout, findings: Iterable[Finding],
             tuple(Column(c.key, rows[layer][c.key]) for c in columns if c.key in rows[layer]))
         for layer in sorted(rows))
     outside: dict[str, dict[str, int]] = {}
-    for p, layer in enumerate(layout.layer_of):
-        if layer is None:
-            row, key, index = names.cell(layout.names[p])
-            cols = outside.setdefault(row, {})
-            cols[key] = max(cols.get(key, 0), index + 1 if index >= 0 else 0)
+    for p in compress(count(), map(partial(is_, None), layout.layer_of)):
+        row, key, index = names.cell(layout.names[p])
+        cols = outside.setdefault(row, {})
+        cols[key] = max(cols.get(key, 0), index + 1 if index >= 0 else 0)
     outside_rows = tuple(Row(r, r, None, tuple(Column(k, n) for k, n in cols.items())) for r, cols in outside.items())
     grid = Grid(columns, grid_rows, outside_rows, {}, 0)
     return _mark(grid, names, findings, weight_map)
@@ -207,11 +207,11 @@ def _mark(grid: Grid, names: Locator, findings: Iterable[Finding], weight_map: M
         elif f.shard and f.covers and f.severity is Severity.ERROR:
             roots.setdefault(f.shard, []).append(f)
     if roots and weight_map:
-        for tensor, shard in weight_map.items():
-            if shard in roots:
-                cell = names.cell(tensor)
-                if placed(cell):
-                    for f in roots[shard]:
-                        put(cell, f, f"{f.code} ({f.severity.value}): {shard}, which the index says holds "
-                            f"{f.covers:,} tensors, was not read", absent=True)
+        for tensor in compress(weight_map, map(roots.__contains__, weight_map.values())):
+            shard = weight_map[tensor]
+            cell = names.cell(tensor)
+            if placed(cell):
+                for f in roots[shard]:
+                    put(cell, f, f"{f.code} ({f.severity.value}): {shard}, which the index says holds "
+                        f"{f.covers:,} tensors, was not read", absent=True)
     return Grid(grid.columns, grid.rows, grid.outside, marks, unplaced)

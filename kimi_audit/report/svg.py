@@ -16,7 +16,9 @@ _UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u20
                      "\ud800-\udfff\ufdd0-\ufdef\ufffe\uffff]")
 CW, SW, RH, GAP = 11, 3, 9, 1
 """Cell width, strip cell width, row height, gap (px)."""
-LABEL_W, HEAD_H = 64, 120
+LABEL_W = 64
+CHAR_W = 5.2
+"""Width of a 9 px label's character (the column heads are sized by their longest name)."""
 SEVERITY_CLASS = {2: "e", 1: "w", 0: "i"}
 RANK_WORD = {2: "error", 1: "warning", 0: "info"}
 
@@ -108,16 +110,17 @@ def grid_svg(grid: Grid) -> str:
     """The layers' grid: one row per layer, one column per part, strips for repeated groups."""
     xs = _positions(grid.columns)
     width = _width(grid.columns, xs)
-    height = HEAD_H + len(grid.rows) * (RH + GAP) + 4
+    head = 16 + CHAR_W * max((len(c.key) for c in grid.columns if not c.strip), default=0)
+    height = head + len(grid.rows) * (RH + GAP) + 4
     out = [svg_open(width, height, f"model grid: {len(grid.rows)} layers, {len(grid.columns)} parts")]
     for c in grid.columns:
         x = xs[c.key]
         if c.strip:
-            out.append(text(x, HEAD_H - 4, f"{c.key} ×{c.strip:,}", "lab"))
+            out.append(text(x, head - 4, f"{c.key} ×{c.strip:,}", "lab"))
         else:
-            out.append(text(x + CW - 3, HEAD_H - 4, c.key, "lab", rotate=-90))
+            out.append(text(x + CW - 3, head - 4, c.key, "lab", rotate=-90))
     for k, row in enumerate(grid.rows):
-        out += _row(row, HEAD_H + k * (RH + GAP), xs, grid.marks, "layer ")
+        out += _row(row, head + k * (RH + GAP), xs, grid.marks, "layer ")
     out.append("</svg>")
     return "".join(out)
 
