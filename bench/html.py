@@ -73,7 +73,7 @@ def screenshot(page: Path, png: Path, width: int = 1280, height: int = 1100) -> 
         raise SystemExit("--screenshot needs a `chromium` binary (apt-get install chromium)")
     png.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--force-prefers-color-scheme=light", f"--window-size={width},{height}",
+                    f"--window-size={width},{height}",
                     f"--screenshot={png.resolve()}", page.resolve().as_uri()],
                    check=True, capture_output=True, timeout=120)
     print(f"screenshot: {png} ({png.stat().st_size / 1000:,.0f} kB)")

@@ -42,6 +42,7 @@ dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin:0}dt{c
 .scroll{overflow-x:auto;background:var(--card);border:1px solid var(--line);border-radius:6px;padding:6px}
 table{border-collapse:collapse;width:100%;font-size:13px}th,td{text-align:left;padding:3px 8px;
 border-bottom:1px solid var(--line);vertical-align:top}td.n{text-align:right;white-space:nowrap}
+td.c code{word-break:normal;white-space:nowrap}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}.mut{color:var(--mut)}
 .sev-error{color:var(--e);font-weight:600}.sev-warning{color:var(--w);font-weight:600}.sev-info{color:var(--i)}
 .legend span{display:inline-block;margin-right:14px}.sw{display:inline-block;width:10px;height:10px;
@@ -154,9 +155,10 @@ def findings_section(findings: tuple[Finding, ...], extra: str = "") -> str:
     rows = []
     for g in groups[:MAX_GROUPS]:
         covers = sum(f.covers for f in g.members)
-        rows.append(f'<tr><td class="sev-{esc(g.severity)}">{esc(g.severity)}</td><td><code>{esc(g.code)}</code></td>'
-                    f'<td class="n">{g.count:,}</td><td class="n">{covers:,}</td><td><code>{esc(g.pattern)}</code>'
-                    f"</td><td>{esc(g.example.message)}</td></tr>")
+        rows.append(f'<tr><td class="sev-{esc(g.severity)}">{esc(g.severity)}</td>'
+                    f'<td class="c"><code>{esc(g.code)}</code></td><td class="n">{g.count:,}</td>'
+                    f'<td class="n">{covers:,}</td><td><code>{esc(g.pattern)}</code></td>'
+                    f"<td>{esc(g.example.message)}</td></tr>")
     more = (f'<p class="mut">… and {len(groups) - MAX_GROUPS:,} more groups (--json --all-findings lists every '
             "finding)</p>" if len(groups) > MAX_GROUPS else "")
     table = ("<table><thead><tr><th>severity</th><th>code</th><th>count</th><th>covers</th><th>tensor / shard</th>"

@@ -11,6 +11,7 @@ from kimi_audit.findings import Finding
 from kimi_audit.model.layout import ExpectedLayout
 from kimi_audit.report.grid import Grid, locator
 from kimi_audit.report.svg import CW, RH, esc, multiples_svg, rect, section, svg_open
+from kimi_audit.report.table import plural
 from kimi_audit.verify.result import ABSENT, MISMATCH, NOT_CHECKED, NOT_PRESENT, OK, UNREADABLE, UNREFERENCED
 
 HEALTH_CODES = ("FP8_NAN", "BLOCK_ALL_ZERO", "VALUE_NAN", "VALUE_INF", "SCALE_NOT_POSITIVE")
@@ -87,7 +88,7 @@ def health_section(findings: tuple[Finding, ...], grid: Grid | None, layout: Exp
                       + (multiples_svg(f"{code} per expert ({unit})", [(str(i), by_expert.get(i, 0))
                                                                         for i in range(experts)], "expert")
                          if experts and by_expert else "")
-                      + f'<figcaption class="mut">{len(named):,} tensors drawn'
+                      + f'<figcaption class="mut">{plural(len(named), "tensor")} drawn'
                       + (f" of {total:,} with {esc(code)}" if total > len(named) else "") + "</figcaption></figure>")
     parts.append('<div class="multiples">' + "".join(charts) + "</div>")
     return section("health", "Weight health", *parts)

@@ -172,7 +172,7 @@ def multiples_svg(title: str, series: list[tuple[str, int]], unit: str) -> str:
     w = max(2.0, min(8.0, 480 / max(len(series), 1)))
     top = max((math.log10(1 + n) for _, n in series), default=0.0) or 1.0
     height, base = 70, 60
-    out = [svg_open(w * len(series) + 10, height + 14, title), text(2, 10, title, "lab")]
+    out = [svg_open(max(w * len(series) + 10, CHAR_W * len(title) + 6), height + 14, title), text(2, 10, title, "lab")]
     for k, (label, n) in enumerate(series):
         h = 44 * math.log10(1 + n) / top
         out.append(rect(5 + k * w, base - h, max(w - 0.5, 1), max(h, 0.5), "e" if n else "ok",
