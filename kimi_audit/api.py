@@ -21,7 +21,7 @@ from kimi_audit.checks import audit as checks_audit
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport
 from kimi_audit.checks.stats import Stats
 from kimi_audit.findings import Finding, Severity
-from kimi_audit.model.checkpoint import ProgressFn
+from kimi_audit.model.checkpoint import Checkpoint, ProgressFn
 from kimi_audit.report.json_report import report_dict
 from kimi_audit.sources import open_source
 
@@ -113,6 +113,12 @@ class AuditReport:
     @property
     def ignored_by(self) -> tuple[str, ...]:
         return self.audit.ignored_by
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """What was audited: config, index, every shard's header and the expected layout (the HTML page
+        draws the model from it)."""
+        return self.audit.checkpoint
 
 
 def audit(
