@@ -238,3 +238,16 @@ def test_api_to_html(tiny_dir: Path) -> None:
     page = kimi_audit.audit(str(tiny_dir)).to_html()
     strict_parse(page)
     assert page == html_of(tiny_dir)
+
+
+def test_a_finding_on_a_whole_layer_marks_its_row(tmp_path: Path) -> None:
+    """MTP_ABSENT names the layer (`model.layers.4`), not a tensor: every cell of that row, and no other."""
+    config = {**TINY_CONFIG, "num_nextn_predict_layers": 1}
+    d = write_tiny(tmp_path / "ckpt", tiny_shards(), config)
+    report = audit_source(LocalSource(d))
+    assert [f.code for f in report.findings] == ["MTP_ABSENT"]
+    page = render_html(report)
+    strict_parse(page)
+    got = marked(page)
+    assert {k[0] for k in got} == {"4"} and set(got.values()) == {"w"}
+    assert len(got) == 15 - 1 + 8 + 6  # the MoE layer's parts (the experts as 8 cells) and the MTP head's 6

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from itertools import compress, count
 from operator import is_
@@ -54,14 +54,21 @@ class Row:
     """The columns this row holds (a dense layer has no experts), in order."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Mark:
     rank: int
     """Worst severity's rank (Severity.rank)."""
     absent: bool = False
     """In a shard that is absent or unreadable: the cell it would have held."""
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
+    """What the tooltip lists (MAX_NOTES at most, each once)."""
     more: int = 0
+    """Further findings on the cell, counted."""
+
+    def add(self, rank: int, note: str, absent: bool) -> Mark:
+        listed = note in self.notes or len(self.notes) >= MAX_NOTES
+        return Mark(max(self.rank, rank), self.absent or absent, self.notes if listed else (*self.notes, note),
+                    self.more + (len(self.notes) >= MAX_NOTES and note not in self.notes))
 
 
 @dataclass(frozen=True)
@@ -112,8 +119,11 @@ def _outside(segs: list[str]) -> Cell:
     return OUTSIDE, ".".join(segs[:-1]) or segs[0], -1
 
 
-def _layer_prefix(name: str, layer: int) -> str:
+def _layer_prefix(name: str, layer: int) -> str | None:
+    """`model.layers.` of `model.layers.3.mlp.gate.weight`; None where the layer's index is no segment."""
     segs = name.split(".")
+    if str(layer) not in segs:
+        return None
     return ".".join(segs[:segs.index(str(layer))]) + "."
 
 
@@ -128,7 +138,7 @@ def locator(layout: ExpectedLayout, first: dict[int, int] | None = None) -> Loca
     first = first_of_spec(layout) if first is None else first
     prefixes = {_layer_prefix(layout.names[p], layer) for p in first.values()
                 if (layer := layout.layer_of[p]) is not None}
-    return Locator(prefixes or ("model.layers.",))
+    return Locator([p for p in prefixes if p] or ["model.layers."])
 
 
 def build_grid(layout: ExpectedLayout, findings: Iterable[Finding],
@@ -174,17 +184,7 @@ def _mark(grid: Grid, names: Locator, findings: Iterable[Finding], weight_map: M
     unplaced = 0
 
     def put(cell: Cell, f: Finding, note: str, absent: bool = False) -> None:
-        m = marks.get(cell)
-        if m is None:
-            m = marks[cell] = Mark(f.severity.rank)
-        m.rank = max(m.rank, f.severity.rank)
-        m.absent = m.absent or absent
-        if note in m.notes:
-            return
-        if len(m.notes) < MAX_NOTES:
-            m.notes.append(note)
-        else:
-            m.more += 1
+        marks[cell] = marks.get(cell, Mark(f.severity.rank)).add(f.severity.rank, note, absent)
 
     def placed(cell: Cell) -> bool:
         row, key, index = cell
