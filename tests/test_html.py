@@ -251,3 +251,19 @@ def test_a_finding_on_a_whole_layer_marks_its_row(tmp_path: Path) -> None:
     got = marked(page)
     assert {k[0] for k in got} == {"4"} and set(got.values()) == {"w"}
     assert len(got) == 15 - 1 + 8 + 6  # the MoE layer's parts (the experts as 8 cells) and the MTP head's 6
+
+
+def test_params_html_draws_the_accounting_tree(tmp_path: Path) -> None:
+    shards = tiny_shards()
+    del shards[S2]["model.layers.1.self_attn.kv_a_layernorm.weight"]
+    d = write_tiny(tmp_path / "ckpt", shards)
+    out = tmp_path / "params.html"
+    r = runner.invoke(app, ["params", str(d), "--no-progress", "--format", "html", "-o", str(out)])
+    assert r.exit_code == 1 and r.stdout == ""  # a node mismatches, as the table says
+    page = out.read_text()
+    strict_parse(page)
+    svgs(page)
+    assert 'class="verdict fail">MISMATCH<' in page
+    assert "Key-value latent RMSNorm (kv_a_layernorm): found 192" in page  # 3 MoE blocks x 96, one missing
+    table = runner.invoke(app, ["params", str(d), "--no-progress", "-o", str(tmp_path / "params.txt")])
+    assert table.exit_code == 1 and "kv_a_layernorm" in (tmp_path / "params.txt").read_text()

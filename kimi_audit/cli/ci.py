@@ -19,8 +19,13 @@ FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING}
 
 
 def resolve_format(fmt: str | None, as_json: bool) -> str:
-    if fmt is not None and fmt not in FORMATS:
-        raise KimiAuditError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    return choose_format(fmt, as_json, FORMATS)
+
+
+def choose_format(fmt: str | None, as_json: bool, formats: tuple[str, ...]) -> str:
+    """--format among `formats` (table by default); --json is --format json (exit 2 on a contradiction)."""
+    if fmt is not None and fmt not in formats:
+        raise KimiAuditError(f"--format must be one of {', '.join(formats)}, got {fmt!r}")
     if as_json and fmt not in (None, "json"):
         raise KimiAuditError(f"--json is --format json; it contradicts --format {fmt}")
     return "json" if as_json else (fmt or "table")
@@ -64,9 +69,12 @@ def render(report: AuditReport, fmt: str, fail_on: Severity, elapsed: float, wid
     return buf.getvalue()
 
 
-def write_output(path: Path, text: str) -> None:
-    """--output FILE: the report, written whole."""
-    _write(path, text, "w")
+def emit(text: str, output: Path | None) -> None:
+    """A rendered report on stdout, or written whole to --output FILE."""
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        _write(output, text, "w")
 
 
 def deliver(report: AuditReport, fmt: str, output: Path | None, fail_on: Severity, elapsed: float,

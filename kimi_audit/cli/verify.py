@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +14,6 @@ from typing import TYPE_CHECKING
 import typer
 
 from kimi_audit.cli.application import app, byte_progress, shard_progress, stderr, stdout, user_errors
-from kimi_audit.errors import KimiAuditError
 
 if TYPE_CHECKING:
     from kimi_audit.checks.audit import AuditReport
@@ -63,11 +61,12 @@ def verify(
     sparse holes are data not present. Exit 0 clean, 1 findings, 2 unusable input, 130 interrupted (the
     files checked so far are reported).
     """
+    from kimi_audit.cli.ci import choose_format
     from kimi_audit.verify.manifest import read_manifest
     from kimi_audit.verify.references import manifest_reference
     from kimi_audit.verify.run import VerifyOptions, finish_manifest, prepare, verify_files
 
-    out_format = _verify_format(fmt, as_json)
+    out_format = choose_format(fmt, as_json, ("table", "json", "html"))
     target = open_target(source, revision, local_dir, stream)
     refs = list(target.references)
     exclude = set(target.exclude)
@@ -99,20 +98,9 @@ def verify(
     raise typer.Exit(report.exit_code)
 
 
-VERIFY_FORMATS = ("table", "json", "html")
-
-
-def _verify_format(fmt: str | None, as_json: bool) -> str:
-    if fmt is not None and fmt not in VERIFY_FORMATS:
-        raise KimiAuditError(f"--format must be one of {', '.join(VERIFY_FORMATS)}, got {fmt!r}")
-    if as_json and fmt not in (None, "json"):
-        raise KimiAuditError(f"--json is --format json; it contradicts --format {fmt}")
-    return "json" if as_json else (fmt or "table")
-
-
 def _deliver(report: VerifyReport, audit: AuditReport, fmt: str, output: Path | None, all_findings: bool) -> None:
     """The report as JSON or HTML (or the table, into --output), on stdout or into --output."""
-    from kimi_audit.cli.ci import write_output
+    from kimi_audit.cli.ci import emit
 
     if fmt == "json":
         from kimi_audit.report.verify_data import verify_dict
@@ -132,10 +120,7 @@ def _deliver(report: VerifyReport, audit: AuditReport, fmt: str, output: Path | 
         buf = io.StringIO()
         render_verify(report, Console(file=buf, width=120, color_system=None, soft_wrap=False))
         text = buf.getvalue()
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        write_output(output, text)
+    emit(text, output)
 
 
 def open_target(spec: str, revision: str | None, local_dir: Path | None, stream: bool) -> VerifyTarget:

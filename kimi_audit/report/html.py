@@ -15,6 +15,7 @@ from kimi_audit.checks.audit import AuditReport
 from kimi_audit.checks.stats import Stats
 from kimi_audit.constants import VERSION
 from kimi_audit.findings import Finding, Severity
+from kimi_audit.model.accounting.tree import Accounting
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.kinds import module_name
 from kimi_audit.report.grid import Grid, build_grid
@@ -183,6 +184,20 @@ def render_html(report: AuditReport, fail_on: Severity = Severity.ERROR) -> str:
                 model_section(audit_grid(report, report.findings)), accounting_section(report.stats, d["model"]),
                 findings_section(report.findings, f'<p class="mut">{esc(line)}</p>' if line else "")]
     return page("audit", report.source, d["result"]["verdict"], sections)
+
+
+def render_params_html(acc: Accounting, depth: int | None = None) -> str:
+    """`params`' page: the accounting tree as bars (down to `depth`, as `--depth`), derived against found."""
+    rows = [(d, n.title + ("" if n.name in ("", n.title) or not n.is_leaf else f" ({n.name})"), n.derived,
+             n.found, n.own_mismatch or n.mismatch) for d, n in acc.root.walk() if depth is None or d <= depth]
+    summary = [("source", acc.source), ("revision", acc.revision or "(local files)"),
+               ("derived", f"{acc.derived:,} parameters from config.json"),
+               ("found", f"{acc.found:,} in the tensors")]
+    bars = f'<div class="scroll">{bars_svg(rows, max(acc.derived, acc.found))}</div>'
+    return page("params", acc.source, "MISMATCH" if acc.mismatch else "PASS",
+                [section("summary", "Summary", definitions(summary)),
+                 section("parameters", "Parameter accounting", "<p>Each node derived from config.json (grey) and "
+                         "found in the checkpoint's tensors (green; red where they differ).</p>", bars)])
 
 
 def render_verify_html(report: VerifyReport, audit: AuditReport | None = None) -> str:
