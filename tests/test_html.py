@@ -267,3 +267,15 @@ def test_params_html_draws_the_accounting_tree(tmp_path: Path) -> None:
     assert "Key-value latent RMSNorm (kv_a_layernorm): found 192" in page  # 3 MoE blocks x 96, one missing
     table = runner.invoke(app, ["params", str(d), "--no-progress", "-o", str(tmp_path / "params.txt")])
     assert table.exit_code == 1 and "kv_a_layernorm" in (tmp_path / "params.txt").read_text()
+
+
+def test_long_names_are_clipped(tmp_path: Path) -> None:
+    """A 100,000-character tensor name costs the page a few hundred characters, as in the JSON report."""
+    shards = tiny_shards()
+    name = "model.layers.1." + "a" * 100_000 + ".weight"
+    shards[S1][name] = np.zeros((2,), dtype=np.float32)
+    d = write_tiny(tmp_path / "ckpt", shards)
+    page = html_of(d)
+    strict_parse(page)
+    assert "a" * 150 in page and "a" * 401 not in page  # named, clipped
+    assert len(page) < len(html_of(write_tiny(tmp_path / "clean", tiny_shards()))) + 5_000

@@ -28,6 +28,8 @@ OUTSIDE = "outside the layers"
 """The row of the tensors outside the decoder layers that carry no index (embedding, final norm, head)."""
 MAX_NOTES = 6
 """Findings named in one cell's tooltip; the rest are counted."""
+MAX_NAME = 200
+"""Characters of a tensor name kept in a tooltip."""
 
 Cell = tuple[str, str, int]
 """(row key, column key, index in a strip or -1)."""
@@ -195,7 +197,8 @@ def _mark(grid: Grid, names: Locator, findings: Iterable[Finding], weight_map: M
     for f in findings:
         if f.tensor:
             cell = names.cell(f.tensor)
-            note = f"{f.code} ({f.severity.value}): {f.tensor}"
+            name = f.tensor if len(f.tensor) <= MAX_NAME else f.tensor[:MAX_NAME] + "…"
+            note = f"{f.code} ({f.severity.value}): {name}"
             if cell[1] == "" and cell[0] in cells and cell[2] < 0:  # a whole layer
                 for key, strip in cells[cell[0]].items():
                     for i in range(strip) if strip else (-1,):
