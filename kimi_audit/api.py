@@ -21,7 +21,7 @@ from kimi_audit.checks import audit as checks_audit
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport
 from kimi_audit.checks.stats import Stats
 from kimi_audit.findings import Finding, Severity
-from kimi_audit.model.checkpoint import ProgressFn
+from kimi_audit.model.checkpoint import Checkpoint, ProgressFn
 from kimi_audit.report.json_report import report_dict
 from kimi_audit.sources import open_source
 
@@ -36,6 +36,12 @@ class AuditReport:
     def to_dict(self, fail_on: Severity | str = Severity.ERROR, all_findings: bool = False) -> dict[str, Any]:
         """The report as plain data: exactly what `audit --json` prints (schema kimi-audit/audit/1)."""
         return report_dict(self.audit, Severity(fail_on), all_findings)
+
+    def to_html(self, fail_on: Severity | str = Severity.ERROR) -> str:
+        """The report as one self-contained HTML page: what `audit --format html` writes."""
+        from kimi_audit.report.html import render_html
+
+        return render_html(self.audit, Severity(fail_on))
 
     def exit_code(self, fail_on: Severity | str = Severity.ERROR) -> int:
         """The command line's exit code for these findings: 1 when any is at `fail_on` or worse, else 0."""
@@ -107,6 +113,12 @@ class AuditReport:
     @property
     def ignored_by(self) -> tuple[str, ...]:
         return self.audit.ignored_by
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """What was audited: config, index, every shard's header and the expected layout (the HTML page
+        draws the model from it)."""
+        return self.audit.checkpoint
 
 
 def audit(

@@ -55,6 +55,9 @@ class AuditReport:
     """Findings an `--ignore` rule accepted (checks.ignore): out of `findings`, the verdict and the exit code."""
     ignored_by: tuple[str, ...] = ()
     """The rule (`CODE` or `CODE:GLOB`) that matched each of `ignored`, position for position."""
+    checkpoint: Checkpoint | None = field(default=None, compare=False, repr=False)
+    """What was audited (its expected layout, index and headers), for a renderer that draws the model
+    (report.html): not part of the report's data."""
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity is severity)
@@ -155,6 +158,7 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         findings=tuple(all_findings),
         absent_shards=len(set(listed) - set(ckpt.files)),
         listed_shards=len(listed),
+        checkpoint=ckpt,
     )
 
 

@@ -38,8 +38,9 @@ def audit(
     revision: str | None = typer.Option(
         None, "--revision", "-r", help="Hub revision: commit hash (full or short), branch or tag."),
     as_json: bool = typer.Option(False, "--json", help="Alias for --format json."),
-    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json, junit, markdown or "
-                                   "sarif (SARIF 2.1.0 for GitHub code scanning)."),
+    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json, junit, markdown, "
+                                   "sarif (SARIF 2.1.0 for GitHub code scanning) or html (one self-contained page "
+                                   "with the model drawn)."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
     fail_on: str = typer.Option("error", "--fail-on", help="Exit 1 on findings of this severity or worse: "
                                 "error or warning."),

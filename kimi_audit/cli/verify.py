@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +16,8 @@ import typer
 from kimi_audit.cli.application import app, byte_progress, shard_progress, stderr, stdout, user_errors
 
 if TYPE_CHECKING:
+    from kimi_audit.checks.audit import AuditReport
+    from kimi_audit.verify.result import VerifyReport
     from kimi_audit.verify.run import VerifyTarget
 
 
@@ -37,6 +38,9 @@ def verify(
                                                "of this copy (every file's sha256, and every tensor's) to FILE, "
                                                "for `model_signing` to sign."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report (kimi-audit/verify/1)."),
+    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json (--json) or html (one "
+                                   "self-contained page: the model drawn, weight health, every file's hash)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
     all_findings: bool = typer.Option(False, "--all-findings", help="JSON: list every finding, whole."),
     workers: int | None = typer.Option(None, "--workers", "-j", min=1, help="Processes reading files at once "
                                        "(default: one per core)."),
@@ -57,10 +61,12 @@ def verify(
     sparse holes are data not present. Exit 0 clean, 1 findings, 2 unusable input, 130 interrupted (the
     files checked so far are reported).
     """
+    from kimi_audit.cli.ci import choose_format
     from kimi_audit.verify.manifest import read_manifest
     from kimi_audit.verify.references import manifest_reference
     from kimi_audit.verify.run import VerifyOptions, finish_manifest, prepare, verify_files
 
+    out_format = choose_format(fmt, as_json, ("table", "json", "html"))
     target = open_target(source, revision, local_dir, stream)
     refs = list(target.references)
     exclude = set(target.exclude)
@@ -81,10 +87,8 @@ def verify(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if write_manifest is not None and not report.interrupted:
         report = finish_manifest(report, made, write_manifest)
-    if as_json:
-        from kimi_audit.report.verify_data import verify_dict
-
-        sys.stdout.write(json.dumps(verify_dict(report, all_findings), indent=1) + "\n")
+    if out_format != "table" or output is not None:
+        _deliver(report, prepared.audit, out_format, output, all_findings)
     else:
         from kimi_audit.report.verify_table import render_verify
 
@@ -92,6 +96,31 @@ def verify(
     if report.interrupted:
         stderr.print(f"interrupted: {report.verdict.split(': ', 1)[1]}")
     raise typer.Exit(report.exit_code)
+
+
+def _deliver(report: VerifyReport, audit: AuditReport, fmt: str, output: Path | None, all_findings: bool) -> None:
+    """The report as JSON or HTML (or the table, into --output), on stdout or into --output."""
+    from kimi_audit.cli.ci import emit
+
+    if fmt == "json":
+        from kimi_audit.report.verify_data import verify_dict
+
+        text = json.dumps(verify_dict(report, all_findings), indent=1) + "\n"
+    elif fmt == "html":
+        from kimi_audit.report.html import render_verify_html
+
+        text = render_verify_html(report, audit)
+    else:
+        import io
+
+        from rich.console import Console
+
+        from kimi_audit.report.verify_table import render_verify
+
+        buf = io.StringIO()
+        render_verify(report, Console(file=buf, width=120, color_system=None, soft_wrap=False))
+        text = buf.getvalue()
+    emit(text, output)
 
 
 def open_target(spec: str, revision: str | None, local_dir: Path | None, stream: bool) -> VerifyTarget:
