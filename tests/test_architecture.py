@@ -1,7 +1,7 @@
 """The package reads as the data flow: no stage imports a later one, and no module passes 400 lines.
 
 sources/ -> format/ -> numerics/ -> model/ -> checks/ -> verify/ -> download/ -> report/ -> cli/; the shared
-modules at the package root (errors, findings, constants, gcpause) come before them all. Every import counts, those
+modules at the package root (errors, findings, constants, gcpause, outputs) come before them all. Every import counts, those
 inside functions included (a lazy import is still a dependency).
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "kimi_audit"
-SHARED = {"errors", "findings", "constants", "gcpause"}
+SHARED = {"errors", "findings", "constants", "gcpause", "outputs"}
 STAGES = ["sources", "format", "numerics", "model", "checks", "verify", "download", "report", "cli"]
 MAX_LINES = 400
 
