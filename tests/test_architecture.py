@@ -1,8 +1,8 @@
 """The package reads as the data flow: no stage imports a later one, and no module passes 400 lines.
 
 sources/ -> format/ -> numerics/ -> model/ -> checks/ -> verify/ -> download/ -> report/ -> cli/; the shared
-modules at the package root (errors, findings, constants, gcpause, outputs) come before them all. Every import counts, those
-inside functions included (a lazy import is still a dependency).
+modules at the package root (errors, findings, constants, gcpause, outputs) come before them all. Every import
+counts, those inside functions included (a lazy import is still a dependency).
 """
 
 from __future__ import annotations

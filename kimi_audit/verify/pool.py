@@ -168,9 +168,15 @@ def run_ray(tasks: list[FileTask], address: str | None = None,
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise KimiAuditError(f"cannot connect to a Ray cluster at {address or 'auto'}: {e}") from None
     remote = ray.remote(num_cpus=1, max_retries=0)(verify_file)
-    pending = {remote.remote(t): t for t in sorted(tasks, key=lambda t: -t.size)}
+    queued = iter(sorted(tasks, key=lambda t: -t.size))
+    limit = max(1, int(ray.cluster_resources().get("CPU", 1))) * IN_FLIGHT_PER_WORKER
+    pending: dict[Any, FileTask] = {}
     try:
-        while pending:
+        while True:
+            for t in itertools.islice(queued, limit - len(pending)):  # bounded: as many as the cluster runs
+                pending[remote.remote(t)] = t
+            if not pending:
+                break
             try:
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
             except KeyboardInterrupt:
