@@ -169,7 +169,8 @@ def run_ray(tasks: list[FileTask], address: str | None = None,
             raise KimiAuditError(f"cannot connect to a Ray cluster at {address or 'auto'}: {e}") from None
     remote = ray.remote(num_cpus=1, max_retries=0)(verify_file)
     queued = iter(sorted(tasks, key=lambda t: -t.size))
-    limit = max(1, int(ray.cluster_resources().get("CPU", 1))) * IN_FLIGHT_PER_WORKER
+    cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
+    limit = max(1, int(cpus)) * IN_FLIGHT_PER_WORKER
     pending: dict[Any, FileTask] = {}
     try:
         while True:
