@@ -178,6 +178,14 @@ def test_headers_only_download_never_writes_through_a_planted_link(hub, tmp_path
     assert victim.read_text() == "keep" and (local / "config.json").is_file()
 
 
+def test_download_verify_reads_the_cache_through_its_links(hub, tmp_path: Path) -> None:
+    """The reader opens no link (O_NOFOLLOW): a cache snapshot's files are read at their blobs."""
+    from kimi_audit.download.hub import download
+
+    res = download(TINY_REPO, cache_dir=tmp_path / "cache", endpoint=hub.endpoint, verify=True)
+    assert res.verified and res.verify_ok and (res.path / S1).is_symlink()
+
+
 def test_write_atomic_gives_the_mode_of_a_plain_open(tmp_path: Path) -> None:
     from kimi_audit.outputs import write_atomic
 

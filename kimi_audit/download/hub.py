@@ -244,7 +244,7 @@ def verify_files(
         path = root / name
         actual = None
         if path.is_file():
-            task = FileTask(name, path.stat().st_size, path=str(path), scan=False)
+            task = FileTask(name, path.stat().st_size, path=os.path.realpath(path), scan=False)  # a cache blob
             actual = verify_file(task, progress).sha256
         out.append(VerifyResult(name, expected, actual))
     return out
