@@ -298,7 +298,7 @@ def test_interrupted_headers_only_download_leaves_no_half_file(
     monkeypatch.setattr(dl.os, "fsync", real_fsync)
     # Whatever is under a final name is complete; the interrupted file was only under a temporary name, which
     # the interrupt removed (outputs.write_atomic).
-    assert calls["n"] == 3, "the interrupt should have caught a file mid-write"
+    assert calls["n"] >= 3, "the interrupt should have caught a file mid-write"
     finals = [p for p in local.iterdir() if not p.name.startswith(".")]
     assert not [p for p in local.iterdir() if p.name.endswith(".partial")]
     for p in finals:
