@@ -13,6 +13,8 @@ from kimi_audit.checks.audit import AuditReport
 from kimi_audit.checks.ignore import IgnoreRule
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Severity
+from kimi_audit.outputs import refuse_input, write_atomic
+from kimi_audit.sources.base import Source
 
 FORMATS = ("table", "json", "junit", "markdown", "sarif", "html")
 FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING}
@@ -94,8 +96,19 @@ def deliver(report: AuditReport, fmt: str, output: Path | None, fail_on: Severit
         _write(Path(summary), render_markdown(report, fail_on), "a")
 
 
+def refuse_output_over_input(output: Path | None, source: Source) -> None:
+    """Before the audit: --output must not name a file the audit reads (exit 2, nothing read or written)."""
+    if output is not None and source.root is not None:
+        refuse_input(output, (source.root / name for name in source.list_files()), "--output")
+
+
 def _write(path: Path, text: str, mode: str) -> None:
+    """--output (mode "w"): written under an exclusive temporary name, renamed into place (never through a
+    link); $GITHUB_STEP_SUMMARY (mode "a"): appended to, as CI expects."""
     try:
+        if mode == "w":
+            write_atomic(path, text.encode("utf-8"))
+            return
         with open(path, mode, encoding="utf-8") as f:
             f.write(text)
     except OSError as e:

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kimi_audit.cli.application import app, byte_progress, shard_progress, stderr, stdout, user_errors
+from kimi_audit.cli.application import app, byte_progress, shard_progress, sigterm_exits, stderr, stdout, user_errors
+from kimi_audit.errors import KimiAuditError
+from kimi_audit.outputs import refuse_input
 
 if TYPE_CHECKING:
     from kimi_audit.checks.audit import AuditReport
@@ -74,15 +76,17 @@ def verify(
         refs.append(manifest_reference(read_manifest(manifest), manifest))
     for path in (manifest, write_manifest):
         inside = _inside(target, path)
-        if inside is not None:
-            exclude.add(inside)
+        if inside is not None and (path is manifest or _replaceable(path)):
+            exclude.add(inside)  # a manifest in the checkpoint directory: not hashed, listed as ignored
     target = dataclasses.replace(target, references=tuple(refs), exclude=frozenset(exclude))
+    if write_manifest is not None:  # before any work: never over a file this run reads
+        refuse_input(write_manifest, _inputs(target, manifest), "--write-manifest")
     address = ray_address or ("auto" if ray else None)
     options = VerifyOptions(workers=workers, ray_address=address, tensor_hashes=write_manifest is not None)
     with shard_progress("reading headers", progress) as header_update:
         prepared = prepare(target, options, header_update)
-    with _bytes_progress(progress, prepared.total_bytes) as update:
-        report, made = verify_files(prepared, update)
+    with sigterm_exits(), _bytes_progress(progress, prepared.total_bytes) as update:
+        report, made = verify_files(prepared, update)  # SIGTERM: SystemExit(143), the pool's workers ended
     if report.interrupted:  # what was checked gets printed: a second Ctrl-C does not cut it short
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if write_manifest is not None and not report.interrupted:
@@ -138,6 +142,29 @@ def open_target(spec: str, revision: str | None, local_dir: Path | None, stream:
     if src.root is not None and (src.revision is not None or local_dir is not None):
         ref = cache_reference(src.root, src.list_files())
     return VerifyTarget(src, (ref,) if ref else ())
+
+
+def _replaceable(path: Path | None) -> bool:
+    """Whether --write-manifest may take `path` out of the files hashed (and then replace it): nothing is there
+    yet, or a manifest (the one written before); any other file stays a file the run reads."""
+    from kimi_audit.verify.manifest import read_manifest
+
+    if path is None or not os.path.lexists(path):
+        return True
+    try:
+        if path.name.endswith(".safetensors") or not os.path.isfile(path) or os.stat(path).st_size > 64 << 20:
+            return False
+        read_manifest(path)
+    except (OSError, KimiAuditError):
+        return False
+    return True
+
+
+def _inputs(target: VerifyTarget, manifest: Path | None) -> list[Path]:
+    """The local files this run reads: the checkpoint's (those not excluded), and --manifest."""
+    root = target.source.root
+    files = [root / n for n in target.source.list_files() if n not in target.exclude] if root is not None else []
+    return files + ([manifest] if manifest is not None else [])
 
 
 def _inside(target: VerifyTarget, path: Path | None) -> str | None:
