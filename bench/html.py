@@ -3,7 +3,7 @@ processes, side by side; and the README's screenshot of that page.
 
     python bench/html.py [--replica DIR] [--repeats 5] [--screenshot docs/html-report.png] [--json]
 
-The faulty replica is the full-scale Kimi-K2-Instruct header replica (model.replica, 61 sparse shards) with
+The faulty replica is the full-scale Kimi-K2-Instruct header replica (replica.build, 61 sparse shards) with
 faults injected as a bad writer or a partial download would leave them (FAULTS): one shard absent, and in
 another one a norm gain of the wrong shape, a routed expert's weight missing and another's block scale
 missing. Built in a temp dir unless --replica names a directory that holds one (the faults are not
@@ -50,7 +50,7 @@ def shard_holding(shards: dict[str, list], name: str) -> str:  # type: ignore[ty
 
 def build_faulty(directory: Path) -> Path:
     """The full-scale replica with FAULTS injected (the index still lists what the release holds)."""
-    from kimi_audit.model.replica import build_replica, replica_shards, write_shard
+    from kimi_audit.replica.build import build_replica, replica_shards, write_shard
 
     build_replica(directory)
     shards = replica_shards()
