@@ -131,7 +131,7 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         stored = Counter(actual.dtypes) if cfg.quant is None else None
         all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
         all_findings.extend(cov.extra)
-        all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything))
+        all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything, cfg.dtype))
     else:
         all_findings.append(layout_unsupported(ckpt))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards))

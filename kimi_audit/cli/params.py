@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from kimi_audit.checks.audit import audit_checkpoint
 from kimi_audit.cli.application import app, shard_progress, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.model.accounting.account import accounting_of_checkpoint
@@ -39,14 +40,15 @@ def params(
     """Print the parameter accounting tree, derived from config.json and found in the tensors.
 
     Each component's count derived from config.json, next to the count found in the checkpoint's
-    tensors, with the formula. Exit 1 when any node mismatches.
+    tensors, with the formula. Exits as `audit` does on the same checkpoint: 1 when its audit finds an error
+    (every mismatching node is one), else 0.
     """
-    _ckpt, acc = _load(source, revision, progress)
+    ckpt, acc = _load(source, revision, progress)
     if as_json:
         sys.stdout.write(json.dumps(accounting_dict(acc, depth), indent=2, ensure_ascii=False) + "\n")
     else:
         render_params(acc, stdout, depth)
-    raise typer.Exit(1 if acc.mismatch else 0)
+    raise typer.Exit(audit_checkpoint(ckpt).exit_code())
 
 
 @app.command()

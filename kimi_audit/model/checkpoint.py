@@ -28,6 +28,7 @@ from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
 from kimi_audit.gcpause import gc_paused
 from kimi_audit.model.config import ModelConfig, parse_config_bytes
+from kimi_audit.model.dialect import resolve_dialect
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.sources.base import Source
 
@@ -47,7 +48,8 @@ class Checkpoint:
     config: ModelConfig
     index: IndexFile | None
     expected: ExpectedLayout
-    """The layout config.json implies (layout.expected_layout)."""
+    """The layout config.json implies (layout.expected_layout), in the dialect the shards spell it in
+    (model.dialect)."""
     headers: dict[str, ShardHeader]
     """Shard name -> parsed header, for every shard that could be read, in natural order."""
     findings: tuple[Finding, ...]
@@ -189,6 +191,7 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
     headers, failures = read_headers(source, shards, index, progress, expected)
     if expected is None:
         expected = expected_layout(config)
-    findings += failures
+    expected, dialect_findings = resolve_dialect(config, expected, (n for h in headers.values() for n in h.columns.names))
+    findings += failures + dialect_findings
     return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
                       tuple(findings))

@@ -15,14 +15,14 @@ from kimi_audit.model.layout import ExpectedTensor, expected_layout
 
 def _mtp(root: Node) -> MtpSummary | None:
     mtp = next((c for c in root.children if c.key == "mtp"), None)
-    if mtp is None:
+    if mtp is None or mtp.absent:
         return None
     copies = sum(n.derived for _, n in mtp.walk() if n.role in ("embed_tokens", "shared_head_head"))
     return MtpSummary(mtp.layers, root.derived, mtp.derived, copies)
 
 
 def _activation(cfg: ModelConfig, root: Node) -> Activation:
-    mtp = next((c.derived for c in root.children if c.key == "mtp"), 0)
+    mtp = next((c.derived for c in root.children if c.key == "mtp" and not c.absent), 0)
     embedding = next((c.derived for c in root.children if c.key == "embedding"), 0)
     experts = [n for _, n in root.walk() if n.key == "blocks.moe.experts"]
     routed = experts[0].derived if experts else 0

@@ -33,6 +33,16 @@ def module_of(component: str) -> str:
     return component.rpartition(".")[0]
 
 
+FLOATS = ("F32", "BF16", "F16")
+ROUTER_WEIGHT = "mlp.gate.weight"
+
+
+def writer_variance(p: Part) -> bool:
+    """A part whose float dtype writers vary (checks.layout's WRITER_DTYPE and ROUTER_DTYPE, info): a
+    norm's gain, a bias, the router; not a Linear weight or an embedding table."""
+    return not p.scheme and p.dtype in FLOATS and (len(p.factors) == 1 or p.component.endswith(ROUTER_WEIGHT))
+
+
 class _Rows:
     """Counts by dtype, derived and found, added up as a node is built."""
 
@@ -120,12 +130,16 @@ class Builder:
             self.used.add(slot)
             mine = self.params.get(slot, [])
             tensors += mine
-            dtype_ok = dtype_ok and all(t.dtype == p.dtype for t in mine)
+            variance = writer_variance(p)
+            dtype_ok = dtype_ok and all(t.dtype == p.dtype or (variance and t.dtype in FLOATS) for t in mine)
             params.add(p.logical_dtype, p.numel * n_inst)
+            written = {t.dtype for t in mine}
+            as_written = written.pop() if variance and len(written) == 1 else None  # the writer's one dtype
             for s in p.stored():
-                stored.add(s.dtype, s.numel * n_inst)
+                stored.add(as_written or s.dtype, s.numel * n_inst)
             for t in mine:
-                params.add(p.logical_dtype if t.dtype == p.dtype else t.dtype, found=t.parameters)
+                same = t.dtype == p.dtype or (variance and t.dtype in FLOATS)
+                params.add(p.logical_dtype if same else t.dtype, found=t.parameters)
                 stored.add(t.dtype, found=t.numel)
             if p.scheme:
                 modules[module_of(p.component)] = None
@@ -182,7 +196,7 @@ class Builder:
         layers = self.layers_of.get(block, []) if block else []
         if not layers:
             return module
-        return f"model.layers.{layers[0]}." + module.replace(".experts.", ".experts.0.", 1)
+        return f"{self.cfg.layer_prefix}{layers[0]}." + module.replace(".experts.", ".experts.0.", 1)
 
     def linear_parts(self, block: str | None, module: str, out: list[Factor], inp: list[Factor],
                      bias: bool = False) -> list[Part]:
@@ -225,7 +239,7 @@ class Builder:
                 dtype = "/".join(sorted({t.dtype for t in ts}))
             else:
                 layers = self.layers_of.get(block, [])
-                pattern = comp if not layers else ", ".join(collapse(f"model.layers.{i}.{comp}" for i in layers))
+                pattern = comp if not layers else ", ".join(collapse(f"{self.cfg.layer_prefix}{i}.{comp}" for i in layers))
                 dtype = "/".join(sorted(dtypes.get(key, ())))
             rows.append(ExcludedRow(kind, pattern, dtype, d[0], len(ts), d[1], sum(t.numel for t in ts)))
         return tuple(rows)
@@ -234,12 +248,9 @@ class Builder:
         """Stored elements by dtype over every tensor: the tree's (parameters, packed words and their
         metadata), plus buffers and metadata no leaf claims."""
         extra = _Rows()
-        for (kind, _block, _comp, dtype), (_n, elements) in self.counts.items():
-            if kind == BUFFER:
-                extra.add(dtype, elements)
-        for ts in self.buffers.values():
+        for ts in self.buffers.values():  # optional: only those stored, on both sides
             for t in ts:
-                extra.add(t.dtype, found=t.numel)
+                extra.add(t.dtype, t.numel, found=t.numel)
         for slot, ts in self.meta.items():
             if slot not in self.used_meta:
                 for t in ts:

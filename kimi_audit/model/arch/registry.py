@@ -1,18 +1,22 @@
 """Which description each config `model_type` gets: every architecture module names its MODEL_TYPES and its
-`describe(cfg)`; adding an architecture is one module and one entry in MODULES."""
+`describe(cfg)` (and, optionally, the DIALECTS other writers spell its names in); adding an architecture is
+one module and one entry in MODULES."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 
-from kimi_audit.model.arch import deepseek_v3
-from kimi_audit.model.arch.spec import ModelTree
+from kimi_audit.model.arch import deepseek_v3, glm_moe_dsa, kimi_k25
+from kimi_audit.model.arch.spec import Dialect, ModelTree
 from kimi_audit.model.config import ModelConfig
 
-MODULES = (deepseek_v3,)
+MODULES: tuple[ModuleType, ...] = (deepseek_v3, glm_moe_dsa, kimi_k25)
+
+BY_TYPE: dict[str, ModuleType] = {model_type: module for module in MODULES for model_type in module.MODEL_TYPES}
 
 ARCHITECTURES: dict[str, Callable[[ModelConfig], ModelTree]] = {
-    model_type: module.describe for module in MODULES for model_type in module.MODEL_TYPES}
+    model_type: module.describe for model_type, module in BY_TYPE.items()}
 """model_type -> the function describing a config of it."""
 
 
@@ -20,3 +24,9 @@ def describe(cfg: ModelConfig) -> ModelTree:
     """The module tree of a supported config (a config that names no model_type is read as DeepSeek-V3's,
     as model.config.in_family does)."""
     return ARCHITECTURES.get(cfg.model_type, deepseek_v3.describe)(cfg)
+
+
+def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
+    """The other spellings of the config's tree that writers are known to use (none for most)."""
+    module = BY_TYPE.get(cfg.model_type)
+    return tuple(getattr(module, "DIALECTS", ()))
