@@ -68,9 +68,19 @@ def test_unexpected_tensor(tmp_path):
 
 def test_wrong_dtype(tmp_path):
     name = L1 + "input_layernorm.weight"
-    r = audit(mutated(tmp_path, lambda s: s[S2].__setitem__(name, s[S2][name].astype(np.float32))))
+    # F16 in a BF16 checkpoint: no writer variance explains it
+    r = audit(mutated(tmp_path, lambda s: s[S2].__setitem__(name, s[S2][name].astype(np.float16))))
     assert found(r, "DTYPE_MISMATCH") == [(name, "error")]
     f = next(f for f in r.findings if f.code == "DTYPE_MISMATCH")
+    assert (f.expected, f.actual) == ("BF16", "F16")
+
+
+def test_a_norm_in_float32_is_writer_variance(tmp_path):
+    """Issue 23: a gain kept in float32 in a BF16 checkpoint (config's dtype or F32 explain it) is info."""
+    name = L1 + "input_layernorm.weight"
+    r = audit(mutated(tmp_path, lambda s: s[S2].__setitem__(name, s[S2][name].astype(np.float32))))
+    assert found(r, "WRITER_DTYPE") == [(name, "info")] and r.exit_code() == 0
+    f = next(f for f in r.findings if f.code == "WRITER_DTYPE")
     assert (f.expected, f.actual) == ("BF16", "F32")
 
 

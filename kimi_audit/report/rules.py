@@ -170,10 +170,23 @@ RULES: dict[str, Rule] = {
                        "A stored buffer has an unexpected dtype; transformers recomputes it on load.", LAYOUT_HELP),
     "BUFFER_SHAPE": Rule("warning", "a stored buffer (`rotary_emb.inv_freq`) of unexpected shape",
                        "A stored buffer has an unexpected shape; transformers recomputes it on load.", LAYOUT_HELP),
-    "ROUTER_DTYPE": Rule("warning", "a router tensor in another float dtype than the layout's",
-                         "F32 router weights in a BF16/F16 checkpoint (transformers keeps them F32 on load) are "
-                         "info; a BF16/F16 e_score_correction_bias lost the precision DeepSeek keeps, a warning.",
-                         "Store the router's correction bias in F32, from the original weights."),
+    "ROUTER_DTYPE": Rule("info", "a router tensor in another float dtype than the layout's (writer variance)",
+                         "F32 router weights in a BF16/F16 checkpoint (transformers keeps them F32 on load), or a "
+                         "BF16/F16 e_score_correction_bias (transformers casts it to the config's dtype; it lost "
+                         "the precision DeepSeek keeps, which loaders cannot restore).",
+                         "Store the router's correction bias in F32, from the original weights, to keep its bits."),
+    "WRITER_DTYPE": Rule("info", "a norm's gain or a bias in another float dtype than the release's, which "
+                         "config.json's dtype explains (writer variance)",
+                         "A 1-D parameter outside the Linear weights (an RMSNorm or LayerNorm gain, a bias) stored in "
+                         "the config's dtype or in F32 where the release stores another float dtype, as "
+                         "transformers writes DeepSeek-V3.2's F32 norms in a BF16 model; loaders cast it.",
+                         "Nothing to do to load it; re-export from the release to keep its exact dtypes."),
+    "LAYOUT_DIALECT": Rule("info", "the checkpoint spells the architecture's names in a known writer's dialect",
+                           "Every tensor is named as one writer spells the release's tree (transformers 5.x "
+                           "re-saving kimi_k25: `language_model.model.blocks.N` for `...layers.N`); it was "
+                           "audited against the same layout so spelled.",
+                           "Loaders of the release (vLLM, SGLang) read its own names: re-save with those names "
+                           "(or load with transformers) if they do not read this one."),
     "MTP_ABSENT": Rule("warning", "config declares multi-token-prediction layers of which no tensor is stored",
                      "num_nextn_predict_layers > 0 but the MTP layer is not in the shards (transformers drops it); "
                      "speculative decoding with it is not possible. Its tensors are covered by this finding.",

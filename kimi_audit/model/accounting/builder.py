@@ -131,14 +131,15 @@ class Builder:
             mine = self.params.get(slot, [])
             tensors += mine
             variance = writer_variance(p)
-            dtype_ok = dtype_ok and all(t.dtype == p.dtype or (variance and t.dtype in FLOATS) for t in mine)
+            explained = (self.cfg.dtype, "F32") if variance else ()
+            dtype_ok = dtype_ok and all(t.dtype == p.dtype or t.dtype in explained for t in mine)
             params.add(p.logical_dtype, p.numel * n_inst)
             written = {t.dtype for t in mine}
             as_written = written.pop() if variance and len(written) == 1 else None  # the writer's one dtype
             for s in p.stored():
                 stored.add(as_written or s.dtype, s.numel * n_inst)
             for t in mine:
-                same = t.dtype == p.dtype or (variance and t.dtype in FLOATS)
+                same = t.dtype == p.dtype or t.dtype in explained
                 params.add(p.logical_dtype if same else t.dtype, found=t.parameters)
                 stored.add(t.dtype, found=t.numel)
             if p.scheme:

@@ -87,7 +87,7 @@ class ModelBuilder(Builder):
             title = f"Multi-token prediction (layer{'s' if len(layers) > 1 else ''} {ranges(layers)})"
             note = "Not in next-token inference: excluded from the activated parameters."
             node = self.group(pre, "mtp", title, children, mult, role="mtp_blocks", note=note)
-            if node.found_tensors == 0:  # declared, none stored (as transformers writes it): MTP_ABSENT
+            if node.found_tensors == 0 and self.params:  # declared, none stored (as transformers writes it)
                 return absent(node, "Declared by config.json (num_nextn_predict_layers), not one tensor stored "
                                     "(MTP_ABSENT): left out of the totals.")
             return node
