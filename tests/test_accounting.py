@@ -398,7 +398,8 @@ def test_deepseek_v3_mtp_is_its_own_node():
     assert a.per_token == V3_MAIN_ONLY - routed + routed * cfg.num_experts_per_tok // cfg.n_routed_experts
     # totals on a full-scale replica (family.md): tensors and elements, scales included, buffers not
     meta = [r for r in acc.excluded if r.kind == SCALE]
-    buffers = sum(r.found_elements for r in acc.excluded if r.kind == BUFFER)  # optional: stored totals count those stored
+    # buffers are optional: the stored totals count those stored, on both sides
+    buffers = sum(r.found_elements for r in acc.excluded if r.kind == BUFFER)
     assert acc.root.derived_tensors + sum(r.derived_tensors for r in meta) == V3_TENSORS_WITHOUT_BUFFERS
     assert sum(r.derived for r in acc.stored) - buffers == V3_ELEMENTS_WITH_SCALES
     doc = accounting_dict(acc)
@@ -421,5 +422,6 @@ def test_deepseek_v32_indexer_and_f32_gains():
                 "mtp.mtp_head.enorm", "norm"):
         assert {p.dtype for p in acc.node(key).parts} == {"F32"}, key
         assert {t.dtype for t in acc.node(key).tensors} == {"F32"}, key
-    buffers = sum(r.found_elements for r in acc.excluded if r.kind == BUFFER)  # optional: stored totals count those stored
+    # buffers are optional: the stored totals count those stored, on both sides
+    buffers = sum(r.found_elements for r in acc.excluded if r.kind == BUFFER)
     assert sum(r.derived for r in acc.stored) - buffers == V32_ELEMENTS_WITH_SCALES

@@ -139,7 +139,8 @@ def canonical_k25(name: str) -> str:
         (r"^model\.vision_tower\.layers\.(\d+)\.attn\.proj\.", r"vision_tower.encoder.blocks.\1.wo."),
         (r"^model\.vision_tower\.layers\.(\d+)\.attn\.[qkv]_proj\.", r"vision_tower.encoder.blocks.\1.wqkv."),
         (r"^model\.vision_tower\.final_layernorm\.", "vision_tower.encoder.final_layernorm."),
-        (r"^model\.vision_tower\.patch_embed\.pos_emb\.position_embeddings$", "vision_tower.patch_embed.pos_emb.weight"),
+        (r"^model\.vision_tower\.patch_embed\.pos_emb\.position_embeddings$",
+         "vision_tower.patch_embed.pos_emb.weight"),
         (r"^model\.vision_tower\.patch_embed\.", "vision_tower.patch_embed."),
         (r"^model\.mm_projector\.pre_norm\.", "mm_projector.pre_norm."),
         (r"^model\.mm_projector\.in_proj\.", "mm_projector.proj.0."),
@@ -171,10 +172,8 @@ DIFFERENCES = {
 def full_size(arch: str) -> tuple[torch.nn.Module, Any]:
     if arch == "deepseek_v32":
         raw = json.loads((DATA / "deepseek-v32.config.json").read_text())
-        keys = set(DeepseekV32Config.__dataclass_fields__) if hasattr(DeepseekV32Config, "__dataclass_fields__") else None
         args = {k: v for k, v in raw.items() if k not in ("quantization_config", "architectures", "auto_map",
-                                                           "model_type", "torch_dtype", "dtype")
-                and (keys is None or k in keys)}
+                                                           "model_type", "torch_dtype", "dtype")}
         with torch.device("meta"):
             return DeepseekV32ForCausalLM(DeepseekV32Config(**args)), raw
     if arch == "glm_moe_dsa":  # transformers' defaults are GLM-5's dimensions (its docstring's checkpoint)

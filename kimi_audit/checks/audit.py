@@ -148,7 +148,7 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         revision=ckpt.revision,
         model=model_summary(ckpt),
         stats=stats,
-        q_a_layernorm=q_a_layernorm_report(ckpt.config, actual),
+        q_a_layernorm=q_a_layernorm_report(ckpt.config, actual, expected),
         shards=shards,
         findings=tuple(all_findings),
         absent_shards=len(set(listed) - set(ckpt.files)),

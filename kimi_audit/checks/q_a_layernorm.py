@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from kimi_audit.format.table import TensorLookup
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import layer_block
+from kimi_audit.model.layout import ExpectedLayout, layer_block
 
 COMPONENT = "self_attn.q_a_layernorm.weight"
 
@@ -64,13 +64,19 @@ class QALayerNormReport:
         return all(r.ok for r in self.rows)
 
 
-def q_a_layernorm_report(cfg: ModelConfig, actual: TensorLookup) -> QALayerNormReport:
+def q_a_layernorm_report(cfg: ModelConfig, actual: TensorLookup,
+                         expected: ExpectedLayout | None = None) -> QALayerNormReport:
+    """Every layer's gain; named as `expected` (the layout in the checkpoint's dialect) names it."""
     if cfg.q_lora_rank is None:
         return QALayerNormReport(None, (), ())
     want = (cfg.q_lora_rank,)
     rows = []
+    named: dict[int | None, str] = {}
+    if expected is not None:
+        suffix = "." + COMPONENT
+        named = {expected.layer_of[p]: n for p, n in enumerate(expected.names) if n.endswith(suffix)}
     for layer in range(cfg.total_layers):
-        name = f"model.layers.{layer}.{COMPONENT}"
+        name = named.get(layer, f"{cfg.layer_prefix}{layer}.{COMPONENT}")
         found = actual.get(name)
         block = layer_block(cfg, layer)
         if found is None:

@@ -9,6 +9,9 @@ shard holds each tensor (facts from the releases; see model.replica for the writ
 - deepseek-v3, deepseek-v32: 163 shards `model-00001-of-000163.safetensors`: the multi-token-prediction
   layer (61) alone in the last one, everything before it cut into 162 shards of about equal bytes.
   No `rotary_emb.inv_freq` is stored.
+- kimi-k2.6: 64 shards `model-00001-of-000064.safetensors` (family.md); which tensor sits in which shard is not
+  published: the layout cut into 64 shards of about equal bytes. Config and its sources:
+  kimi_audit/data/kimi-k2.6.config.json and kimi-k2.6.sources.md. No `rotary_emb.inv_freq` stored (not known).
 
 Every assignment keeps a weight and its quantization metadata (FP8 scale, INT4 group scale and shape) in
 one shard: the published DeepSeek-V3 splits a few pairs, which audits as SCALE_SHARD_SPLIT warnings, and a
@@ -58,7 +61,7 @@ def balanced_mtp_last(tensors: Sequence[ExpectedTensor], n: int) -> list[int]:
     bigger than a shard's share."""
     main = [t for t in tensors if t.block != MTP]
     total = sum(t.nbytes or 0 for t in main)
-    cuts = n - 1
+    cuts = n - 1 if len(main) < len(tensors) else n  # no MTP layer (Kimi-K2.6): all n shards share the bytes
     out: list[int] = []
     pos, shard = 0, 1
     for t in tensors:
@@ -102,6 +105,8 @@ REPLICA_MODELS: dict[str, ReplicaModel] = {m.name: m for m in (
                  163, padded_name, balanced_mtp_last, None),
     ReplicaModel("deepseek-v32", "DeepSeek-V3.2 (with MTP)",
                  "deepseek-v32.config.json", 163, padded_name, balanced_mtp_last, None),
+    ReplicaModel("kimi-k2.6", "Kimi-K2.6 (kimi_k25: text, vision tower, projector; INT4 experts)",
+                 "kimi-k2.6.config.json", 64, padded_name, balanced_mtp_last, None),
 )}
 DEFAULT_MODEL = "kimi-k2-instruct"
 

@@ -240,7 +240,8 @@ class Builder:
                 dtype = "/".join(sorted({t.dtype for t in ts}))
             else:
                 layers = self.layers_of.get(block, [])
-                pattern = comp if not layers else ", ".join(collapse(f"{self.cfg.layer_prefix}{i}.{comp}" for i in layers))
+                prefix = self.cfg.layer_prefix
+                pattern = comp if not layers else ", ".join(collapse(f"{prefix}{i}.{comp}" for i in layers))
                 dtype = "/".join(sorted(dtypes.get(key, ())))
             rows.append(ExcludedRow(kind, pattern, dtype, d[0], len(ts), d[1], sum(t.numel for t in ts)))
         return tuple(rows)
