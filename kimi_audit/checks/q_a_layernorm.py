@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress, count
+from operator import methodcaller
 
 from kimi_audit.format.table import TensorLookup
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
@@ -73,8 +75,8 @@ def q_a_layernorm_report(cfg: ModelConfig, actual: TensorLookup,
     rows = []
     named: dict[int | None, str] = {}
     if expected is not None:
-        suffix = "." + COMPONENT
-        named = {expected.layer_of[p]: n for p, n in enumerate(expected.names) if n.endswith(suffix)}
+        at = compress(count(), map(methodcaller("endswith", "." + COMPONENT), expected.names))
+        named = {expected.layer_of[p]: expected.names[p] for p in at}
     for layer in range(cfg.total_layers):
         name = named.get(layer, f"{cfg.layer_prefix}{layer}.{COMPONENT}")
         found = actual.get(name)

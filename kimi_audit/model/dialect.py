@@ -5,7 +5,9 @@ is audited against the canonical names, so the respelled tensors are findings (m
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
+from itertools import chain, islice
+from operator import methodcaller
 
 from kimi_audit.findings import Finding, info
 from kimi_audit.model.arch.registry import dialects
@@ -21,21 +23,34 @@ def respelled(layout: ExpectedLayout, dialect: Dialect) -> ExpectedLayout:
 
 
 def resolve_dialect(cfg: ModelConfig, layout: ExpectedLayout,
-                    stored: Iterable[str]) -> tuple[ExpectedLayout, list[Finding]]:
-    """The layout in the spelling the stored names use, and the finding that names a dialect."""
+                    stored: Iterable[Container[str]]) -> tuple[ExpectedLayout, list[Finding]]:
+    """The layout in the spelling the stored names use, and the finding that names a dialect.
+
+    Decided by probes: for each of the dialect's renames, the first layout name it applies to, looked up in
+    both spellings among `stored` (each shard's names): a few lookups, not one per name. A checkpoint judged
+    to be in a dialect that still holds some names in the release's spelling gets them as findings."""
     known = dialects(cfg)
     if not known:
         return layout, []
-    names = set(stored)
+    shards = list(stored)
+
+    def has(name: str) -> bool:
+        return any(name in names for names in shards)
+
+    def first(prefix: str) -> str | None:
+        """The layout's first name under `prefix`: the layers come first, the rest (vision tower, projector)
+        last, so both ends are scanned first."""
+        ends = chain(islice(layout.names, 1000), reversed(layout.names))
+        return next(filter(methodcaller("startswith", prefix), ends), None)
+
     for dialect in known:
-        moved = [(n, r) for n, r in zip(layout.names, map(dialect.rename, layout.names)) if n != r]
-        canonical = sum(1 for n, _ in moved if n in names)
-        spelled = sum(1 for _, r in moved if r in names)
-        if spelled and not canonical:
+        probes = [first(canonical) for canonical, _ in dialect.renames]
+        pairs = [(n, dialect.rename(n)) for n in probes if n is not None]
+        if any(has(r) for _, r in pairs) and not any(has(n) for n, _ in pairs):
             renames = "; ".join(f"{c}* as {d}*" for c, d in dialect.renames)
             return respelled(layout, dialect), [info(
                 "LAYOUT_DIALECT", f"the checkpoint names its tensors in the {dialect.name} dialect ({renames}): "
                 f"audited against the same layout so spelled. The release's names are canonical; vLLM and "
-                f"SGLang load those ({dialect.note})", tensor=moved[0][1], expected=moved[0][0],
-                actual=moved[0][1])]
+                f"SGLang load those ({dialect.note})", tensor=pairs[0][1], expected=pairs[0][0],
+                actual=pairs[0][1])]
     return layout, []
