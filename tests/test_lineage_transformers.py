@@ -296,3 +296,18 @@ def test_absent_shard_is_named(saved: dict[str, tuple[Path, int]], tmp_path: Pat
     report = audit(dst)
     assert "INDEX_SHARD_ABSENT" in {c for c, _ in codes(report)}
     assert report.exit_code() == 1
+
+
+def test_glm_config_defaults_are_transformers() -> None:
+    """An absent key of a glm_moe_dsa config means GlmMoeDsaConfig's default: no MTP layer declared, an
+    indexer of 32 heads x 128; layers sharing an indexer ("shared") are refused, not misread."""
+    from kimi_audit.errors import ConfigError
+    from kimi_audit.model.config import model_config_from_dict
+
+    base = {"model_type": "glm_moe_dsa", **{k: v for k, v in TEXT.items() if k != "tie_word_embeddings"}}
+    cfg = model_config_from_dict(base)
+    d = GlmMoeDsaConfig()
+    assert (cfg.num_nextn_predict_layers, cfg.index_n_heads, cfg.index_head_dim) == (0, d.index_n_heads,
+                                                                                      d.index_head_dim)
+    with pytest.raises(ConfigError, match="shared"):
+        model_config_from_dict({**base, "indexer_types": ["full", "shared", "full"]})

@@ -88,8 +88,8 @@ class ModelBuilder(Builder):
             note = "Not in next-token inference: excluded from the activated parameters."
             node = self.group(pre, "mtp", title, children, mult, role="mtp_blocks", note=note)
             if node.found_tensors == 0 and self.params:  # declared, none stored (as transformers writes it)
-                return absent(node, "Declared by config.json (num_nextn_predict_layers), not one tensor stored "
-                                    "(MTP_ABSENT): left out of the totals.")
+                return absent(node, "Declared by config.json (num_nextn_predict_layers), not one tensor stored: "
+                                    "left out of the totals.")
             return node
         return self.group(pre, block, f"{mult[0][0]} {mult[0][1]}", children, mult, role=f"{block}_blocks")
 
