@@ -133,8 +133,9 @@ def test_an_f16_fp8_scale_is_accepted_with_a_warning(tmp_path):
 def test_scale_in_another_shard_than_its_weight(tmp_path):
     scale = L1 + "self_attn.q_a_proj.weight_scale_inv"
     r = audit(mutated(tmp_path, lambda s: s[S3].__setitem__(scale, s[S2].pop(scale))))
-    assert found(r, "SCALE_SHARD_SPLIT") == [(scale, "warning")]
-    assert r.exit_code() == 0
+    # info (issue 23): the published DeepSeek-V3 does it, its loaders cope
+    assert found(r, "SCALE_SHARD_SPLIT") == [(scale, "info")]
+    assert r.exit_code() == 0 and r.exit_code("warning") == 0
 
 
 def test_fp8_weight_the_layout_does_not_expect_and_has_no_scale(tmp_path):

@@ -186,3 +186,24 @@ def test_full_scale_kimi_k26_replica(tmp_path: Path) -> None:
     assert r.stats.tensors == 208_550  # snapshot: 208,611 in the layout less 61 optional rotary buffers
     assert r.stats.parameters == 1_026_879_376_368  # snapshot: Kimi-K2's 1,026,408,232,448 + vision 471,143,920
     assert round(r.stats.payload_bytes / 1e9) == 595
+
+
+def test_a_dialect_quantization_lists_its_ignores_in_the_dialect(tmp_path: Path) -> None:
+    """A quantization of transformers' re-save lists exact `ignore` module names in the saved spelling
+    (family.md): read as the release's names, the same modules stay unquantized."""
+    from kimi_audit.model.arch.kimi_k25 import TRANSFORMERS
+
+    config = tiny_config(quant_in_text=False)
+    layout = expected_layout(model_config_from_dict(config))
+    plain_modules = sorted({n.rpartition(".")[0] for n in layout if n.endswith(".weight") and layout[n].scheme
+                            and layout[n].kind != PACKED})
+    exact = {**config["quantization_config"], "ignore": plain_modules}
+    canonical = build(tmp_path / "canonical", {**config, "quantization_config": exact})
+    assert [f.code for f in audit(canonical).findings] == []
+    names = json.loads((canonical / "model.safetensors.index.json").read_text())["weight_map"]
+    spelled = rewrite(canonical, tmp_path / "spelled", {n: TRANSFORMERS.rename(n) for n in names
+                                                         if TRANSFORMERS.rename(n) != n})
+    q = {**exact, "ignore": [TRANSFORMERS.rename(m) for m in plain_modules]}
+    assert any(".blocks." in m for m in q["ignore"])
+    (spelled / "config.json").write_text(json.dumps({**config, "quantization_config": q}))
+    assert [(f.severity.value, f.code) for f in audit(spelled).findings] == [("info", "LAYOUT_DIALECT")]

@@ -149,9 +149,10 @@ def scale_pair_finding(scale: str, weight: str, scale_shard: str, weight_shard: 
     if weight_shard is None:
         return error("SCALE_ORPHAN", f"{scale}: quantization metadata without its weight {weight}", tensor=scale,
                      shard=scale_shard)
-    return warning("SCALE_SHARD_SPLIT", f"{scale} is in {scale_shard} but its weight is in "
-                   f"{weight_shard}; tools that convert one shard at a time miss it",
-                   tensor=scale, shard=scale_shard, expected=weight_shard, actual=scale_shard)
+    # info (issue 23): the published DeepSeek-V3 itself splits pairs, and its loaders pair through the index
+    return info("SCALE_SHARD_SPLIT", f"{scale} is in {scale_shard} but its weight is in "
+                f"{weight_shard}; loaders pair them through the index, tools that convert one shard at a time "
+                "miss it", tensor=scale, shard=scale_shard, expected=weight_shard, actual=scale_shard)
 
 
 def _scale_shard_findings(actual: TensorTable, expected: ExpectedLayout, positions: list[int | None]) -> list[Finding]:

@@ -191,7 +191,8 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
     headers, failures = read_headers(source, shards, index, progress, expected)
     if expected is None:
         expected = expected_layout(config)
-    expected, dialect_findings = resolve_dialect(config, expected, [h.columns.names for h in headers.values()])
+    config, expected, dialect_findings = resolve_dialect(config, expected,
+                                                         [h.columns.names for h in headers.values()])
     findings += failures + dialect_findings
     return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
                       tuple(findings))

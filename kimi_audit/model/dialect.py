@@ -6,6 +6,7 @@ is audited against the canonical names, so the respelled tensors are findings (m
 from __future__ import annotations
 
 from collections.abc import Container, Iterable
+from dataclasses import replace
 from itertools import chain, islice
 from operator import methodcaller
 
@@ -13,7 +14,7 @@ from kimi_audit.findings import Finding, info
 from kimi_audit.model.arch.registry import dialects
 from kimi_audit.model.arch.spec import Dialect
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import ExpectedLayout
+from kimi_audit.model.layout import ExpectedLayout, expected_layout
 
 
 def respelled(layout: ExpectedLayout, dialect: Dialect) -> ExpectedLayout:
@@ -22,8 +23,18 @@ def respelled(layout: ExpectedLayout, dialect: Dialect) -> ExpectedLayout:
                           layout.meta_at, layout.meta_owner)
 
 
+def canonical_ignores(cfg: ModelConfig, dialect: Dialect) -> ModelConfig:
+    """The config with its quantization `ignore` names (exact module names) spelled as the release spells
+    them: a quantization of a dialect's checkpoint lists them in the dialect (`re:` patterns are kept)."""
+    q = cfg.quant
+    if q is None or not q.ignore_names:
+        return cfg
+    names = frozenset(map(dialect.canonical, q.ignore_names))
+    return cfg if names == q.ignore_names else replace(cfg, quant=replace(q, ignore_names=names))
+
+
 def resolve_dialect(cfg: ModelConfig, layout: ExpectedLayout,
-                    stored: Iterable[Container[str]]) -> tuple[ExpectedLayout, list[Finding]]:
+                    stored: Iterable[Container[str]]) -> tuple[ModelConfig, ExpectedLayout, list[Finding]]:
     """The layout in the spelling the stored names use, and the finding that names a dialect.
 
     Decided by probes: for each of the dialect's renames, the first layout name it applies to, looked up in
@@ -31,7 +42,7 @@ def resolve_dialect(cfg: ModelConfig, layout: ExpectedLayout,
     to be in a dialect that still holds some names in the release's spelling gets them as findings."""
     known = dialects(cfg)
     if not known:
-        return layout, []
+        return cfg, layout, []
     shards = list(stored)
 
     def has(name: str) -> bool:
@@ -48,9 +59,12 @@ def resolve_dialect(cfg: ModelConfig, layout: ExpectedLayout,
         pairs = [(n, dialect.rename(n)) for n in probes if n is not None]
         if any(has(r) for _, r in pairs) and not any(has(n) for n, _ in pairs):
             renames = "; ".join(f"{c}* as {d}*" for c, d in dialect.renames)
-            return respelled(layout, dialect), [info(
+            spelled = canonical_ignores(cfg, dialect)
+            if spelled is not cfg:
+                cfg, layout = spelled, expected_layout(spelled)
+            return cfg, respelled(layout, dialect), [info(
                 "LAYOUT_DIALECT", f"the checkpoint names its tensors in the {dialect.name} dialect ({renames}): "
                 f"audited against the same layout so spelled. The release's names are canonical; vLLM and "
                 f"SGLang load those ({dialect.note})", tensor=pairs[0][1], expected=pairs[0][0],
                 actual=pairs[0][1])]
-    return layout, []
+    return cfg, layout, []

@@ -14,7 +14,7 @@ shard holds each tensor (facts from the releases; see model.replica for the writ
   kimi_audit/data/kimi-k2.6.config.json and kimi-k2.6.sources.md. No `rotary_emb.inv_freq` stored (not known).
 
 Every assignment keeps a weight and its quantization metadata (FP8 scale, INT4 group scale and shape) in
-one shard: the published DeepSeek-V3 splits a few pairs, which audits as SCALE_SHARD_SPLIT warnings, and a
+one shard: the published DeepSeek-V3 splits a few pairs, which audits as SCALE_SHARD_SPLIT infos, and a
 clean replica must audit clean.
 """
 

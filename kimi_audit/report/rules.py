@@ -163,8 +163,10 @@ RULES: dict[str, Rule] = {
                       "A weight_scale_inv that is not F32.", SCALE_HELP),
     "SCALE_SHAPE": Rule("error", "a scale with the wrong shape",
                       "A weight_scale_inv that is not [ceil(out/128), ceil(in/128)] for its weight.", SCALE_HELP),
-    "SCALE_SHARD_SPLIT": Rule("warning", "a scale in another shard than its weight (breaks per-shard converters)",
-                            "Converters that dequantize shard by shard do not find this scale.",
+    "SCALE_SHARD_SPLIT": Rule("info", "a scale in another shard than its weight (loaders cope; per-shard "
+                            "converters do not)",
+                            "The published DeepSeek-V3 itself does it and its loaders pair weight and scale through "
+                            "the index; converters that dequantize shard by shard do not find this scale.",
                             "Re-shard so that each weight_scale_inv sits in its weight's shard."),
     "BUFFER_DTYPE": Rule("warning", "a stored buffer (`rotary_emb.inv_freq`) of unexpected dtype",
                        "A stored buffer has an unexpected dtype; transformers recomputes it on load.", LAYOUT_HELP),

@@ -154,3 +154,10 @@ class Dialect:
             if name.startswith(canonical):
                 return spelled + name[len(canonical):]
         return name
+
+    def canonical(self, name: str) -> str:
+        """A name in the dialect's spelling as the release spells it (rename's inverse)."""
+        for canonical, spelled in self.renames:
+            if name.startswith(spelled):
+                return canonical + name[len(spelled):]
+        return name
