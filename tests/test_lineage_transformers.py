@@ -118,6 +118,8 @@ def test_save_pretrained_audits_clean_with_the_same_total(saved: dict[str, tuple
     assert infos <= {"ROUTER_DTYPE", "WRITER_DTYPE", "LAYOUT_DIALECT"} and "ROUTER_DTYPE" in infos
     assert ("LAYOUT_DIALECT" in infos) == (arch == "kimi_k25")
     assert report.stats.parameters == parameters
+    # each layer's query-latent gain is found, under the names the writer used (kimi_k25: its dialect)
+    assert all(row.ok for row in report.q_a_layernorm.rows if row.layer < TEXT["num_hidden_layers"])
     acc = accounting_of_checkpoint(load_checkpoint(LocalSource(d)))
     assert acc.found == acc.derived == parameters and not acc.mismatch
     result = CliRunner().invoke(app, ["params", str(d), "--no-progress"])

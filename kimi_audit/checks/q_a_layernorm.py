@@ -73,12 +73,14 @@ def q_a_layernorm_report(cfg: ModelConfig, actual: TensorLookup,
         return QALayerNormReport(None, (), ())
     want = (cfg.q_lora_rank,)
     rows = []
-    named: dict[int | None, str] = {}
-    if expected is not None:
-        at = compress(count(), map(methodcaller("endswith", "." + COMPONENT), expected.names))
-        named = {expected.layer_of[p]: expected.names[p] for p in at}
+    named: dict[int | None, str] | None = None
     for layer in range(cfg.total_layers):
-        name = named.get(layer, f"{cfg.layer_prefix}{layer}.{COMPONENT}")
+        name = f"{cfg.layer_prefix}{layer}.{COMPONENT}"
+        if expected is not None and name not in expected:  # the layout in a dialect: its names, found once
+            if named is None:
+                at = compress(count(), map(methodcaller("endswith", "." + COMPONENT), expected.names))
+                named = {expected.layer_of[p]: expected.names[p] for p in at}
+            name = named.get(layer, name)
         found = actual.get(name)
         block = layer_block(cfg, layer)
         if found is None:
