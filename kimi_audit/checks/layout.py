@@ -182,12 +182,12 @@ def _missing(
 ) -> list[Finding]:
     """Expected tensors in no shard. A scale whose weight is missing too is the weight's finding."""
     out: list[Finding] = []
-    present = set(positions)
-    for p in range(len(expected)):
-        if p in present or p in covered:
-            continue
+    # the absent positions by set difference (builtin speed): a checkpoint without the optional buffers
+    # (DeepSeek-V3, Kimi-K2.6) lacks a few dozen of 200,000 names, no reason to visit every position
+    absent = set(range(len(expected))).difference(positions)
+    for p in sorted(absent.difference(covered)):
         e = expected.entry(p)
-        if e.kind == BUFFER or (e.owner and p - e.owner not in present):
+        if e.kind == BUFFER or (e.owner and p - e.owner in absent):
             continue  # metadata of a missing tensor is that tensor's finding
         name, want = e.name, [e.dtype, list(e.shape)]
         if e.owner:
