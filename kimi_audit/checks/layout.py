@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from itertools import compress, count
+from itertools import compress, count, filterfalse
 from operator import ne, or_, sub
 from typing import NamedTuple
 
@@ -184,7 +184,7 @@ def _missing(
     out: list[Finding] = []
     # the absent positions by set difference (builtin speed): a checkpoint without the optional buffers
     # (DeepSeek-V3, Kimi-K2.6) lacks a few dozen of 200,000 names, no reason to visit every position
-    absent = set(range(len(expected))).difference(positions)
+    absent = set(filterfalse(set(positions).__contains__, range(len(expected))))
     for p in sorted(absent.difference(covered)):
         e = expected.entry(p)
         if e.kind == BUFFER or (e.owner and p - e.owner in absent):
