@@ -28,10 +28,12 @@ remote: `kimi-audit audit moonshotai/Kimi-K2-Instruct --json` (the pinned revisi
   is config.json + index + every shard's 8 + N header bytes.
   Targets, idle and loaded: audit <= 0.5x the hf script's wall; the audit's requests and bytes as
   today: <= 64 requests, <= 1.02x needed (the worst run of each counts).
-family: `kimi-audit audit THINKING --json` against `kimi-audit audit INSTRUCT --json`, both full-scale
-  replicas (Kimi-K2-Thinking's 62 INT4 shards, 208,276 tensors, built in a temp dir; Kimi-K2-Instruct's as
-  for local). Target: Thinking's wall <= 1.6x Instruct's. And `kimi-audit audit V4FLASH --json`, the
-  DeepSeek-V4-Flash replica (46 BF16 shards, 34,225 tensors, built in a temp dir). Target: <= 1.0x Instruct's.
+family: `kimi-audit audit THINKING --json` and `kimi-audit audit K2.6 --json` against `kimi-audit audit
+  INSTRUCT --json`, all full-scale replicas (Kimi-K2-Thinking's 62 INT4 shards, 208,276 tensors, and
+  Kimi-K2.6's 64 (kimi_k25: vision tower and projector beside the INT4 text model), 208,550 tensors, built in
+  a temp dir; Kimi-K2-Instruct's as for local). Targets: Thinking's wall and K2.6's <= 1.6x Instruct's. And
+  `kimi-audit audit V4FLASH --json`, the DeepSeek-V4-Flash replica (46 BF16 shards, 34,225 tensors, built in a
+  temp dir). Target: <= 1.0x Instruct's.
 It is a benchmark, not a test: nothing is asserted; each target is shown PASS or MISS.
 """
 
@@ -384,21 +386,30 @@ def bench_family(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dic
     thinking = build_replica(tmp / "thinking", model="kimi-k2-thinking").resolve()
     v4 = build_replica(tmp / "v4-flash", model="deepseek-v4-flash").resolve()
     built = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    k26 = build_replica(tmp / "k26", model="kimi-k2.6").resolve()
+    built_k26 = time.perf_counter() - t0
     env = base_env()
     py = sys.executable
     think = Cmd("audit Kimi-K2-Thinking --json", [py, "-m", "kimi_audit", "audit", str(thinking), "--json"], env)
+    k26_cmd = Cmd("audit Kimi-K2.6 --json", [py, "-m", "kimi_audit", "audit", str(k26), "--json"], env)
     inst = Cmd("audit Kimi-K2-Instruct --json", [py, "-m", "kimi_audit", "audit", str(replica), "--json"], env)
     flash = Cmd("audit DeepSeek-V4-Flash --json", [py, "-m", "kimi_audit", "audit", str(v4), "--json"], env)
-    cmds = [think, inst, flash]
+    cmds = [think, k26_cmd, inst, flash]
     alternate(cmds, repeats, tmp)
     r = think.median_wall() / inst.median_wall()
+    r26 = k26_cmd.median_wall() / inst.median_wall()
     r4 = flash.median_wall() / inst.median_wall()
     targets = [Target("Thinking (208,276 tensors) wall <= 1.6x Instruct's (139,644)", f"{r:.2f}x", r <= 1.6),
+               Target("Kimi-K2.6 (208,550 tensors, kimi_k25) wall <= 1.6x Instruct's", f"{r26:.2f}x", r26 <= 1.6),
                Target("DeepSeek-V4-Flash (34,225 tensors) wall <= 1.0x Instruct's", f"{r4:.2f}x", r4 <= 1.0)]
-    lines = [f"built the Kimi-K2-Thinking and DeepSeek-V4-Flash replicas in {built:.0f} s: {thinking}, {v4}"]
+    lines = [f"built the Kimi-K2-Thinking and DeepSeek-V4-Flash replicas in {built:.0f} s: {thinking}, {v4}",
+             f"built the Kimi-K2.6 replica in {built_k26:.0f} s: {k26}"]
     lines += table(f"family, full-scale replicas: medians of {repeats} alternating runs", cmds, targets)
     lines.append(f"  ratios Thinking / Instruct: wall {r:.2f}x, CPU {think.median_cpu() / inst.median_cpu():.2f}x, "
                  f"RSS {think.median_rss() / inst.median_rss():.2f}x")
+    lines.append(f"  ratios K2.6 / Instruct: wall {r26:.2f}x, CPU {k26_cmd.median_cpu() / inst.median_cpu():.2f}x, "
+                 f"RSS {k26_cmd.median_rss() / inst.median_rss():.2f}x")
     lines.append(f"  ratios V4-Flash / Instruct: wall {r4:.2f}x, CPU {flash.median_cpu() / inst.median_cpu():.2f}x, "
                  f"RSS {flash.median_rss() / inst.median_rss():.2f}x")
     return lines, _json_group(cmds, targets)

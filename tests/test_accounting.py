@@ -148,15 +148,27 @@ def test_missing_and_wrong_dtype_tensors_are_flagged(tmp_path):
     def mutate(s):
         s[S2].pop("model.layers.1.mlp.experts.3.up_proj.weight")
         s[S2].pop("model.layers.1.mlp.experts.3.up_proj.weight_scale_inv")
+        # F16 in a BF16 checkpoint: no writer variance explains it (F32 or the config's dtype would: WRITER_DTYPE)
         s[S2]["model.layers.2.self_attn.kv_a_layernorm.weight"] = \
-            s[S2]["model.layers.2.self_attn.kv_a_layernorm.weight"].astype(np.float32)
+            s[S2]["model.layers.2.self_attn.kv_a_layernorm.weight"].astype(np.float16)
     acc = acc_of(mutated(tmp_path, mutate))
     up = acc.node("blocks.moe.experts.up_proj")
     assert up.found_tensors == up.derived_tensors - 1 and up.found == up.derived - up.per_instance
     kv = acc.node("blocks.moe.attention.kv_compression.kv_a_layernorm")
     assert kv.found == kv.derived and not kv.dtype_ok and kv.own_mismatch
     assert {n.key for _, n in acc.root.walk() if n.own_mismatch} == {up.key, kv.key}
-    assert {r.dtype: r.found for r in acc.dtypes}["F32"] > {r.dtype: r.derived for r in acc.dtypes}["F32"]
+    assert {r.dtype: r.found for r in acc.dtypes}["F16"] > {r.dtype: r.derived for r in acc.dtypes}["F16"]
+
+
+def test_a_norm_kept_in_float32_is_writer_variance(tmp_path):
+    """A gain stored F32 in a BF16 checkpoint (a writer that keeps norms in float32): counted, not flagged, in
+    params as in audit (WRITER_DTYPE, info)."""
+    def mutate(s):
+        s[S2]["model.layers.2.self_attn.kv_a_layernorm.weight"] = \
+            s[S2]["model.layers.2.self_attn.kv_a_layernorm.weight"].astype(np.float32)
+    acc = acc_of(mutated(tmp_path, mutate))
+    kv = acc.node("blocks.moe.attention.kv_compression.kv_a_layernorm")
+    assert kv.found == kv.derived and kv.dtype_ok and not acc.mismatch
 
 
 def test_extra_expert_and_unknown_tensor_are_flagged(tmp_path):
@@ -385,7 +397,8 @@ def test_deepseek_v3_mtp_is_its_own_node():
     assert a.per_token == V3_MAIN_ONLY - routed + routed * cfg.num_experts_per_tok // cfg.n_routed_experts
     # totals on a full-scale replica (family.md): tensors and elements, scales included, buffers not
     meta = [r for r in acc.excluded if r.kind == SCALE]
-    buffers = sum(r.derived_elements for r in acc.excluded if r.kind == BUFFER)
+    # buffers are optional: the stored totals count those stored, on both sides
+    buffers = sum(r.found_elements for r in acc.excluded if r.kind == BUFFER)
     assert acc.root.derived_tensors + sum(r.derived_tensors for r in meta) == V3_TENSORS_WITHOUT_BUFFERS
     assert sum(r.derived for r in acc.stored) - buffers == V3_ELEMENTS_WITH_SCALES
     doc = accounting_dict(acc)
@@ -408,5 +421,6 @@ def test_deepseek_v32_indexer_and_f32_gains():
                 "mtp.mtp_head.enorm", "norm"):
         assert {p.dtype for p in acc.node(key).parts} == {"F32"}, key
         assert {t.dtype for t in acc.node(key).tensors} == {"F32"}, key
-    buffers = sum(r.derived_elements for r in acc.excluded if r.kind == BUFFER)
+    # buffers are optional: the stored totals count those stored, on both sides
+    buffers = sum(r.found_elements for r in acc.excluded if r.kind == BUFFER)
     assert sum(r.derived for r in acc.stored) - buffers == V32_ELEMENTS_WITH_SCALES

@@ -15,12 +15,10 @@ from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_rep
 from kimi_audit.checks.quantization import quantization_findings
 from kimi_audit.checks.root_causes import attribute, covered, fold_quantization, fold_undescribed
 from kimi_audit.checks.stats import Stats, compute_stats
-from kimi_audit.findings import Finding, Severity, info, warning
+from kimi_audit.findings import Finding, Severity, warning
 from kimi_audit.format.table import tensor_table
-from kimi_audit.model.arch.registry import dialects
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
-from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.layout import layer_block
 from kimi_audit.sources.base import Source
 
@@ -111,13 +109,6 @@ def layout_unsupported(ckpt: Checkpoint) -> Finding:
                    actual=raw.get("model_type"))
 
 
-def dialect_finding(cfg: ModelConfig) -> Finding:
-    """One info naming the spelling a whole checkpoint's tensor names follow, when not the release's own."""
-    return info("LAYOUT_DIALECT", f"the tensor names follow {dialects(cfg)[cfg.dialect]}, not the release's own: "
-                f"audited against the same {cfg.model_type} layout in that spelling", tensor="model_type",
-                actual=cfg.dialect)
-
-
 def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
     expected = ckpt.expected
     all_findings: list[Finding] = list(ckpt.findings)
@@ -130,13 +121,11 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
     aligned = align(actual, expected)
     all_findings.extend(duplicates)
     cov = covered(ckpt, expected, aligned.positions)
-    if cfg.dialect:
-        all_findings.append(dialect_finding(cfg))
     if cfg.layout_supported:
         stored = Counter(actual.dtypes) if cfg.quant is None else None
         all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
         all_findings.extend(cov.extra)
-        all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything))
+        all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything, cfg.dtype))
     else:
         all_findings.append(layout_unsupported(ckpt))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards))
@@ -153,7 +142,7 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         revision=ckpt.revision,
         model=model_summary(ckpt),
         stats=stats,
-        q_a_layernorm=q_a_layernorm_report(ckpt.config, actual),
+        q_a_layernorm=q_a_layernorm_report(ckpt.config, actual, expected),
         shards=shards,
         findings=tuple(all_findings),
         absent_shards=len(set(listed) - set(ckpt.files)),

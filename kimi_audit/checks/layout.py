@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from itertools import compress, count
+from itertools import compress, count, filterfalse
 from operator import ne, or_, sub
 from typing import NamedTuple
 
@@ -54,11 +54,12 @@ def align(actual: TensorTable, expected: ExpectedLayout) -> Alignment:
 
 def layout_findings(
     actual: TensorTable, expected: ExpectedLayout, aligned: Alignment | None = None,
-    covered: set[int] | frozenset[int] = frozenset(), none_missing: bool = False,
+    covered: set[int] | frozenset[int] = frozenset(), none_missing: bool = False, config_dtype: str = "",
 ) -> list[Finding]:
     """Every tensor against the layout: missing, unexpected, of the wrong dtype or shape, scales apart
     from their weights. `covered`: positions a root cause explains (checks.root_causes), not reported
-    missing; `none_missing`: report nothing missing at all (no index and a shard unusable)."""
+    missing; `none_missing`: report nothing missing at all (no index and a shard unusable); `config_dtype`:
+    the weights' dtype config.json records (what explains a writer's float dtype, WRITER_DTYPE)."""
     out: list[Finding] = []
     if aligned is None:
         aligned = align(actual, expected)
@@ -72,7 +73,8 @@ def layout_findings(
         if p is None:
             out.extend(_unexpected(name, actual.dtypes[row], shard, actual, expected))
         elif p not in covered:  # (a payload size alone that differs is the format's SIZE_MISMATCH)
-            out.extend(mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, expected.entry(p)))
+            out.extend(mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, expected.entry(p),
+                                         config_dtype))
 
     out.extend(_scale_shard_findings(actual, expected, positions))
     return out
@@ -87,17 +89,18 @@ HALF = ("BF16", "F16")
 
 def router_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor) -> Finding | None:
     """The router stored in a float dtype other than the layout's, as transformers writes it: F32 gate
-    weights in a BF16/F16 checkpoint (kept F32 on load) are info; a BF16/F16 router bias (`.to(dtype)`
-    before saving) lost precision DeepSeek keeps, and is a warning. None for any other deviation."""
+    weights in a BF16/F16 checkpoint (kept F32 on load), or a BF16/F16 router bias (`.to(dtype)` before
+    saving: it lost precision DeepSeek keeps, which loaders upcast but cannot restore). Writer variance, not
+    a fault (issue 23): info. None for any other deviation."""
     if e.component not in ROUTER_F32:
         return None
     if dtype == "F32" and e.dtype in HALF:
         return info("ROUTER_DTYPE", f"{name}: stored F32 in a {e.dtype} checkpoint (transformers keeps the router "
                     "in float32 on load and saves it so)", tensor=name, shard=shard, expected=e.dtype, actual=dtype)
     if e.dtype == "F32" and dtype in HALF:
-        return warning("ROUTER_DTYPE", f"{name}: stored {dtype}, expected F32: the router's correction bias lost "
-                       "precision (loaders upcast it, the lost bits stay lost)", tensor=name, shard=shard,
-                       expected=e.dtype, actual=dtype)
+        return info("ROUTER_DTYPE", f"{name}: stored {dtype}, expected F32: the router's correction bias lost "
+                    "precision (loaders upcast it, the lost bits stay lost)", tensor=name, shard=shard,
+                    expected=e.dtype, actual=dtype)
     return None
 
 
@@ -108,10 +111,28 @@ def optional_buffer(e: ExpectedTensor) -> bool:
     return e.kind == BUFFER and role_of(e.name) == ROTARY_BUFFER
 
 
-def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str, e: ExpectedTensor) -> list[Finding]:
+FLOATS = ("F32", "BF16", "F16")
+
+
+def writer_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor, config_dtype: str) -> Finding | None:
+    """A norm's gain or a bias (a 1-D parameter outside the Linear weights) in another float dtype than the
+    release's, where config.json's dtype explains it (the writer cast it to the config's dtype, or kept it
+    in float32): writer variance, info (WRITER_DTYPE). None for any other deviation."""
+    if (e.kind != PARAMETER or e.scheme or len(e.shape) != 1 or e.dtype not in FLOATS
+            or dtype not in (config_dtype, "F32")):
+        return None
+    return info("WRITER_DTYPE", f"{name}: stored {dtype}, the release stores {e.dtype}: a writer that keeps the "
+                f"config's dtype ({config_dtype}) or float32 for it; loaders cast it", tensor=name, shard=shard,
+                expected=e.dtype, actual=dtype)
+
+
+def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str, e: ExpectedTensor,
+                      config_dtype: str = "") -> list[Finding]:
     """A stored tensor's dtype and shape against its expected entry."""
     out: list[Finding] = []
-    router = router_dtype(name, dtype, shard, e) if dtype != e.dtype else None
+    router = None
+    if dtype != e.dtype:
+        router = router_dtype(name, dtype, shard, e) or writer_dtype(name, dtype, shard, e, config_dtype)
     if router is not None:
         out.append(router)
         dtype = e.dtype  # reported above: the shape is still checked
@@ -137,9 +158,10 @@ def scale_pair_finding(scale: str, weight: str, scale_shard: str, weight_shard: 
     if weight_shard is None:
         return error("SCALE_ORPHAN", f"{scale}: quantization metadata without its weight {weight}", tensor=scale,
                      shard=scale_shard)
-    return warning("SCALE_SHARD_SPLIT", f"{scale} is in {scale_shard} but its weight is in "
-                   f"{weight_shard}; tools that convert one shard at a time miss it",
-                   tensor=scale, shard=scale_shard, expected=weight_shard, actual=scale_shard)
+    # info (issue 23): the published DeepSeek-V3 itself splits pairs, and its loaders pair through the index
+    return info("SCALE_SHARD_SPLIT", f"{scale} is in {scale_shard} but its weight is in "
+                f"{weight_shard}; loaders pair them through the index, tools that convert one shard at a time "
+                "miss it", tensor=scale, shard=scale_shard, expected=weight_shard, actual=scale_shard)
 
 
 def _scale_shard_findings(actual: TensorTable, expected: ExpectedLayout, positions: list[int | None]) -> list[Finding]:
@@ -169,12 +191,12 @@ def _missing(
 ) -> list[Finding]:
     """Expected tensors in no shard. A scale whose weight is missing too is the weight's finding."""
     out: list[Finding] = []
-    present = set(positions)
-    for p in range(len(expected)):
-        if p in present or p in covered:
-            continue
+    # the absent positions by set difference (builtin speed): a checkpoint without the optional buffers
+    # (DeepSeek-V3, Kimi-K2.6) lacks a few dozen of 200,000 names, no reason to visit every position
+    absent = set(filterfalse(set(positions).__contains__, range(len(expected))))
+    for p in sorted(absent.difference(covered)):
         e = expected.entry(p)
-        if optional_buffer(e) or (e.owner and p - e.owner not in present):
+        if optional_buffer(e) or (e.owner and p - e.owner in absent):
             continue  # metadata of a missing tensor is that tensor's finding
         name, want = e.name, [e.dtype, list(e.shape)]
         if e.owner:

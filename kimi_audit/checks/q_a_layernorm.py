@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress, count
+from operator import methodcaller
 
 from kimi_audit.format.table import TensorLookup
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.layout import layer_block
+from kimi_audit.model.layout import ExpectedLayout, layer_block
 
 COMPONENT = "self_attn.q_a_layernorm.weight"
 
@@ -64,13 +66,21 @@ class QALayerNormReport:
         return all(r.ok for r in self.rows)
 
 
-def q_a_layernorm_report(cfg: ModelConfig, actual: TensorLookup) -> QALayerNormReport:
+def q_a_layernorm_report(cfg: ModelConfig, actual: TensorLookup,
+                         expected: ExpectedLayout | None = None) -> QALayerNormReport:
+    """Every layer's gain; named as `expected` (the layout in the checkpoint's dialect) names it."""
     if cfg.q_lora_rank is None or cfg.layer_kinds:  # the DeepseekV3 family's gain (not deepseek_v4, kimi_linear)
         return QALayerNormReport(None, (), ())
     want = (cfg.q_lora_rank,)
     rows = []
+    named: dict[int | None, str] | None = None
     for layer in range(cfg.total_layers):
-        name = f"model.layers.{layer}.{COMPONENT}"
+        name = f"{cfg.layer_prefix}{layer}.{COMPONENT}"
+        if expected is not None and name not in expected:  # the layout in a dialect: its names, found once
+            if named is None:
+                at = compress(count(), map(methodcaller("endswith", "." + COMPONENT), expected.names))
+                named = {expected.layer_of[p]: expected.names[p] for p in at}
+            name = named.get(layer, name)
         found = actual.get(name)
         block = layer_block(cfg, layer)
         if found is None:

@@ -85,9 +85,9 @@ def _mtp(ckpt: Checkpoint, expected: ExpectedLayout, positions: list[int | None]
     layers = ", ".join(str(n) for n in range(first, first + cfg.num_nextn_predict_layers))
     out.extra.append(warning(
         "MTP_ABSENT", f"config.json declares num_nextn_predict_layers = {cfg.num_nextn_predict_layers}, but no "
-        f"tensor of the multi-token-prediction layer (model.layers.{layers}) is stored: {len(mtp):,} tensors. "
+        f"tensor of the multi-token-prediction layer ({cfg.layer_prefix}{layers}) is stored: {len(mtp):,} tensors. "
         "transformers drops that layer on load and never saves it; speculative decoding with it is not possible",
-        tensor=f"model.layers.{first}", expected=len(mtp), actual=0, covers=len(mtp)))
+        tensor=f"{cfg.layer_prefix}{first}", expected=len(mtp), actual=0, covers=len(mtp)))
     out.positions |= mtp
 
 

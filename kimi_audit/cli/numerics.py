@@ -107,7 +107,7 @@ def rmsnorm(
     if from_embeddings is not None:
         ids = _parse_token_ids(from_embeddings)
         check_input_memory((1, len(ids), max(width, cfg.hidden_size)), len(layers))
-        emb, _, _ = fetch.read_rows(EMBED, ids)
+        emb, _, _ = fetch.read_rows(cfg.prefix + EMBED, ids)
         shared_x = None
         input_desc: dict[str, Any] = {"kind": "embeddings", "token_ids": ids, "shape": [1, len(ids), width]}
     elif input_file is not None:
@@ -120,7 +120,7 @@ def rmsnorm(
 
     results: list[LayerResult] = []
     for n in layers:
-        name = f"model.layers.{n}.{Q_A_LAYERNORM}"
+        name = f"{cfg.layer_prefix}{n}.{Q_A_LAYERNORM}"
         gain, t, shard = fetch.read(name)
         if t.shape != (width,):
             raise KimiAuditError(f"{name} has shape {list(t.shape)}, expected [{width}]")

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from kimi_audit.checks.audit import audit_checkpoint
 from kimi_audit.cli.application import app, shard_progress, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.model.accounting.account import accounting_of_checkpoint
@@ -45,12 +46,13 @@ def params(
     """Print the parameter accounting tree, derived from config.json and found in the tensors.
 
     Each component's count derived from config.json, next to the count found in the checkpoint's
-    tensors, with the formula. Exit 1 when any node mismatches.
+    tensors, with the formula. Exits as `audit` does on the same checkpoint: 1 when its audit finds an error
+    (every mismatching node is one), else 0.
     """
     from kimi_audit.cli.ci import choose_format, emit
 
     out_format = choose_format(fmt, as_json, ("table", "json", "html"))
-    _ckpt, acc = _load(source, revision, progress)
+    ckpt, acc = _load(source, revision, progress)
     if out_format == "table" and output is None:
         render_params(acc, stdout, depth)
     elif out_format == "html":
@@ -63,7 +65,7 @@ def params(
         buf = io.StringIO()
         render_params(acc, Console(file=buf, width=120, color_system=None, soft_wrap=False), depth)
         emit(buf.getvalue(), output)
-    raise typer.Exit(1 if acc.mismatch else 0)
+    raise typer.Exit(audit_checkpoint(ckpt).exit_code())
 
 
 @app.command()

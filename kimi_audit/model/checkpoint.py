@@ -8,7 +8,7 @@ size and the expected layout) and parsed here, one after another, as they arrive
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +26,8 @@ from kimi_audit.format.estimate import first_read_bytes
 from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header, parse_fetched
 from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
-from kimi_audit.model.arch.registry import with_dialect
 from kimi_audit.model.config import ModelConfig, parse_config_bytes
+from kimi_audit.model.dialect import resolve_dialect
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.sources.base import Source
 
@@ -47,7 +47,8 @@ class Checkpoint:
     config: ModelConfig
     index: IndexFile | None
     expected: ExpectedLayout
-    """The layout config.json implies (layout.expected_layout)."""
+    """The layout config.json implies (layout.expected_layout), in the dialect the shards spell it in
+    (model.dialect)."""
     headers: dict[str, ShardHeader]
     """Shard name -> parsed header, for every shard that could be read, in natural order."""
     findings: tuple[Finding, ...]
@@ -160,14 +161,6 @@ def _names_by_shard(shards: list[str], index: IndexFile | None) -> dict[str, lis
     return out
 
 
-def _names(index: IndexFile | None, headers: dict[str, ShardHeader]) -> Iterator[str]:
-    """The tensor names the checkpoint holds: the index's, then each header's (what decides the dialect)."""
-    if index is not None:
-        yield from index.weight_map
-    for h in headers.values():
-        yield from h.columns.names
-
-
 def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Checkpoint:
     return _load(source, source.list_files(), source.remote, progress)
 
@@ -193,9 +186,10 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
     shards, shard_findings = shards_to_read(files, index)
     findings += shard_findings
     headers, failures = read_headers(source, shards, index, progress, expected)
-    named = with_dialect(config, _names(index, headers))
-    if expected is None or named is not config:
-        config, expected = named, expected_layout(named)
-    findings += failures
+    if expected is None:
+        expected = expected_layout(config)
+    config, expected, dialect_findings = resolve_dialect(config, expected,
+                                                         [h.columns.names for h in headers.values()])
+    findings += failures + dialect_findings
     return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
                       tuple(findings))

@@ -1,11 +1,12 @@
-"""The DeepseekV3-family config (Kimi-K2, DeepSeek-V3/R1) as the layout needs it."""
+"""The DeepseekV3-family config (Kimi-K2, DeepSeek-V3/R1, V3.2, GLM-5's glm_moe_dsa, and Kimi-K2.5/K2.6's
+kimi_k25: that text model under `language_model.` with a MoonViT vision tower) as the layout needs it."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
@@ -43,6 +44,36 @@ The dimensions (hidden_size, intermediate_size, kv_lora_rank, heads and head dim
 vocab_size) stay required: every writer records them, and a config without them is not one to audit against
 the 671B defaults; their absence is a ConfigError that names the key.
 """
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """kimi_k25's `vision_config` (MoonViT) and the projector's width: Kimi_K25VisionConfig in transformers
+    5.25, whose defaults are moonshotai/Kimi-K2.6's (its docstring's checkpoint)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    patch_size: int
+    pos_emb_height: int
+    pos_emb_width: int
+    merge_kernel: tuple[int, int]
+    projection_hidden_size: int
+    """The projector's LayerNorm width (`projection_hidden_size`); its Linear layers take
+    projection_hidden_size x the merge kernel's area."""
+
+    @property
+    def merged_size(self) -> int:
+        return self.projection_hidden_size * self.merge_kernel[0] * self.merge_kernel[1]
+
+
+VISION_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "patch_size": 14,
+    "pos_emb_height": 64, "pos_emb_width": 64, "merge_kernel_size": [2, 2],
+}
+"""Kimi_K25VisionConfig's defaults (transformers 5.25, models/kimi_k25/configuration_kimi_k25.py)."""
+PROJECTION_HIDDEN_DEFAULT = 1152
+"""Kimi_K25Config.projection_hidden_size's default (the same file)."""
 
 
 @dataclass(frozen=True)
@@ -89,12 +120,21 @@ class ModelConfig:
     dims: tuple[tuple[str, int], ...] = ()
     """Dimensions of an architecture beyond the DeepseekV3 ones (config key -> value), read by its description
     (model.arch); `dim(key)` reads one."""
-    dialect: str = ""
-    """The spelling of the tensor names, where an architecture knows more than one (model.arch.registry):
-    "" the release's own, else the name of the writer whose spelling the checkpoint uses (`transformers`)."""
+
+    prefix: str = ""
+    """Where the text model's names sit: "" (`model.layers.N.`), `language_model.` for kimi_k25."""
+    vision: VisionConfig | None = None
+    """kimi_k25's MoonViT vision tower and projector; None: a text-only model."""
+    layers_at: str = "model.layers."
+    """Where the decoder layers sit in the text model (`model.layers.`; DeepSeek-V4's release: `layers.`)."""
 
     def dim(self, key: str) -> int:
         return dict(self.dims)[key]
+
+    @property
+    def layer_prefix(self) -> str:
+        """What every decoder layer's names start with, before the layer index."""
+        return f"{self.prefix}{self.layers_at}"
 
     @property
     def q_head_dim(self) -> int:
@@ -176,8 +216,18 @@ def _default(cfg: dict[str, Any], key: str) -> Any:
     return cfg.get(key, REFERENCE_DEFAULTS[key])
 
 
-FAMILY_TYPES = frozenset(("deepseek_v3", "deepseek_v32", "kimi_k2"))
-FAMILY_ARCHITECTURES = frozenset(("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"))
+FAMILY_TYPES = frozenset(("deepseek_v3", "deepseek_v32", "kimi_k2", "glm_moe_dsa", "kimi_k25"))
+FAMILY_ARCHITECTURES = frozenset(("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
+                                  "KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"))
+INDEXER_TYPES = frozenset(("deepseek_v32", "glm_moe_dsa"))
+"""model_types with DeepSeek Sparse Attention's indexer in every layer."""
+GLM_DEFAULTS: dict[str, Any] = {"index_n_heads": 32, "index_head_dim": 128, "num_nextn_predict_layers": 0,
+                                "first_k_dense_replace": 3, "n_routed_experts": 256, "moe_intermediate_size": 2048,
+                                "q_lora_rank": 2048, "rms_norm_eps": 1e-5}
+"""What an absent key means in a glm_moe_dsa config: GlmMoeDsaConfig's defaults (transformers 5.25,
+models/glm_moe_dsa/configuration_glm_moe_dsa.py). It has no `num_nextn_predict_layers`: absent, none is
+declared (GLM-5's layer 78 is dropped on load, _keys_to_ignore_on_load_unexpected); no `topk_method` either
+(its router always holds e_score_correction_bias, noaux_tc)."""
 
 
 def in_family(cfg: dict[str, Any]) -> bool:
@@ -202,6 +252,40 @@ def unsupported_config(cfg: dict[str, Any]) -> ModelConfig:
         norm_dtype="BF16", layout_supported=False)
 
 
+def _vision(cfg: dict[str, Any]) -> VisionConfig:
+    raw = cfg.get("vision_config") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError("config.json vision_config is not an object")
+    v = {**VISION_DEFAULTS, **{k: raw[k] for k in VISION_DEFAULTS if k in raw}}
+    for key in VISION_DEFAULTS:
+        if key != "merge_kernel_size" and (type(v[key]) is not int or v[key] <= 0):
+            raise ConfigError(f"config.json vision_config.{key} must be a positive integer, got {v[key]!r}")
+    merge = v["merge_kernel_size"]
+    if not (isinstance(merge, list) and len(merge) == 2 and all(type(m) is int and m > 0 for m in merge)):
+        raise ConfigError(f"config.json vision_config.merge_kernel_size {merge!r} is not [rows, cols]")
+    proj = cfg.get("projection_hidden_size", PROJECTION_HIDDEN_DEFAULT)
+    if proj is None:
+        proj = v["hidden_size"]
+    if type(proj) is not int or proj <= 0:
+        raise ConfigError(f"config.json projection_hidden_size must be a positive integer, got {proj!r}")
+    return VisionConfig(v["hidden_size"], v["intermediate_size"], v["num_hidden_layers"], v["patch_size"],
+                        v["pos_emb_height"], v["pos_emb_width"], (merge[0], merge[1]), proj)
+
+
+def _kimi_k25(cfg: dict[str, Any]) -> ModelConfig:
+    """kimi_k25: the nested `text_config` is a DeepseekV3 config (Kimi-K2's); its `quantization_config` may
+    sit inside it or at the top (both are read; the top one wins), and so may the dtype."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError("config.json (kimi_k25) lacks a text_config object")
+    merged = {**text, "model_type": "deepseek_v3"}
+    for key in ("quantization_config", *DTYPE_KEYS):
+        if cfg.get(key) is not None:
+            merged[key] = cfg[key]
+    parsed = model_config_from_dict(merged)
+    return replace(parsed, model_type="kimi_k25", prefix="language_model.", vision=_vision(cfg))
+
+
 def model_config_from_dict(cfg: Any) -> ModelConfig:
     if not isinstance(cfg, dict):
         raise ConfigError("config.json is not a JSON object")
@@ -211,6 +295,11 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         return _lineage(cfg, reader)
     if not in_family(cfg):
         return unsupported_config(cfg)
+    if cfg.get("model_type") == "kimi_k25" or (
+            "model_type" not in cfg and "text_config" in cfg and "vision_config" in cfg):
+        return _kimi_k25(cfg)
+    if cfg.get("model_type") == "glm_moe_dsa":
+        cfg = {**GLM_DEFAULTS, **cfg}
     dtype = _weights_dtype(cfg)
     raw_quant = cfg.get("quantization_config")
     plan, unsupported = None, None
@@ -218,7 +307,10 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         plan = quant_plan(raw_quant, dtype)
     except UnsupportedQuantization as e:
         unsupported = str(e)
-    v32 = cfg.get("model_type") == "deepseek_v32"
+    v32 = cfg.get("model_type") in INDEXER_TYPES
+    if cfg.get("model_type") == "glm_moe_dsa" and any(t != "full" for t in cfg.get("indexer_types") or ()):
+        raise ConfigError("config.json indexer_types shares an indexer between layers ('shared'): this tool "
+                          "derives layouts with an indexer in every layer only")
     eps = _non_negative_float(cfg, "rms_norm_eps")
     moe_layer_freq = _int(cfg, "moe_layer_freq")
     if moe_layer_freq == 0:
@@ -259,7 +351,7 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         quant_unsupported=unsupported,
         index_n_heads=_int(cfg, "index_n_heads", optional=True) if v32 else None,
         index_head_dim=_int(cfg, "index_head_dim", optional=True) if v32 else None,
-        norm_dtype="F32" if v32 else dtype,
+        norm_dtype="F32" if cfg.get("model_type") == "deepseek_v32" else dtype,
     )
 
 

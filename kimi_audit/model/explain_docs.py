@@ -23,6 +23,7 @@ LINEAR_NOTE = ("nn.Linear without bias: y = x Wᵀ; its out × in parameters cou
 INDEXER_REF = "Indexer (DeepSeek-V3.2-Exp inference/model.py)"
 MLA_REF = "DeepseekV3Attention.__init__, modeling_deepseek.py 662–688"
 QUERY_REF = "DeepseekV3Attention.forward, modeling_deepseek.py 767–774"
+VISION_REF = "transformers 5.25 models/kimi_k25/modeling_kimi_k25.py"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class Doc:
     """cfg -> (inputs, outputs): each (symbol, "[axis, axis, ...]")."""
     code: str
     note: str = ""
+
+
+def _vw(c: ModelConfig) -> str:
+    return f"{c.vision.hidden_size} vision width" if c.vision is not None else "vision width"
 
 
 def _bt(*axes: str) -> str:
@@ -206,4 +211,47 @@ DOCS.update({
         ("w = x W_wᵀ / √(indexer heads)", "score = Σ_h w_h ReLU(q^I_h · k^I)"),
         lambda c: ([("x", _bt(_h(c)))], [("w", _bt(f"{c.index_n_heads} indexer heads"))]),
         INDEXER_REF, "nn.Linear without bias, left unquantized."),
+    # kimi_k25's MoonViT vision tower and projector (transformers 5.25 modeling_kimi_k25.py; release names)
+    "vision_patch_embed": Doc(
+        "self.proj(pixel_values)", "Cut the image into patch × patch squares and project each to the vision width "
+        "(a Conv2d whose stride is its kernel).", ("p = W * x + b",),
+        lambda c: ([("x", "[N patches, 3 RGB, patch, patch]")], [("p", f"[N patches, {_vw(c)} vision width]")]),
+        VISION_REF + " Kimi_K25VisionPatchEmbed"),
+    "vision_pos_emb": Doc(
+        "self.pos_emb(p, grid_thw)", "Add a learned 2-D position embedding, interpolated to the image's grid.",
+        ("p' = p + interp(P)[row, col]",),
+        lambda c: ([("p", f"[N patches, {_vw(c)} vision width]")], [("p'", f"[N patches, {_vw(c)} vision width]")]),
+        VISION_REF + " Kimi_K25VisionPositionEmbeddings"),
+    "vision_norm": Doc(
+        "nn.LayerNorm(x)", "LayerNorm (gain and bias) of the vision features.",
+        ("y = γ ⊙ (x − mean(x)) / √(var(x) + ε) + β",),
+        lambda c: ([("x", "[N patches, width]")], [("y", "[N patches, width]")]), VISION_REF),
+    "vision_wqkv": Doc(
+        "self.wqkv(x)", "Queries, keys and values of the vision attention in one Linear (with bias); transformers "
+        "splits it into q_proj, k_proj and v_proj on load.", ("[q; k; v] = x Wᵀ + b",),
+        lambda c: ([("x", f"[N patches, {_vw(c)}]")], [("qkv", f"[N patches, 3 × {_vw(c)}]")]),
+        VISION_REF + " Kimi_K25VisionAttention"),
+    "vision_wo": Doc(
+        "self.wo(attn)", "Project the attention output back to the vision width (with bias).", ("y = a Wᵀ + b",),
+        lambda c: ([("a", f"[N patches, {_vw(c)}]")], [("y", f"[N patches, {_vw(c)}]")]),
+        VISION_REF + " Kimi_K25VisionAttention.proj"),
+    "vision_fc0": Doc(
+        "self.fc0(x)", "The vision MLP's up-projection (with bias), before a tanh-approximated GELU.",
+        ("h = GELU(x Wᵀ + b)",),
+        lambda c: ([("x", f"[N patches, {_vw(c)}]")], [("h", "[N patches, vision MLP width]")]),
+        VISION_REF + " Kimi_K25VisionMLP.fc1"),
+    "vision_fc1": Doc(
+        "self.fc1(h)", "The vision MLP's down-projection (with bias).", ("y = h Wᵀ + b",),
+        lambda c: ([("h", "[N patches, vision MLP width]")], [("y", f"[N patches, {_vw(c)}]")]),
+        VISION_REF + " Kimi_K25VisionMLP.fc2"),
+    "projector_in": Doc(
+        "self.proj[0](merge(pre_norm(x)))", "Merge each 2 × 2 group of patches into one vector and project it "
+        "(with bias), before a GELU.", ("h = GELU(m Wᵀ + b)",),
+        lambda c: ([("m", "[N merged, merged width]")], [("h", "[N merged, merged width]")]),
+        VISION_REF + " Kimi_K25MultimodalProjection.in_proj"),
+    "projector_out": Doc(
+        "self.proj[2](h)", "Project the merged patches to the text model's hidden width: one image token each.",
+        ("t = h Wᵀ + b",),
+        lambda c: ([("h", "[N merged, merged width]")], [("t", f"[N merged, {c.hidden_size} hidden]")]),
+        VISION_REF + " Kimi_K25MultimodalProjection.out_proj"),
 })

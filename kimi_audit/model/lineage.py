@@ -127,6 +127,7 @@ def read_deepseek_v4(cfg: dict[str, Any]) -> Read:
         "num_hidden_layers": n, "n_routed_experts": g("n_routed_experts"), "n_shared_experts": g("n_shared_experts"),
         "num_experts_per_tok": g("num_experts_per_tok"), "vocab_size": g("vocab_size"),
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)), "rms_norm_eps": _eps(cfg, 1e-6),
+        "layers_at": "layers.",  # the release's names: `layers.N.`, `embed`, `norm`, `hc_head_*` (no `model.`)
     }
     dims = {k: g(k) for k in ("head_dim", "hc_mult", "o_groups", "o_lora_rank", "index_n_heads", "index_head_dim",
                               "num_nextn_predict_layers")}

@@ -12,9 +12,12 @@ shard holds each tensor (facts from the releases; see replica.build for the writ
 - deepseek-v4-flash: DeepSeek's names (`layers.N.attn.*`, `embed.weight`, `head.weight`), BF16, no MTP
   module, 46 shards of about equal bytes (Flash-Base's count, unconfirmed; the shard names as DeepSeek-V3's):
   the sources of its config and what it leaves out are in data/deepseek-v4-flash.sources.json.
+- kimi-k2.6: 64 shards `model-00001-of-000064.safetensors` (family.md); which tensor sits in which shard is not
+  published: the layout cut into 64 shards of about equal bytes. Config and its sources:
+  kimi_audit/data/kimi-k2.6.config.json and kimi-k2.6.sources.md. No `rotary_emb.inv_freq` stored (not known).
 
 Every assignment keeps a weight and its quantization metadata (FP8 scale, INT4 group scale and shape) in
-one shard: the published DeepSeek-V3 splits a few pairs, which audits as SCALE_SHARD_SPLIT warnings, and a
+one shard: the published DeepSeek-V3 splits a few pairs, which audits as SCALE_SHARD_SPLIT infos, and a
 clean replica must audit clean.
 """
 
@@ -107,6 +110,8 @@ REPLICA_MODELS: dict[str, ReplicaModel] = {m.name: m for m in (
                  "deepseek-v32.config.json", 163, padded_name, balanced_mtp_last, None),
     ReplicaModel("deepseek-v4-flash", "DeepSeek-V4-Flash (BF16, no MTP)", "deepseek-v4-flash.config.json",
                  46, padded_name, balanced_mtp_last, None),
+    ReplicaModel("kimi-k2.6", "Kimi-K2.6 (kimi_k25: text, vision tower, projector; INT4 experts)",
+                 "kimi-k2.6.config.json", 64, padded_name, balanced_mtp_last, None),
 )}
 DEFAULT_MODEL = "kimi-k2-instruct"
 

@@ -14,6 +14,8 @@ from kimi_audit.model.kinds import PARAMETER
 
 
 def _status(n: Node) -> Text:
+    if n.absent:
+        return Text("⚠ absent", style="yellow")
     if n.own_mismatch:
         return Text("✗ mismatch", style="bold red")
     if n.mismatch:
@@ -74,8 +76,11 @@ def render_params(acc: Accounting, console: Console, depth: int | None = None) -
     for x in acc.excluded:
         ok = x.derived_tensors == x.found_tensors
         count = f"{x.found_tensors:,}" if ok else f"{x.found_tensors:,} (derived {x.derived_tensors:,})"
+        # a buffer is optional (loaders recompute it): stored or not, never a mismatch
+        style = "" if ok else "dim" if x.kind == "buffer" else "bold red"
         ex.add_row(Text(f"{_KIND.get(x.kind, x.kind)} {x.dtype}"), Text(x.pattern),
-                   Text(count, style="" if ok else "bold red"), f"{x.found_elements:,}")
+                   Text(count + (" optional" if x.kind == "buffer" and not ok else ""), style=style),
+                   f"{x.found_elements:,}")
     for kind in ("scale", "buffer"):
         rows = [r for r in acc.excluded if r.kind == kind]
         if rows:
@@ -104,6 +109,11 @@ def render_params(acc: Accounting, console: Console, depth: int | None = None) -
             ct.add_row(cmp.source, f"{cmp.published_total / 1e12:g}T", _ratio(cmp.total_ratio, cmp.total_consistent),
                        f"{cmp.published_activated / 1e9:g}B", _ratio(cmp.activated_ratio, cmp.activated_consistent))
         console.print(ct)
+    for n in acc.root.children:
+        if n.absent:
+            console.print(Text(f"warning MTP_ABSENT: {n.title}: declared by config.json, not one of its "
+                               f"{n.derived_tensors:,} tensors stored ({n.derived:,} parameters left out of the "
+                               "total); transformers drops that layer on load and never saves it", style="yellow"))
     verdict = Text("MISMATCH", style="bold red") if acc.mismatch else Text("MATCH", style="bold green")
     console.print(Text.assemble(verdict, f"  total derived {acc.derived:,} · found {acc.found:,}"))
 
@@ -138,7 +148,7 @@ def accounting_dict(acc: Accounting, depth: int | None = None) -> dict[str, obje
             "derived": n.derived, "found": n.found, "derived_tensors": n.derived_tensors,
             "found_tensors": n.found_tensors, "per_instance": n.per_instance,
             "instances": [{"count": v, "of": label} for v, label in n.mult],
-            "mismatch": n.mismatch, "config_keys": list(n.config_keys),
+            "mismatch": n.mismatch, "absent": n.absent, "config_keys": list(n.config_keys),
             "by_dtype": _rows(n.by_dtype), "stored_by_dtype": _rows(n.stored),
         }
         if n.note:

@@ -142,11 +142,6 @@ RULES: dict[str, Rule] = {
                                "Only the format, index and file checks ran: no tensor was checked against a layout.",
                                "Point the audit at a DeepseekV3 / Kimi-K2 checkpoint, or read the other checks "
                                "only."),
-    "LAYOUT_DIALECT": Rule("info", "the tensor names follow a known writer's spelling, not the release's own",
-                           "The whole checkpoint names its tensors as a known writer does (transformers 5.x's "
-                           "save_pretrained for deepseek_v4 and kimi_linear): it is audited against the same layout "
-                           "in that spelling. A mixture of spellings is reported tensor by tensor.",
-                           "None needed; loaders that read only the release's spelling need the names converted."),
     "TENSORS_UNDESCRIBED": Rule("info", "tensors of a part of the release that the architecture's description "
                                 "leaves out: stored, not checked",
                                 "The release stores a part no source this tool reads describes (DeepSeek-V4's "
@@ -174,17 +169,34 @@ RULES: dict[str, Rule] = {
                       "A weight_scale_inv that is not F32.", SCALE_HELP),
     "SCALE_SHAPE": Rule("error", "a scale with the wrong shape",
                       "A weight_scale_inv that is not [ceil(out/128), ceil(in/128)] for its weight.", SCALE_HELP),
-    "SCALE_SHARD_SPLIT": Rule("warning", "a scale in another shard than its weight (breaks per-shard converters)",
-                            "Converters that dequantize shard by shard do not find this scale.",
+    "SCALE_SHARD_SPLIT": Rule("info", "a scale in another shard than its weight (loaders cope; per-shard "
+                            "converters do not)",
+                            "The published DeepSeek-V3 itself does it and its loaders pair weight and scale through "
+                            "the index; converters that dequantize shard by shard do not find this scale.",
                             "Re-shard so that each weight_scale_inv sits in its weight's shard."),
     "BUFFER_DTYPE": Rule("warning", "a stored buffer (`rotary_emb.inv_freq`) of unexpected dtype",
                        "A stored buffer has an unexpected dtype; transformers recomputes it on load.", LAYOUT_HELP),
     "BUFFER_SHAPE": Rule("warning", "a stored buffer (`rotary_emb.inv_freq`) of unexpected shape",
                        "A stored buffer has an unexpected shape; transformers recomputes it on load.", LAYOUT_HELP),
-    "ROUTER_DTYPE": Rule("warning", "a router tensor in another float dtype than the layout's",
-                         "F32 router weights in a BF16/F16 checkpoint (transformers keeps them F32 on load) are "
-                         "info; a BF16/F16 e_score_correction_bias lost the precision DeepSeek keeps, a warning.",
-                         "Store the router's correction bias in F32, from the original weights."),
+    "ROUTER_DTYPE": Rule("info", "a router tensor in another float dtype than the layout's (writer variance)",
+                         "F32 router weights in a BF16/F16 checkpoint (transformers keeps them F32 on load), or a "
+                         "BF16/F16 e_score_correction_bias (transformers casts it to the config's dtype; it lost "
+                         "the precision DeepSeek keeps, which loaders cannot restore).",
+                         "Store the router's correction bias in F32, from the original weights, to keep its bits."),
+    "WRITER_DTYPE": Rule("info", "a norm's gain or a bias in another float dtype than the release's, which "
+                         "config.json's dtype explains (writer variance)",
+                         "A 1-D parameter outside the Linear weights (an RMSNorm or LayerNorm gain, a bias) stored in "
+                         "the config's dtype or in F32 where the release stores another float dtype, as "
+                         "transformers writes DeepSeek-V3.2's F32 norms in a BF16 model; loaders cast it.",
+                         "Nothing to do to load it; re-export from the release to keep its exact dtypes."),
+    "LAYOUT_DIALECT": Rule("info", "the checkpoint spells the architecture's names in a known writer's dialect",
+                           "Every tensor is named as one writer spells the release's tree (transformers 5.x "
+                           "re-saving kimi_k25: `language_model.model.blocks.N` for `...layers.N`; deepseek_v4 "
+                           "with `model.` before its names; kimi_linear's dense MLP under `block_sparse_moe`); it "
+                           "was audited against the same layout so spelled. A mixture of spellings is reported "
+                           "tensor by tensor.",
+                           "Loaders of the release (vLLM, SGLang) read its own names: re-save with those names "
+                           "(or load with transformers) if they do not read this one."),
     "MTP_ABSENT": Rule("warning", "config declares multi-token-prediction layers of which no tensor is stored",
                      "num_nextn_predict_layers > 0 but the MTP layer is not in the shards (transformers drops it); "
                      "speculative decoding with it is not possible. Its tensors are covered by this finding.",

@@ -16,14 +16,14 @@ from kimi_audit.model.layout import ExpectedTensor, expected_layout
 
 def _mtp(root: Node) -> MtpSummary | None:
     mtp = next((c for c in root.children if c.key == "mtp"), None)
-    if mtp is None:
+    if mtp is None or mtp.absent:
         return None
     copies = sum(n.derived for _, n in mtp.walk() if n.role in ("embed_tokens", "shared_head_head"))
     return MtpSummary(mtp.layers, root.derived, mtp.derived, copies)
 
 
 def _activation(cfg: ModelConfig, root: Node) -> Activation:
-    mtp = next((c.derived for c in root.children if c.key == "mtp"), 0)
+    mtp = next((c.derived for c in root.children if c.key == "mtp" and not c.absent), 0)
     embedding = next((c.derived for c in root.children if c.key == "embedding"), 0)
     # the routed experts of every MoE block kind (DeepseekV3's one `moe`, deepseek_v4's and kimi_linear's
     # several: `moe_csa`, `moe_hash_swa`, `moe_kda`, ...), whose experts have the same size

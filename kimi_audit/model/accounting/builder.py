@@ -22,7 +22,7 @@ from kimi_audit.model.accounting.tree import UNACCOUNTED, FoundTensor, Node, Par
 from kimi_audit.model.arch.spec import Factor
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE, kind_of
-from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, layer_block, layer_prefix, scheme_of
+from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, layer_block, scheme_of
 
 Mult = tuple[tuple[int, str], ...]
 Slot = tuple[str | None, str]
@@ -31,6 +31,16 @@ Slot = tuple[str | None, str]
 def module_of(component: str) -> str:
     """The module a tensor belongs to: its name without the last dotted part (`mlp.experts.gate_proj`)."""
     return component.rpartition(".")[0]
+
+
+FLOATS = ("F32", "BF16", "F16")
+ROUTER_WEIGHT = "mlp.gate.weight"
+
+
+def writer_variance(p: Part) -> bool:
+    """A part whose float dtype writers vary (checks.layout's WRITER_DTYPE and ROUTER_DTYPE, info): a
+    norm's gain, a bias, the router; not a Linear weight or an embedding table."""
+    return not p.scheme and p.dtype in FLOATS and (len(p.factors) == 1 or p.component.endswith(ROUTER_WEIGHT))
 
 
 class _Rows:
@@ -104,7 +114,6 @@ class Builder:
         for layer in range(cfg.total_layers):
             self.layers_of.setdefault(layer_block(cfg, layer), []).append(layer)
         self.counts = _expected_counts(expected)
-        self.prefix = layer_prefix(cfg)
 
     # leaves and groups
 
@@ -121,12 +130,17 @@ class Builder:
             self.used.add(slot)
             mine = self.params.get(slot, [])
             tensors += mine
-            dtype_ok = dtype_ok and all(t.dtype == p.dtype for t in mine)
+            variance = writer_variance(p)
+            explained = (self.cfg.dtype, "F32") if variance else ()
+            dtype_ok = dtype_ok and all(t.dtype == p.dtype or t.dtype in explained for t in mine)
             params.add(p.logical_dtype, p.numel * n_inst)
+            written = {t.dtype for t in mine}
+            as_written = written.pop() if variance and len(written) == 1 else None  # the writer's one dtype
             for s in p.stored():
-                stored.add(s.dtype, s.numel * n_inst)
+                stored.add(as_written or s.dtype, s.numel * n_inst)
             for t in mine:
-                params.add(p.logical_dtype if t.dtype == p.dtype else t.dtype, found=t.parameters)
+                same = t.dtype == p.dtype or t.dtype in explained
+                params.add(p.logical_dtype if same else t.dtype, found=t.parameters)
                 stored.add(t.dtype, found=t.numel)
             if p.scheme:
                 modules[module_of(p.component)] = None
@@ -183,7 +197,7 @@ class Builder:
         layers = self.layers_of.get(block, []) if block else []
         if not layers:
             return module
-        return f"{self.prefix}{layers[0]}." + module.replace(".experts.", ".experts.0.", 1)
+        return f"{self.cfg.layer_prefix}{layers[0]}." + module.replace(".experts.", ".experts.0.", 1)
 
     def linear_parts(self, block: str | None, module: str, out: list[Factor], inp: list[Factor],
                      bias: bool = False) -> list[Part]:
@@ -226,7 +240,8 @@ class Builder:
                 dtype = "/".join(sorted({t.dtype for t in ts}))
             else:
                 layers = self.layers_of.get(block, [])
-                pattern = comp if not layers else ", ".join(collapse(f"{self.prefix}{i}.{comp}" for i in layers))
+                prefix = self.cfg.layer_prefix
+                pattern = comp if not layers else ", ".join(collapse(f"{prefix}{i}.{comp}" for i in layers))
                 dtype = "/".join(sorted(dtypes.get(key, ())))
             rows.append(ExcludedRow(kind, pattern, dtype, d[0], len(ts), d[1], sum(t.numel for t in ts)))
         return tuple(rows)
@@ -235,12 +250,9 @@ class Builder:
         """Stored elements by dtype over every tensor: the tree's (parameters, packed words and their
         metadata), plus buffers and metadata no leaf claims."""
         extra = _Rows()
-        for (kind, _block, _comp, dtype), (_n, elements) in self.counts.items():
-            if kind == BUFFER:
-                extra.add(dtype, elements)
-        for ts in self.buffers.values():
+        for ts in self.buffers.values():  # optional: only those stored, on both sides
             for t in ts:
-                extra.add(t.dtype, found=t.numel)
+                extra.add(t.dtype, t.numel, found=t.numel)
         for slot, ts in self.meta.items():
             if slot not in self.used_meta:
                 for t in ts:

@@ -9,8 +9,11 @@ multiplies its counts instead of listing its instances. Buffers are listed apart
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kimi_audit.format.names import ranges
 from kimi_audit.model.accounting.builder import Builder, Mult
+from kimi_audit.model.accounting.summary import sum_rows
 from kimi_audit.model.accounting.tree import Node, Part
 from kimi_audit.model.arch.registry import describe
 from kimi_audit.model.arch.spec import (
@@ -98,7 +101,11 @@ class ModelBuilder(Builder):
         if block == MTP:
             title = f"Multi-token prediction (layer{'s' if len(layers) > 1 else ''} {ranges(layers)})"
             note = "Not in next-token inference: excluded from the activated parameters."
-            return self.group(pre, "mtp", title, children, mult, role="mtp_blocks", note=note)
+            node = self.group(pre, "mtp", title, children, mult, role="mtp_blocks", note=note)
+            if node.found_tensors == 0 and self.params:  # declared, none stored (as transformers writes it)
+                return absent(node, "Declared by config.json (num_nextn_predict_layers), not one tensor stored: "
+                                    "left out of the totals.")
+            return node
         return self.group(pre, block, f"{mult[0][0]} {mult[0][1]}", children, mult, role=f"{block}_blocks")
 
     def model(self) -> Node:
@@ -110,5 +117,15 @@ class ModelBuilder(Builder):
         children.append(self.block(MTP, tree.blocks[MTP]) if MTP in tree.blocks else None)
         children += [self.node(d, "", None, ()) for d in tree.after]
         children.append(self.unaccounted())
-        return self.group("model", "model", f"{c.model_type} model", children, role="model")
+        root = self.group("model", "model", f"{c.model_type} model", children, role="model")
+        counted = [n for n in root.children if not n.absent]
+        return replace(root, derived=sum(n.derived for n in counted),
+                       derived_tensors=sum(n.derived_tensors for n in counted),
+                       by_dtype=sum_rows(r for n in counted for r in n.by_dtype),
+                       stored=sum_rows(r for n in counted for r in n.stored))
+
+
+def absent(node: Node, note: str = "") -> Node:
+    """The node and everything under it declared but not stored (Node.absent)."""
+    return replace(node, absent=True, note=note or node.note, children=tuple(absent(c) for c in node.children))
 

@@ -21,7 +21,7 @@ from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.kinds import PARAMETER
 from kimi_audit.model.layout import layer_block
 
-LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+LAYER_RE = re.compile(r"^(?:language_model\.)?model\.layers\.(\d+)\.(.+)$")
 EXPERT_RE = re.compile(r"(?<=\.experts\.)\d+\.")
 DIGITS_RE = re.compile(r"\d+")
 
@@ -140,6 +140,9 @@ class Node:
     """Stored elements by tensor dtype (derived, found), quantization metadata included."""
     note: str = ""
     """A remark shown with the node (e.g. an MTP table duplicating the main embedding)."""
+    absent: bool = False
+    """Declared by the config, not one tensor of it stored (the MTP layers transformers never saves): one
+    warning (MTP_ABSENT), neither a mismatch nor part of the totals."""
 
     @property
     def schemes(self) -> tuple[str, ...]:
@@ -170,13 +173,13 @@ class Node:
     def own_mismatch(self) -> bool:
         """A leaf whose found tensors differ from the derived ones (count, parameters or dtype).
         Groups are flagged (`mismatch`) through their leaves."""
-        if self.children:
+        if self.children or self.absent:
             return False
         return self.derived != self.found or self.derived_tensors != self.found_tensors or not self.dtype_ok
 
     @property
     def mismatch(self) -> bool:
-        return self.own_mismatch or any(c.mismatch for c in self.children)
+        return not self.absent and (self.own_mismatch or any(c.mismatch for c in self.children))
 
     def instance_text(self) -> str:
         return " × ".join(f"{v:,} {label}" for v, label in self.mult)

@@ -19,6 +19,7 @@ from kimi_audit.model.arch.spec import (
     MTP,
     QUANT_KEYS,
     Buffer,
+    Dialect,
     Factor,
     Group,
     Leaf,
@@ -43,6 +44,11 @@ NORM_KEYS = (BLOCK_KEYS, "torch_dtype", "rms_norm_eps")
 def describe(cfg: ModelConfig) -> ModelTree:
     """The module tree of `cfg` (a DeepseekV3-family config)."""
     return _Describe(cfg).tree()
+
+
+def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
+    """transformers writes DeepseekV3 in the release's own names: no other spelling."""
+    return ()
 
 
 class _Describe:

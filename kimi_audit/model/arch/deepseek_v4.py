@@ -28,6 +28,7 @@ from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
     Buffer,
+    Dialect,
     Factor,
     Group,
     Leaf,
@@ -39,10 +40,12 @@ from kimi_audit.model.arch.spec import (
 from kimi_audit.model.config import ModelConfig
 
 MODEL_TYPES = ("deepseek_v4",)
-DIALECTS = {"transformers": r"^model\.(embed_tokens\.weight|norm\.weight|hc_head\.|layers\.\d+\.)"}
-"""Dialect -> a pattern only its names match (model.arch.registry.detect_dialect)."""
-DIALECT_NOTES = {"transformers": "transformers 5.x's save_pretrained spelling (`model.` before the layers, "
-                                 "`model.embed_tokens`, `model.norm`, `model.hc_head.*`)"}
+TRANSFORMERS = Dialect(
+    "transformers 5.x save_pretrained",
+    (("layers.", "model.layers."), ("embed.weight", "model.embed_tokens.weight"), ("norm.weight", "model.norm.weight"),
+     ("hc_head_", "model.hc_head.hc_")),
+    "transformers 5.25's DeepseekV4 modules: `model.` before the layers, `model.embed_tokens`, `model.norm`, "
+    "`model.hc_head.*`")
 
 UNDESCRIBED = {r"^mtp\.\d+\.": "the multi-token-prediction module (`mtp.N.*`), which no source this tool "
                                  "reads describes (transformers 5.25 builds none and drops it on load)"}
@@ -56,10 +59,13 @@ def describe(cfg: ModelConfig) -> ModelTree:
     return _Describe(cfg).tree()
 
 
+def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
+    return (TRANSFORMERS,)
+
+
 class _Describe:
     def __init__(self, cfg: ModelConfig) -> None:
         self.cfg = cfg
-        self.hf = cfg.dialect == "transformers"
 
     def f(self, key: str, label: str) -> Factor:
         return Factor(getattr(self.cfg, key), label, (key,))
@@ -70,20 +76,20 @@ class _Describe:
     def tree(self) -> ModelTree:
         c = self.cfg
         h, v = self.f("hidden_size", "hidden"), self.f("vocab_size", "vocab")
-        embed = "model.embed_tokens.weight" if self.hf else "embed.weight"
+        embed = "embed.weight"
         before: tuple[Node, ...] = (Leaf("embedding", "embed", "Token embedding", "embedding",
                                          (Param("Embedding table", embed, (v, h), c.dtype),), ("dtype",)),)
-        norm = "model.norm.weight" if self.hf else "norm.weight"
+        norm = "norm.weight"
         after: list[Node] = [
             Leaf("norm", "norm", "Final RMSNorm", "final_norm", (Param(GAIN, norm, (h,), F32),), ("rms_norm_eps",)),
-            self.hyper("hc_head", "hc_head", "Output hyper-connection", "model.hc_head.hc_" if self.hf else "hc_head_",
+            self.hyper("hc_head", "hc_head", "Output hyper-connection", "hc_head_",
                        head=True),
         ]
         if not c.tie_word_embeddings:
             after.append(Leaf("lm_head", "head", "Output head", "lm_head", (Linear("head", (v,), (h,)),),
                               ("dtype", "tie_word_embeddings")))
         blocks = {kind: self.layer(kind) for kind in dict.fromkeys(c.layer_kinds)}
-        return ModelTree(before, blocks, tuple(after), "model.layers." if self.hf else "layers.")
+        return ModelTree(before, blocks, tuple(after))
 
     def layer(self, kind: str) -> tuple[Node, ...]:
         h = self.f("hidden_size", "hidden")

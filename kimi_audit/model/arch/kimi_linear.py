@@ -26,6 +26,7 @@ from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
     Buffer,
+    Dialect,
     Factor,
     Group,
     Leaf,
@@ -37,15 +38,22 @@ from kimi_audit.model.arch.spec import (
 from kimi_audit.model.config import ModelConfig
 
 MODEL_TYPES = ("kimi_linear",)
-DIALECTS = {"transformers": r"^model\.layers\.\d+\.block_sparse_moe\.(gate|up|down)_proj\."}
-"""Dialect -> a pattern only its names match (model.arch.registry.detect_dialect)."""
-DIALECT_NOTES = {"transformers": "transformers 5.x's save_pretrained spelling (the dense layers' MLP under "
-                                 "`block_sparse_moe.` instead of `mlp.`)"}
+TRANSFORMERS_NOTE = ("transformers 5.x's save_pretrained spelling (the dense layers' MLP under "
+                     "`block_sparse_moe.` instead of `mlp.`)")
 GAIN = "Learned gain"
 
 
 def describe(cfg: ModelConfig) -> ModelTree:
     return _Describe(cfg).tree()
+
+
+def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
+    """transformers names the dense layers' MLP `block_sparse_moe`, as the MoE layers': one rename per dense layer."""
+    dense = [i for i, kind in enumerate(cfg.layer_kinds) if kind.split("_")[0] != "moe"]
+    if not dense:
+        return ()
+    renames = tuple((f"{cfg.layer_prefix}{i}.mlp.", f"{cfg.layer_prefix}{i}.block_sparse_moe.") for i in dense)
+    return (Dialect("transformers 5.x save_pretrained", renames, TRANSFORMERS_NOTE),)
 
 
 class _Describe(_MLA):
@@ -95,8 +103,7 @@ class _Describe(_MLA):
             lin("o_proj", "Output projection", h, qkv)))
 
     def dense(self) -> tuple[Node, ...]:
-        module = "block_sparse_moe" if self.cfg.dialect == "transformers" else "mlp"
-        return (self.mlp("mlp", "MLP (dense)", "mlp", module, self.f("intermediate_size", "intermediate"),
+        return (self.mlp("mlp", "MLP (dense)", "mlp", "mlp", self.f("intermediate_size", "intermediate"),
                          (BLOCK_KEYS, "intermediate_size")),)
 
     def moe(self) -> tuple[Node, ...]:

@@ -14,7 +14,7 @@ QUANT_KEYS (`quantization_config` alone, when present) and ATTENTION_BIAS_KEYS (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 DENSE = "dense"
 MOE = "moe"
@@ -123,7 +123,42 @@ class ModelTree:
     before: tuple[Node, ...]
     blocks: dict[str, tuple[Node, ...]]
     """Block kind (DENSE, MOE, MTP, or the architecture's own: ModelConfig.layer_kinds) -> one layer's nodes,
-    named relative to `{layer_prefix}{i}.`."""
+    named relative to `{ModelConfig.layer_prefix}{i}.`."""
     after: tuple[Node, ...]
-    layer_prefix: str = "model.layers."
-    """What precedes a decoder layer's index in its tensor names (DeepSeek-V4's release: `layers.`)."""
+
+
+def prefixed(node: Node, prefix: str) -> Node:
+    """The node with every full name under `prefix` (a text model nested in a multimodal one:
+    `model.embed_tokens.weight` -> `language_model.model.embed_tokens.weight`)."""
+    if isinstance(node, Group):
+        return replace(node, children=tuple(prefixed(c, prefix) for c in node.children))
+    if isinstance(node, Buffer):
+        return replace(node, component=prefix + node.component)
+    return replace(node, tensors=tuple(
+        replace(t, module=prefix + t.module) if isinstance(t, Linear) else replace(t, component=prefix + t.component)
+        for t in node.tensors))
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """Names another writer gives the same tree (transformers 5.x re-saving a release): whole-name prefixes
+    rewritten, canonical -> dialect. A checkpoint entirely in one dialect is audited against the same tree
+    renamed, and the dialect named once (model.dialect)."""
+
+    name: str
+    renames: tuple[tuple[str, str], ...]
+    """(canonical prefix, the dialect's prefix), tried in order, the first that matches applies."""
+    note: str = ""
+
+    def rename(self, name: str) -> str:
+        for canonical, spelled in self.renames:
+            if name.startswith(canonical):
+                return spelled + name[len(canonical):]
+        return name
+
+    def canonical(self, name: str) -> str:
+        """A name in the dialect's spelling as the release spells it (rename's inverse)."""
+        for canonical, spelled in self.renames:
+            if name.startswith(spelled):
+                return canonical + name[len(spelled):]
+        return name

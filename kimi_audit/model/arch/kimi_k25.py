@@ -1,0 +1,121 @@
+"""KimiK25ForConditionalGeneration as data: Kimi-K2.5 (Jan 2026), K2.6 (Apr 2026) and K2.7-Code.
+
+The text model is Kimi-K2's DeepseekV3 (model.arch.deepseek_v3, read from config.json's nested
+`text_config`) under `language_model.`; beside it the MoonViT vision tower (`vision_tower.`: a patch
+embedding, learned 2-D position embeddings, encoder blocks with a fused `wqkv`, LayerNorms with biases, a
+GELU MLP) and the projector (`mm_projector.`: a LayerNorm, then two Linear layers over merged patches).
+
+Names are the release's, which vLLM (model_executor/models/kimi_k25.py) and SGLang load: transformers
+5.25's `conversion_mapping.py` ("kimi_k25") maps them onto its own modules on load (`vision_tower.encoder.blocks.N.wqkv`
+-> `model.vision_tower.layers.N.attn.{q,k,v}_proj`, `norm0/norm1` -> `norm1/norm2`, `mlp.fc0/fc1` ->
+`mlp.fc1/fc2`, `wo` -> `attn.proj`, `mm_projector.proj.0/2` -> `in_proj/out_proj`). Its `save_pretrained`
+reverses those renames imperfectly: the TRANSFORMERS dialect below.
+"""
+
+from __future__ import annotations
+
+from kimi_audit.model.arch import deepseek_v3
+from kimi_audit.model.arch.spec import (
+    DTYPE_KEYS,
+    QUANT_KEYS,
+    Dialect,
+    Factor,
+    Group,
+    Leaf,
+    Linear,
+    ModelTree,
+    Node,
+    Param,
+    prefixed,
+)
+from kimi_audit.model.config import ModelConfig, VisionConfig
+
+MODEL_TYPES = ("kimi_k25",)
+TEXT_PREFIX = "language_model."
+
+TRANSFORMERS = Dialect(
+    "transformers 5.x save_pretrained",
+    (("language_model.model.layers.", "language_model.model.blocks."),
+     ("vision_tower.patch_embed.proj.", "vision_tower.encoder.patch_embed.proj."),
+     ("mm_projector.pre_norm.", "model.mm_projector.pre_norm.")),
+    "what transformers 5.25 writes when it re-saves a kimi_k25 model: its checkpoint conversion's renames "
+    "(`blocks` -> `layers`, `vision_tower.encoder` -> `model.vision_tower`, `mm_projector` -> "
+    "`model.mm_projector`) reversed onto names they never came from")
+
+
+def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
+    return (TRANSFORMERS,)
+
+
+VISION_KEYS = ("vision_config", "torch_dtype")
+
+
+def describe(cfg: ModelConfig) -> ModelTree:
+    """The text model's tree under `language_model.`, the vision tower and projector after it."""
+    text = deepseek_v3.describe(cfg)
+    assert cfg.vision is not None
+    after = (*(prefixed(n, TEXT_PREFIX) for n in text.after), vision_tower(cfg, cfg.vision), projector(cfg, cfg.vision))
+    return ModelTree(tuple(prefixed(n, TEXT_PREFIX) for n in text.before), text.blocks, after)
+
+
+def _f(value: int, label: str, key: str) -> Factor:
+    return Factor(value, label, (key,))
+
+
+def layer_norm(key: str, title: str, role: str, component: str, width: Factor, dtype: str) -> Leaf:
+    return Leaf(key, component.rpartition(".")[2] or key, title, role,
+                (Param("Learned gain", f"{component}.weight", (width,), dtype),
+                 Param("Bias", f"{component}.bias", (width,), dtype)), VISION_KEYS)
+
+
+def vision_tower(cfg: ModelConfig, v: VisionConfig) -> Group:
+    """MoonViT (Kimi_K25VisionModel): names as the release stores them."""
+    d = _f(v.hidden_size, "vision width", "vision_config.hidden_size")
+    inter = _f(v.intermediate_size, "vision MLP width", "vision_config.intermediate_size")
+    three_d = Factor(3 * v.hidden_size, "q, k, v", ("vision_config.hidden_size",), f"(3 × {v.hidden_size:,})")
+    p = _f(v.patch_size, "patch", "vision_config.patch_size")
+    rgb = Factor(3, "RGB", ())
+    keys = (*VISION_KEYS, DTYPE_KEYS)
+    enc = "vision_tower.encoder.blocks."
+    block = Group("blocks", "Vision encoder blocks", (
+        layer_norm("norm0", "Pre-attention LayerNorm", "vision_norm", enc + "norm0", d, cfg.dtype),
+        Leaf("wqkv", "wqkv", "Fused query/key/value projection", "vision_wqkv",
+             (Linear(enc + "wqkv", (three_d,), (d,), bias=True),), keys),
+        Leaf("wo", "wo", "Attention output projection", "vision_wo",
+             (Linear(enc + "wo", (d,), (d,), bias=True),), keys),
+        layer_norm("norm1", "Pre-MLP LayerNorm", "vision_norm", enc + "norm1", d, cfg.dtype),
+        Leaf("fc0", "mlp.fc0", "MLP up-projection", "vision_fc0",
+             (Linear(enc + "mlp.fc0", (inter,), (d,), bias=True),), keys),
+        Leaf("fc1", "mlp.fc1", "MLP down-projection", "vision_fc1",
+             (Linear(enc + "mlp.fc1", (d,), (inter,), bias=True),), keys),
+    ), repeat=_f(v.num_hidden_layers, "vision blocks", "vision_config.num_hidden_layers"), index_at="blocks.",
+        role="vision_blocks")
+    patch: tuple[Node, ...] = (
+        Leaf("patch_embed", "patch_embed.proj", "Patch embedding (Conv2d)", "vision_patch_embed",
+             (Param("Kernel", "vision_tower.patch_embed.proj.weight", (d, rgb, p, p), cfg.dtype),
+              Param("Bias", "vision_tower.patch_embed.proj.bias", (d,), cfg.dtype)), VISION_KEYS),
+        Leaf("pos_emb", "patch_embed.pos_emb", "Learned 2-D position embedding", "vision_pos_emb",
+             (Param("Table", "vision_tower.patch_embed.pos_emb.weight",
+                    (_f(v.pos_emb_height, "rows", "vision_config.pos_emb_height"),
+                     _f(v.pos_emb_width, "columns", "vision_config.pos_emb_width"), d), cfg.dtype),), VISION_KEYS),
+    )
+    return Group("vision_tower", "Vision tower (MoonViT)", (
+        *patch, block,
+        layer_norm("final_layernorm", "Final LayerNorm", "vision_norm", "vision_tower.encoder.final_layernorm", d,
+                   cfg.dtype)), role="vision_tower")
+
+
+def projector(cfg: ModelConfig, v: VisionConfig) -> Group:
+    """Kimi_K25MultimodalProjection: LayerNorm over each patch, then in/out projections over merged patches."""
+    ph = _f(v.projection_hidden_size, "projector width", "projection_hidden_size")
+    merged = Factor(v.merged_size, "merged patches", ("projection_hidden_size", "vision_config.merge_kernel_size"),
+                    f"({v.projection_hidden_size:,} × {v.merge_kernel[0]} × {v.merge_kernel[1]})")
+    h = _f(cfg.hidden_size, "hidden", "text_config.hidden_size")
+    keys = ("projection_hidden_size", "torch_dtype", QUANT_KEYS)
+    return Group("mm_projector", "Multimodal projector", (
+        layer_norm("pre_norm", "Projector LayerNorm", "vision_norm", "mm_projector.pre_norm", ph, cfg.dtype),
+        Leaf("proj_0", "proj.0", "Projector in-projection", "projector_in",
+             (Linear("mm_projector.proj.0", (merged,), (merged,), bias=True),), keys),
+        Leaf("proj_2", "proj.2", "Projector out-projection", "projector_out",
+             (Linear("mm_projector.proj.2", (h,), (merged,), bias=True),), keys),
+    ), role="mm_projector")
