@@ -5,6 +5,7 @@ transformers dialect, and the full-scale Kimi-K2.6 replica."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,6 @@ import torch
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 from compressed_tensors.quantization.utils import calculate_qparams
-from kimi_audit.model.replica import build_replica
-from kimi_audit.model.replica_models import replica_model
 
 from kimi_audit.checks.audit import AuditReport, audit_source
 from kimi_audit.errors import ConfigError
@@ -22,6 +21,7 @@ from kimi_audit.findings import Severity
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.kinds import BUFFER, PACKED, SCALE
 from kimi_audit.model.layout import expected_layout
+from kimi_audit.replica.models import replica_model
 from kimi_audit.sources import LocalSource
 
 K26 = json.loads(replica_model("kimi-k2.6").config_bytes())
@@ -175,10 +175,10 @@ def test_a_whole_dialect_is_one_info_and_a_mixture_is_findings(int4_dir: Path, t
     assert "LAYOUT_DIALECT" not in {f.code for f in mixed.findings}
 
 
-def test_full_scale_kimi_k26_replica(tmp_path: Path) -> None:
+def test_full_scale_kimi_k26_replica(family_replica: Callable[[str], Path]) -> None:
     """Snapshot figures of this tool's K2.6 replica (not published ones): the layout the cited config implies.
     family.md's "~595 GB" (unconfirmed) agrees with the payload."""
-    d = build_replica(tmp_path / "k26", model="kimi-k2.6")
+    d = family_replica("kimi-k2.6")
     shards = sorted(p.name for p in d.glob("*.safetensors"))
     assert len(shards) == 64 and shards[0] == "model-00001-of-000064.safetensors"
     r = audit(d)

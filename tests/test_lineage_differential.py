@@ -129,7 +129,7 @@ def router_biases(cfg: ModelConfig) -> int:
 
 def test_deepseek_v4_flash_layout_is_transformers_state_dict() -> None:
     cfg, model = full_size("deepseek_v4")
-    assert cfg.dialect == "" and len(cfg.layer_kinds) == 43
+    assert len(cfg.layer_kinds) == 43
     counts, unexplained = against_state_dict(cfg, model)
     assert unexplained == {}
     # 43 MoE layers × 256 experts × 3 projections fused; everything else one to one under another name
@@ -264,7 +264,7 @@ def test_save_pretrained_audits_clean(saved: dict[str, tuple[Path, int]], model_
     d, numel = saved[model_type]
     report = audit(d)
     assert by_severity(report, Severity.ERROR) == [] and by_severity(report, Severity.WARNING) == []
-    assert [(f.code, f.actual) for f in report.findings] == [("LAYOUT_DIALECT", "transformers")]
+    assert [f.code for f in report.findings] == ["LAYOUT_DIALECT"] and "transformers" in report.findings[0].message
     cfg = model_config_from_dict(json.loads((d / "config.json").read_text()))
     assert report.stats.parameters == numel + router_biases(cfg)
     assert report.stats.tensors == len(expected_layout(cfg))

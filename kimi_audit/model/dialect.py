@@ -1,7 +1,8 @@
 """Which spelling of the architecture's names a checkpoint uses: the release's (canonical), or one dialect
 (model.arch.spec.Dialect) throughout. A checkpoint wholly in a dialect is audited against the same tree
 with its names respelled, and the dialect named once (LAYOUT_DIALECT, info); one that mixes both spellings
-is audited against the canonical names, so the respelled tensors are findings (missing and unexpected)."""
+is audited against the spelling most of its probed names use, so the others are findings (missing and
+unexpected)."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ def resolve_dialect(cfg: ModelConfig, layout: ExpectedLayout,
     """The layout in the spelling the stored names use, and the finding that names a dialect.
 
     Decided by probes: for each of the dialect's renames, the first layout name it applies to, looked up in
-    both spellings among `stored` (each shard's names): a few lookups, not one per name. A checkpoint judged
-    to be in a dialect that still holds some names in the release's spelling gets them as findings."""
+    both spellings among `stored` (each shard's names): a few lookups, not one per name. The spelling more
+    probes find wins; the names a checkpoint holds in the other are findings."""
     known = dialects(cfg)
     if not known:
         return cfg, layout, []
@@ -57,7 +58,9 @@ def resolve_dialect(cfg: ModelConfig, layout: ExpectedLayout,
     for dialect in known:
         probes = [first(canonical) for canonical, _ in dialect.renames]
         pairs = [(n, dialect.rename(n)) for n in probes if n is not None]
-        if any(has(r) for _, r in pairs) and not any(has(n) for n, _ in pairs):
+        # the spelling most probes find: a checkpoint wholly in the dialect, or mostly (its few names in the
+        # release's spelling are then findings, as a few respelled names are in a checkpoint mostly canonical)
+        if sum(has(r) for _, r in pairs) > sum(has(n) for n, _ in pairs):
             renames = "; ".join(f"{c}* as {d}*" for c, d in dialect.renames)
             spelled = canonical_ignores(cfg, dialect)
             if spelled is not cfg:
