@@ -307,3 +307,13 @@ def test_a_model_type_that_is_not_a_string_is_outside_the_family(model_type: obj
 
     cfg = parse_config_bytes(json.dumps({"model_type": model_type}).encode())[1]
     assert not cfg.layout_supported
+
+
+def test_a_non_string_model_type_beside_family_architectures_is_a_config_error() -> None:
+    """Found by the config fuzzer after the 2026 lineage landed: architectures put the config in the family,
+    and a list model_type then reached a set lookup (TypeError)."""
+    from kimi_audit.model.config import parse_config_bytes
+
+    raw = json.dumps({"model_type": ["x"], "architectures": ["DeepseekV3ForCausalLM"]}).encode()
+    with pytest.raises(KimiAuditError, match="model_type must be a string"):
+        parse_config_bytes(raw)

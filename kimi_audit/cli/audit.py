@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import tempfile
 import time
@@ -116,7 +117,7 @@ def demo(
     if directory is not None:
         _check_demo_directory(directory, force)
     with sigterm_exits(), ExitStack() as cleanup:
-        target = directory or Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="kimi-audit-demo-")))
+        target = directory or _temporary_directory(cleanup)
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=stderr, transient=True) as bar:
@@ -129,6 +130,17 @@ def demo(
             report = audit_source(LocalSource(target), update)
         emit_report(report, as_json)
     raise typer.Exit(report.exit_code())
+
+
+def _temporary_directory(cleanup: ExitStack) -> Path:
+    """A new temporary directory whose removal `cleanup` holds before a signal can cut in: SIGTERM and SIGINT
+    wait while it is made and registered (one arriving between mkdtemp and the registration left it behind)."""
+    held = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        return Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="kimi-audit-demo-")))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _check_demo_directory(directory: Path, force: bool) -> None:

@@ -295,6 +295,8 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         return _lineage(cfg, reader)
     if not in_family(cfg):
         return unsupported_config(cfg)
+    if model_type is not None and not isinstance(model_type, str):  # a family member by its architectures
+        raise ConfigError(f"config.json model_type must be a string, got {type(model_type).__name__}")
     if cfg.get("model_type") == "kimi_k25" or (
             "model_type" not in cfg and "text_config" in cfg and "vision_config" in cfg):
         return _kimi_k25(cfg)
@@ -308,7 +310,10 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     except UnsupportedQuantization as e:
         unsupported = str(e)
     v32 = cfg.get("model_type") in INDEXER_TYPES
-    if cfg.get("model_type") == "glm_moe_dsa" and any(t != "full" for t in cfg.get("indexer_types") or ()):
+    indexer_types = cfg.get("indexer_types") or ()
+    if cfg.get("model_type") == "glm_moe_dsa" and not isinstance(indexer_types, list):
+        raise ConfigError(f"config.json indexer_types must be a list, got {type(indexer_types).__name__}")
+    if cfg.get("model_type") == "glm_moe_dsa" and any(t != "full" for t in indexer_types):
         raise ConfigError("config.json indexer_types shares an indexer between layers ('shared'): this tool "
                           "derives layouts with an indexer in every layer only")
     eps = _non_negative_float(cfg, "rms_norm_eps")
