@@ -354,7 +354,7 @@ def audit_with_values(source: Source, progress: ProgressFn | None = None,
     ckpt = load_checkpoint(source, progress)
     report = audit_checkpoint(ckpt)
     plan = ckpt.config.quant
-    ue8m0 = plan is not None and plan.quantized.power_of_two_scales
+    ue8m0 = plan is not None and any(s.power_of_two_scales for s in plan.schemes)
     extra = value_findings(source, ckpt.headers, values_progress, ue8m0=ue8m0,
                            weight_shapes=packed_shapes(ckpt.expected))
     return dataclasses.replace(report, findings=tuple(report.findings) + tuple(extra), values_checked=True)

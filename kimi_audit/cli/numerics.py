@@ -22,7 +22,9 @@ from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.kinds import PACKED_WEIGHT, WEIGHT, module_name, role_of
 from kimi_audit.model.layout import expected_layout, layer_block, scheme_of
-from kimi_audit.model.quant import FP8_DTYPE, Fp8Block, Scheme, fp8_block
+from kimi_audit.model.quant.deepseek import Fp8Block
+from kimi_audit.model.quant.plan import fp8_block
+from kimi_audit.model.quant.scheme import FP8_DTYPE, Scheme
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
 from kimi_audit.report.tensor import json_text, render_rmsnorm, render_tensor
 from kimi_audit.sources import open_source

@@ -8,7 +8,8 @@ from importlib import resources
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.quant import QuantPlan, UnsupportedQuantization, quant_plan
+from kimi_audit.model.quant.plan import QuantPlan, quant_plan
+from kimi_audit.model.quant.scheme import UnsupportedQuantization
 
 TORCH_DTYPE_TO_SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
@@ -169,7 +170,7 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     raw_quant = cfg.get("quantization_config")
     plan, unsupported = None, None
     try:
-        plan = quant_plan(raw_quant, dtype)
+        plan = quant_plan(raw_quant, dtype, cfg)
     except UnsupportedQuantization as e:
         unsupported = str(e)
     v32 = cfg.get("model_type") == "deepseek_v32"

@@ -25,7 +25,7 @@ from kimi_audit.checks.audit import AuditReport, audit_checkpoint
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error
 from kimi_audit.model.checkpoint import Checkpoint, load_checkpoint
-from kimi_audit.model.quant import fp8_block
+from kimi_audit.model.quant.plan import fp8_block
 from kimi_audit.numerics.tensor_io import data_holes
 from kimi_audit.sources.base import Source
 from kimi_audit.sources.hub import HubSource

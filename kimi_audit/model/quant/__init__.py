@@ -1,0 +1,8 @@
+"""Quantization schemes, one registered class per format, and the plan that picks one per Linear module.
+
+- scheme.py: what every scheme is (Stored, Scheme and its registry, Unquantized);
+- deepseek.py: DeepSeek's own FP8 (V3's `weight_scale_inv`, V4's `.scale`) and V4's FP4 routed experts;
+- compressed.py: compressed-tensors' pack-quantized, float-quantized, int-quantized, nvfp4- and
+  mxfp4-pack-quantized, and the plan of its config groups;
+- plan.py: QuantPlan and `quant_plan`, which dispatches through the registry.
+"""
