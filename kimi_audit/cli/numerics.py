@@ -24,7 +24,7 @@ from kimi_audit.model.kinds import PACKED_WEIGHT, WEIGHT, module_name, role_of
 from kimi_audit.model.layout import expected_layout, layer_block, scheme_of
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.plan import fp8_block
-from kimi_audit.model.quant.scheme import FP8_DTYPE, Scheme
+from kimi_audit.model.quant.scheme import FP8_DTYPE, Scheme, Unquantized
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
 from kimi_audit.report.tensor import json_text, render_rmsnorm, render_tensor
 from kimi_audit.sources import open_source
@@ -160,32 +160,38 @@ def _resolve(fetch: TensorFetcher, name: str) -> str:
 
 
 def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Scheme, int | None, int | None] | None:
-    """(module, scheme, out, in) for a quantized module's weight (an FP8 `weight`, packed `weight_packed` words),
-    else None. The scheme is the one the config's plan gives the module (FP8 weights it does not describe as
-    such: DeepSeek's blocks); out x in comes from the layout config.json implies (None for a packed module the
-    layout lacks: then from weight_shape)."""
+    """(module, scheme, out, in) for a quantized module's stored weight (the first tensor its scheme stores: an FP8
+    or INT8 `weight`, packed `weight_packed` words, DeepSeek-V4's FP4 `weight` bytes), else None. The scheme is the
+    one the config's plan gives the module (FP8 weights it does not describe as such: DeepSeek's blocks); out x in
+    comes from the layout config.json implies (None for a packed module the layout lacks: then from
+    weight_shape)."""
     role = role_of(name)
     fp8 = role == WEIGHT and t.dtype == FP8_DTYPE and len(t.shape) == 2
-    if not fp8 and role != PACKED_WEIGHT:
+    if role not in (WEIGHT, PACKED_WEIGHT):
         return None
     module = module_name(name)
     try:
         _, cfg = load_config(src)
     except KimiAuditError:
+        if not fp8 and role != PACKED_WEIGHT:
+            return None
         if not fp8:
             raise
         return module, Fp8Block(), t.shape[0], t.shape[1]  # no usable config: DeepSeek's blocks
     scheme = scheme_of(cfg, module)
     main = scheme.stored(1, 1)[0]
-    if fp8:
-        if main.dtype != FP8_DTYPE:
-            scheme = Fp8Block(fp8_block(cfg.quant))
-        return module, scheme, t.shape[0], t.shape[1]
+    if isinstance(scheme, Unquantized):
+        if fp8:
+            return module, Fp8Block(fp8_block(cfg.quant)), t.shape[0], t.shape[1]
+        if role == WEIGHT:
+            return None
     if module + main.suffix != name:
-        raise KimiAuditError(f"{name}: config.json does not describe {module} as stored in packed words "
-                             f"({scheme.describe()})")
+        raise KimiAuditError(f"{name}: config.json does not describe {module} as stored in {t.dtype} "
+                             f"{name[len(module) + 1:]} ({scheme.describe()})")
     e = expected_layout(cfg).get(name)
     if e is None or not e.shape[0]:
+        if main.kind == PARAMETER and len(t.shape) == 2:
+            return module, scheme, t.shape[0], t.shape[1]
         return module, scheme, None, None
     return module, scheme, e.shape[0], e.logical // e.shape[0]
 
@@ -211,7 +217,16 @@ def tensor(
     """
     import numpy as np
 
-    from kimi_audit.checks.values import GROUP_SCALE, SCALE, VALUES, WEIGHT_SHAPE, check_values, value_kind
+    from kimi_audit.checks.values import (
+        GLOBAL_SCALE,
+        GROUP_SCALE,
+        SCALE,
+        VALUES,
+        WEIGHT_SHAPE,
+        check_values,
+        scale_values,
+        value_kind,
+    )
     from kimi_audit.numerics.dtypes import NumericsError
     from kimi_audit.numerics.kernels import tensor_stats
 
@@ -241,8 +256,9 @@ def tensor(
             a, ti, s_shard = fetch.read(full, max_bytes)
             stored[s.suffix] = a
             what = value_kind(full)
-            if what in (SCALE, GROUP_SCALE):
-                scale_name, scale_st = full, tensor_stats(a, dtype=ti.dtype)
+            if what in (SCALE, GROUP_SCALE, GLOBAL_SCALE):
+                if scale_name is None and what != GLOBAL_SCALE:
+                    scale_name, scale_st = full, tensor_stats(scale_values(a, ti.dtype), dtype=ti.dtype)
                 findings += check_values(full, what, a, shard=s_shard)
             elif what == WEIGHT_SHAPE:
                 weight_shape = [int(v) for v in a.reshape(-1)]
