@@ -145,8 +145,8 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
     `kind` is a small-tensor class (GAIN, ROUTER_BIAS, SCALE, GROUP_SCALE, GLOBAL_SCALE, WEIGHT_SHAPE) or VALUES
     (any other tensor: NaN and Inf only; integer tensors hold neither). Scales must be finite and > 0 (U8
     scales are read as E8M0 exponents, F8_E4M3 and F8_E8M0 ones decoded: their NaN codes are NaN). `ue8m0`: FP8
-    block scales must be powers of two (a warning in UE8M0_WARN_ONLY's scales); `expected_shape`: what a `weight_shape` must hold. The one value
-    check of the `audit --values` pass and the `tensor` command."""
+    block scales must be powers of two (a warning in UE8M0_WARN_ONLY's scales); `expected_shape`: what a
+    `weight_shape` must hold. The one value check of the `audit --values` pass and the `tensor` command."""
     import numpy as np
 
     from kimi_audit.numerics.dtypes import to_float32

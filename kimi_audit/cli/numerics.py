@@ -20,7 +20,7 @@ from kimi_audit.findings import Severity, error
 from kimi_audit.format.header import TensorInfo
 from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.kinds import PACKED_WEIGHT, WEIGHT, module_name, role_of
+from kimi_audit.model.kinds import PACKED_WEIGHT, PARAMETER, WEIGHT, module_name, role_of
 from kimi_audit.model.layout import expected_layout, layer_block, scheme_of
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.plan import fp8_block
