@@ -320,6 +320,7 @@ class Nvfp4PackQuantized(CompressedTensors):
     group_size: int = 16
     scale_dtype: str = FP8_DTYPE
     input_global_scale: bool = False
+    strategy: str = "tensor_group"
     dequant_bytes_per_value: ClassVar[int] = 12
 
     @classmethod
@@ -334,7 +335,8 @@ class Nvfp4PackQuantized(CompressedTensors):
             raise UnsupportedQuantization(f"compressed-tensors {fmt} scales of {scale_dtype}")
         acts = group.get("input_activations")
         static = isinstance(acts, dict) and _static(acts) and acts.get("strategy") == "tensor_group"
-        return cls(group_size=_group_size(weights, strategy, fmt), scale_dtype=scale_dtype, input_global_scale=static)
+        return cls(group_size=_group_size(weights, strategy, fmt), scale_dtype=scale_dtype, input_global_scale=static,
+                   strategy=strategy)
 
     @property
     def name(self) -> str:
@@ -345,7 +347,7 @@ class Nvfp4PackQuantized(CompressedTensors):
         return "FP4"
 
     def summary(self) -> dict[str, Any]:
-        return {"method": METHOD, "format": self.format_name, "bits": 4, "type": "float",
+        return {"method": METHOD, "format": self.format_name, "bits": 4, "type": "float", "strategy": self.strategy,
                 "group_size": self.group_size, "scale_dtype": self.scale_dtype}
 
     def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
@@ -379,6 +381,7 @@ class Mxfp4PackQuantized(Nvfp4PackQuantized):
     default_scale: ClassVar[str] = "U8"
     group_size: int = 32
     scale_dtype: str = "U8"
+    strategy: str = "group"
 
     @property
     def power_of_two_scales(self) -> bool:

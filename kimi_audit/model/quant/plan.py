@@ -18,7 +18,7 @@ from operator import neg, or_
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.quant import compressed, deepseek  # noqa: F401  (registers their schemes)
+from kimi_audit.model.quant import compressed, deepseek  # noqa: F401  (imported: their schemes register)
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.scheme import Scheme, Unquantized, UnsupportedQuantization
 
@@ -117,6 +117,8 @@ def quant_plan(q: Any, dtype: str, config: Mapping[str, Any] | None = None) -> Q
     if not isinstance(q, dict):
         raise ConfigError(f"config.json quantization_config is a {type(q).__name__}, not an object")
     method, fmt = q.get("quant_method"), q.get("format")
+    if method == compressed.METHOD:  # one registered class per config group's format (mixed-precision too)
+        return compressed.compressed_tensors_plan(q, Unquantized(dtype))
     scheme = None
     if isinstance(method, str):
         scheme = Scheme.registry.get((method, fmt if isinstance(fmt, str) else None))
