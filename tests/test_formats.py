@@ -351,3 +351,26 @@ def test_v4_fp4_experts_dequantize_by_deepseeks_formula() -> None:
     got = Fp4Experts().dequantize({".weight": packed.numpy(), ".scale": to_np(scale)}, out, inp)
     assert np.array_equal(bits(got), bits(to_np(ref)))
     assert np.array_equal(bits(dequantize_fp4_e8m0(packed.numpy(), to_np(scale), inp)), bits(got))
+
+
+def test_verify_scans_each_formats_scales(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    """verify's value scan reads the codes: an E8M0 0xFF (MXFP4's U8 exponents) and an F8_E4M3 0x7F (NVFP4's
+    scales) are NaN, a negative F8_E4M3 scale and a zero global scale are not positive; FP4 bytes hold no NaN."""
+    for name in ("mxfp4a16", "nvfp4a16"):
+        assert run_json("verify", str(checkpoints[name]), "--no-progress")["result"]["verdict"] == "PASS"
+    d = Path(shutil.copytree(checkpoints["mxfp4a16"], tmp_path / "mx"))
+    scale = module_tensors(d, EXPERT)["weight_scale"].clone()
+    scale[0, :3] = 255
+    edit(d, f"{EXPERT}.weight_scale", scale)
+    doc = run_json("verify", str(d), "--no-progress", code=1)
+    assert [(f["code"], f["tensor"], f["actual"]) for f in doc["findings"] if f["severity"] == "error"] == [
+        ("VALUE_NAN", f"{EXPERT}.weight_scale", 3)]
+    d = Path(shutil.copytree(checkpoints["nvfp4a16"], tmp_path / "nv"))
+    scale = module_tensors(d, EXPERT)["weight_scale"].view(torch.uint8).clone()
+    scale[1, 1], scale[2, 2] = 0x7F, scale[2, 2] | 0x80
+    edit(d, f"{EXPERT}.weight_scale", scale.view(torch.float8_e4m3fn))
+    edit(d, f"{EXPERT}.weight_global_scale", torch.zeros(1, dtype=torch.float32))
+    doc = run_json("verify", str(d), "--no-progress", code=1)
+    assert sorted((f["code"], f["tensor"], f["actual"]) for f in doc["findings"] if f["severity"] == "error") == [
+        ("SCALE_NOT_POSITIVE", f"{EXPERT}.weight_global_scale", 1),
+        ("SCALE_NOT_POSITIVE", f"{EXPERT}.weight_scale", 1), ("VALUE_NAN", f"{EXPERT}.weight_scale", 1)]
