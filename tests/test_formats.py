@@ -374,3 +374,21 @@ def test_verify_scans_each_formats_scales(checkpoints: dict[str, Path], tmp_path
     assert sorted((f["code"], f["tensor"], f["actual"]) for f in doc["findings"] if f["severity"] == "error") == [
         ("SCALE_NOT_POSITIVE", f"{EXPERT}.weight_global_scale", 1),
         ("SCALE_NOT_POSITIVE", f"{EXPERT}.weight_scale", 1), ("VALUE_NAN", f"{EXPERT}.weight_scale", 1)]
+
+
+@pytest.mark.parametrize("given,expect", [("stored", ("INDEX_TOTAL_PARAMETERS", "info")), ("parameters", None),
+                                          ("other", ("INDEX_TOTAL_PARAMETERS", "warning"))])
+def test_index_total_parameters_is_compared_with_the_models(checkpoints: dict[str, Path], tmp_path: Path,
+                                                            given: str, expect: tuple[str, str] | None) -> None:
+    """llmcompressor's metadata.total_parameters counts the stored elements (compressed words and scales): an
+    info naming both counts; the model's own count: nothing; anything else: a warning."""
+    d = Path(shutil.copytree(checkpoints["nvfp4a16"], tmp_path / "nv"))
+    stored = sum(t.numel() for shard in set(weight_map(d).values()) for t in load_file(str(d / shard)).values())
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    index["metadata"]["total_parameters"] = {"stored": stored, "parameters": unquantized_total(), "other": 12}[given]
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    doc = run_json("audit", str(d), "--no-progress")
+    got = [(f["code"], f["severity"]) for f in doc["findings"]]
+    assert got == ([] if expect is None else [expect])
+    if given == "stored":
+        assert (doc["findings"][0]["expected"], doc["findings"][0]["actual"]) == (unquantized_total(), stored)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kimi_audit.checks.index import index_findings
+from kimi_audit.checks.index import index_findings, index_total_parameters_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
@@ -135,6 +136,12 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
     else:
         all_findings.append(layout_unsupported(ckpt))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards))
+    index = ckpt.index
+    if index is not None and index.total_parameters is not None and cfg.layout_supported \
+            and cfg.quant_unsupported is None and all(shard in ckpt.headers for shard in index.shards):
+        specs = expected.specs
+        parameters = sum(specs[i].logical for i in expected.spec_of)
+        all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes))))
     all_findings = fold_quantization(attribute(all_findings, ckpt, cov), expected)
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)
