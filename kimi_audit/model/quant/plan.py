@@ -22,7 +22,7 @@ from kimi_audit.model.quant import compressed, deepseek  # noqa: F401  (imported
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.scheme import Scheme, Unquantized, UnsupportedQuantization
 
-__all__ = ["QuantPlan", "fp8_block", "quant_plan"]
+__all__ = ["QuantPlan", "fp8_block", "implemented", "quant_plan"]
 
 
 @dataclass(frozen=True)
@@ -129,3 +129,8 @@ def quant_plan(q: Any, dtype: str, config: Mapping[str, Any] | None = None) -> Q
             raise UnsupportedQuantization(f"{method} format {fmt!r}")
         raise UnsupportedQuantization(f"quant_method {method!r}")
     return scheme.plan(q, Unquantized(dtype), config or {})
+
+
+def implemented() -> str:
+    """The (quant_method, format) pairs a scheme is registered for, as text (QUANT_UNSUPPORTED names them)."""
+    return ", ".join(m if f is None else f"{m} {f}" for m, f in sorted(Scheme.registry, key=str))
