@@ -339,17 +339,22 @@ def test_v4_fp8_dequantizes_as_transformers() -> None:
         assert np.array_equal(bits(got), bits(to_np(ref)))
 
 
-def test_v4_fp4_experts_dequantize_by_deepseeks_formula() -> None:
-    """``fp4 * 2**(e - 127)`` per 32 inputs, rounded to bf16: E2M1 codes decoded by compressed-tensors (the same
-    nibble order), the F8_E8M0 scale by torch, the product in float32."""
+def test_v4_fp4_experts_dequantize_as_transformers() -> None:
+    """transformers 5.25's load-time dequantization of `expert_dtype: fp4` weights (finegrained_fp8.Fp8Dequantize:
+    I8 nibble pairs, F8_E8M0 scales per 32 inputs, float32 product to bf16), bit for bit; and DeepSeek's formula
+    ``fp4 * 2**(e - 127)`` with compressed-tensors' E2M1 decoding (the same nibble order)."""
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
     gen = torch.Generator().manual_seed(5)
     out, inp = 64, 256
     packed = torch.randint(-128, 128, (out, inp // 2), generator=gen, dtype=torch.int8)
     scale = torch.randint(110, 135, (out, inp // 32), generator=gen, dtype=torch.uint8).view(torch.float8_e8m0fnu)
-    values = unpack_fp4_from_uint8(packed.view(torch.uint8), out, inp, dtype=torch.float32)
-    ref = (values * scale.float().repeat_interleave(32, 1)).to(torch.bfloat16)
+    ref = Fp8Dequantize(None)._dequantize_one(packed, scale, torch.bfloat16)
     got = Fp4Experts().dequantize({".weight": packed.numpy(), ".scale": to_np(scale)}, out, inp)
     assert np.array_equal(bits(got), bits(to_np(ref)))
+    values = unpack_fp4_from_uint8(packed.view(torch.uint8), out, inp, dtype=torch.float32)
+    formula = (values * scale.float().repeat_interleave(32, 1)).to(torch.bfloat16)
+    assert np.array_equal(bits(got), bits(to_np(formula)))
     assert np.array_equal(bits(dequantize_fp4_e8m0(packed.numpy(), to_np(scale), inp)), bits(got))
 
 

@@ -17,10 +17,10 @@ Dequantization, bit for bit:
   once to bf16;
 * `dequantize_mxfp4` == MXFP4PackedCompressor.decompress: the FP4 value times the bf16 power of two, rounded
   to bf16 (exact but for overflow and subnormals);
-* `dequantize_fp4_e8m0` (DeepSeek-V4's FP4 experts): transformers 5.25 has no dequantization of them
-  (integrations/finegrained_fp8.py refuses int8 weights); the formula is DeepSeek's reference for FP4 weights
-  with one UE8M0 scale per 32 inputs, ``w[o, i] = fp4(w[o, i]) * 2**(scale[o, i // 32] - 127)``, computed in
-  float32 and rounded to bf16 (what MXFP4 computes, with F8_E8M0 scales in place of U8 codes).
+* `dequantize_fp4_e8m0` (DeepSeek-V4's FP4 experts) == transformers 5.25's ``Fp8Dequantize._dequantize_one``
+  (integrations/finegrained_fp8.py, its load-time dequantization of `expert_dtype: fp4` weights): the E2M1 value
+  times the F8_E8M0 scale of its 32 inputs, both float32, rounded once to bf16 (DeepSeek's
+  ``fp4 * 2**(e - 127)``; MXFP4's arithmetic with F8_E8M0 scales in place of U8 codes).
 """
 
 from __future__ import annotations

@@ -53,6 +53,8 @@ TORCH_DTYPES = {"torch.bfloat16": "BF16", "torch.float16": "F16", "torch.float32
                 "torch.float8_e4m3fn": FP8_DTYPE, "torch.uint8": "U8"}
 """`scale_dtype` as compressed-tensors serializes it -> the safetensors dtype."""
 LINEAR = "Linear"
+MIXED = "mixed-precision"
+"""The config's `format` when each config group names its own."""
 
 
 def _scale_dtype(weights: Mapping[str, Any], default: str) -> str:
@@ -428,6 +430,9 @@ def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized) -> QuantPlan:
     `format`, else the config's) for its targets, `ignore` left plain."""
     from kimi_audit.model.quant.plan import QuantPlan
 
+    top = q.get("format")
+    if top is not None and top != MIXED and (METHOD, top) not in Scheme.registry:
+        raise UnsupportedQuantization(f"{METHOD} format {top!r}")
     groups = q.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise UnsupportedQuantization("compressed-tensors without config_groups")

@@ -150,7 +150,7 @@ class Fp4Experts(Scheme):
         return f"FP4 e2m1, two per I8 byte, one F8_E8M0 scale per {self.group} inputs (DeepSeek-V4 experts)"
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
-        """DeepSeek's FP4 formula, ``fp4 * 2**(e - 127)`` per 32 inputs, rounded to bf16 (numerics.fp4)."""
+        """``fp4 * 2**(e - 127)`` per 32 inputs, rounded to bf16: transformers' Fp8Dequantize (numerics.fp4)."""
         from kimi_audit.numerics.fp4 import dequantize_fp4_e8m0
 
         return dequantize_fp4_e8m0(packed_rows(tensors, ".weight", out), tensors[V4_SCALE_SUFFIX], inp, self.group)
