@@ -397,3 +397,30 @@ def test_index_total_parameters_is_compared_with_the_models(checkpoints: dict[st
     assert got == ([] if expect is None else [expect])
     if given == "stored":
         assert (doc["findings"][0]["expected"], doc["findings"][0]["actual"]) == (unquantized_total(), stored)
+
+
+def test_v4_stored_tensors_are_what_transformers_allocates() -> None:
+    """transformers 5.25 loads `quant_method: fp8` checkpoints into FP8Linear (one weight_scale_inv per block,
+    F8_E8M0 with scale_fmt ue8m0; the quantizer renames DeepSeek's `.scale` to it) and, with expert_dtype fp4,
+    FP8Experts whose gate_up_proj / down_proj hold every expert's I8 [out, in/2] and F8_E8M0 [out, in/32]: the
+    same dtypes and shapes the V4 schemes store per module."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear
+
+    dt = {torch.float8_e4m3fn: "F8_E4M3", torch.float8_e8m0fnu: "F8_E8M0", torch.int8: "I8"}
+    for block, (out, inp) in (((128, 128), (1024, 4096)), ((32, 32), (96, 200))):
+        linear = FP8Linear(inp, out, block_size=block, scale_fmt="ue8m0")
+        scheme = Fp8Block(block=block, scale_fmt="ue8m0", scale_suffix=".scale", scale_dtype="F8_E8M0")
+        assert [(s.dtype, s.shape) for s in scheme.stored(out, inp)] == [
+            (dt[p.dtype], tuple(p.shape)) for p in (linear.weight, linear.weight_scale_inv)]
+    hidden, inter, experts = 256, 128, 4
+    cfg = SimpleNamespace(hidden_size=hidden, moe_intermediate_size=inter, num_experts=experts, hidden_act="silu")
+    moe = FP8Experts(cfg, block_size=(128, 128), scale_fmt="ue8m0", expert_dtype="fp4")
+    w1, s1 = Fp4Experts().stored(inter, hidden)
+    w2, s2 = Fp4Experts().stored(hidden, inter)
+    assert (dt[moe.gate_up_proj.dtype], tuple(moe.gate_up_proj.shape)) == (w1.dtype, (experts, 2 * inter, w1.shape[1]))
+    assert (dt[moe.gate_up_proj_scale_inv.dtype], tuple(moe.gate_up_proj_scale_inv.shape)) == (
+        s1.dtype, (experts, 2 * inter, s1.shape[1]))
+    assert (dt[moe.down_proj.dtype], tuple(moe.down_proj.shape)) == (w2.dtype, (experts, *w2.shape))
+    assert (dt[moe.down_proj_scale_inv.dtype], tuple(moe.down_proj_scale_inv.shape)) == (s2.dtype, (experts, *s2.shape))
