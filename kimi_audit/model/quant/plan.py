@@ -18,7 +18,7 @@ from operator import neg, or_
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.quant import compressed, deepseek  # noqa: F401  (imported: their schemes register)
+from kimi_audit.model.quant import compressed, ct_fp4, ct_naive, ct_pack, deepseek  # noqa: F401  (their schemes register)
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.scheme import Scheme, Unquantized, UnsupportedQuantization
 
