@@ -12,9 +12,9 @@ import pytest
 from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
 from kimi_audit.model.kinds import PACKED, PARAMETER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
-from kimi_audit.model.quant.ct_fp4 import Mxfp4PackQuantized, Nvfp4PackQuantized
-from kimi_audit.model.quant.ct_naive import FloatQuantized, IntQuantized
-from kimi_audit.model.quant.ct_pack import PackQuantized
+from kimi_audit.model.quant.compressed.fp4 import Mxfp4PackQuantized, Nvfp4PackQuantized
+from kimi_audit.model.quant.compressed.naive import FloatQuantized, IntQuantized
+from kimi_audit.model.quant.compressed.pack import PackQuantized
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.plan import QuantPlan, quant_plan
 from kimi_audit.model.quant.scheme import Scheme, Unquantized, UnsupportedQuantization

@@ -2,7 +2,7 @@
 
 - scheme.py: what every scheme is (Stored, Scheme and its registry, Unquantized);
 - deepseek.py: DeepSeek's own FP8 (V3's `weight_scale_inv`, V4's `.scale`) and V4's FP4 routed experts;
-- compressed.py: compressed-tensors' config groups and what its formats share; ct_pack.py (pack-quantized),
-  ct_naive.py (float- and int-quantized), ct_fp4.py (nvfp4- and mxfp4-pack-quantized), one class a format;
+- compressed/: compressed-tensors' formats, one class each (pack.py: pack-quantized; naive.py: float- and
+  int-quantized; fp4.py: nvfp4- and mxfp4-pack-quantized) and the plan of its config groups (base.py);
 - plan.py: QuantPlan and `quant_plan`, which dispatches through the registry.
 """

@@ -18,8 +18,9 @@ from operator import neg, or_
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.quant import compressed, ct_fp4, ct_naive, ct_pack, deepseek  # noqa: F401  (their schemes register)
-from kimi_audit.model.quant.deepseek import Fp8Block
+from kimi_audit.model.quant import deepseek
+from kimi_audit.model.quant.compressed import base as compressed
+from kimi_audit.model.quant.compressed import fp4, naive, pack  # noqa: F401  (imported: their schemes register)
 from kimi_audit.model.quant.scheme import Scheme, Unquantized, UnsupportedQuantization
 
 __all__ = ["QuantPlan", "fp8_block", "implemented", "quant_plan"]
@@ -106,7 +107,7 @@ def fp8_block(plan: QuantPlan | None) -> tuple[int, int]:
         block = getattr(scheme, "block", None)
         if isinstance(block, tuple) and len(block) == 2:
             return block
-    return Fp8Block.block
+    return deepseek.Fp8Block.block
 
 
 def quant_plan(q: Any, dtype: str, config: Mapping[str, Any] | None = None) -> QuantPlan | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.model.kinds import PACKED, SCALE
-from kimi_audit.model.quant.compressed import (
+from kimi_audit.model.quant.compressed.base import (
     METHOD,
     CompressedTensors,
     group_size_of,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import PARAMETER, SCALE
-from kimi_audit.model.quant.compressed import (
+from kimi_audit.model.quant.compressed.base import (
     METHOD,
     CompressedTensors,
     group_size_of,
