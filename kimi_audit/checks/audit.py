@@ -18,6 +18,7 @@ from kimi_audit.format.table import tensor_table
 from kimi_audit.gcpause import gc_paused
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
+from kimi_audit.model.kinds import ROUTER_BIAS, role_of
 from kimi_audit.model.layout import layer_block
 from kimi_audit.sources.base import Source
 
@@ -139,9 +140,11 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
     index = ckpt.index
     if index is not None and index.total_parameters is not None and cfg.layout_supported \
             and cfg.quant_unsupported is None and all(shard in ckpt.headers for shard in index.shards):
-        specs = expected.specs
-        parameters = sum(specs[i].logical for i in expected.spec_of)
-        all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes))))
+        specs, spec_of = expected.specs, expected.spec_of  # the parameters of the tensors found (MTP_ABSENT apart)
+        parameters = sum(specs[spec_of[p]].logical for p in aligned.positions if p is not None)
+        buffers = sum(math.prod(s) for n, s in zip(actual.names, actual.shapes) if role_of(n) == ROUTER_BIAS)
+        all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes)),
+                                                            parameters - buffers))
     all_findings = fold_quantization(attribute(all_findings, ckpt, cov), expected)
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)

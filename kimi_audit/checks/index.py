@@ -49,11 +49,13 @@ def index_total_size_findings(index: IndexFile, headers: dict[str, ShardHeader])
     return out
 
 
-def index_total_parameters_findings(index: IndexFile | None, parameters: int, stored_elements: int) -> list[Finding]:
-    """metadata.total_parameters against the parameters the layout counts (packed words standing for the out x in
-    parameters of their module, quantization metadata not counted): an info where it counts the stored elements
-    instead (llmcompressor's: compressed words and scales), a warning where it is neither."""
-    if index is None or index.total_parameters is None or index.total_parameters == parameters:
+def index_total_parameters_findings(index: IndexFile | None, parameters: int, stored_elements: int,
+                                    without_buffers: int | None = None) -> list[Finding]:
+    """metadata.total_parameters against the parameters of the tensors found (packed words standing for the out x
+    in parameters of their module, quantization metadata not counted), or `without_buffers`, that count less the
+    router biases transformers keeps as buffers (its save writes num_parameters()): an info where it counts the
+    stored elements instead (llmcompressor's: compressed words and scales), a warning where it is neither."""
+    if index is None or index.total_parameters is None or index.total_parameters in (parameters, without_buffers):
         return []
     given = index.total_parameters
     if given == stored_elements:

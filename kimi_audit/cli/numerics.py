@@ -203,15 +203,17 @@ def tensor(
     name: str = typer.Argument(..., help="Tensor name (model.layers.0.self_attn.q_a_layernorm.weight) or Linear "
                                          "module name (model.layers.5.mlp.experts.7.gate_proj)."),
     revision: str | None = typer.Option(None, "--revision", "-r", help="Hub revision."),
-    dequant: bool = typer.Option(False, "--dequant", help="For an FP8 or INT4 weight: statistics of the "
-                                 "dequantized values (FP8: bf16 block dequant; INT4: compressed-tensors' own)."),
+    dequant: bool = typer.Option(False, "--dequant", help="For a quantized weight (FP8, INT4/INT8, NVFP4, MXFP4, "
+                                 "DeepSeek-V4 FP4): statistics of the dequantized values, computed as the format's "
+                                 "writer decompresses them."),
     max_bytes: int = typer.Option(DEFAULT_MAX_TENSOR_BYTES, "--max-bytes", min=1,
                                   help="Refuse to fetch a tensor larger than this."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
 ) -> None:
     """Fetch one tensor by byte range and print its value statistics (and its scales').
 
-    A module name stands for its stored weight: `.weight`, or `.weight_packed` for compressed-tensors INT4.
+    A module name stands for its stored weight: `.weight`, or `.weight_packed` for compressed-tensors' packed
+    formats.
     Fails (exit 1) on NaN/Inf values, scales that are not finite and > 0, a quantization tensor absent, or an
     INT4 weight_shape that disagrees with the config's [out, in].
     """
