@@ -87,7 +87,7 @@ def main() -> int:
         replica = args.replica
         if replica is None:
             sys.path.insert(0, str(ROOT))
-            from kimi_audit.model.replica import build_replica
+            from kimi_audit.replica.build import build_replica
 
             replica = build_replica(tmp / "replica")
         replica = str(replica.resolve())

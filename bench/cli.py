@@ -30,7 +30,8 @@ remote: `kimi-audit audit moonshotai/Kimi-K2-Instruct --json` (the pinned revisi
   today: <= 64 requests, <= 1.02x needed (the worst run of each counts).
 family: `kimi-audit audit THINKING --json` against `kimi-audit audit INSTRUCT --json`, both full-scale
   replicas (Kimi-K2-Thinking's 62 INT4 shards, 208,276 tensors, built in a temp dir; Kimi-K2-Instruct's as
-  for local). Target: Thinking's wall <= 1.6x Instruct's.
+  for local). Target: Thinking's wall <= 1.6x Instruct's. And `kimi-audit audit V4FLASH --json`, the
+  DeepSeek-V4-Flash replica (46 BF16 shards, 34,225 tensors, built in a temp dir). Target: <= 1.0x Instruct's.
 It is a benchmark, not a test: nothing is asserted; each target is shown PASS or MISS.
 """
 
@@ -377,23 +378,29 @@ def bench_remote(replica: Path, repeats: int, latency_ms: float, tmp: Path) -> t
 
 
 def bench_family(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
-    from kimi_audit.model.replica import build_replica
+    from kimi_audit.replica.build import build_replica
 
     t0 = time.perf_counter()
     thinking = build_replica(tmp / "thinking", model="kimi-k2-thinking").resolve()
+    v4 = build_replica(tmp / "v4-flash", model="deepseek-v4-flash").resolve()
     built = time.perf_counter() - t0
     env = base_env()
     py = sys.executable
     think = Cmd("audit Kimi-K2-Thinking --json", [py, "-m", "kimi_audit", "audit", str(thinking), "--json"], env)
     inst = Cmd("audit Kimi-K2-Instruct --json", [py, "-m", "kimi_audit", "audit", str(replica), "--json"], env)
-    cmds = [think, inst]
+    flash = Cmd("audit DeepSeek-V4-Flash --json", [py, "-m", "kimi_audit", "audit", str(v4), "--json"], env)
+    cmds = [think, inst, flash]
     alternate(cmds, repeats, tmp)
     r = think.median_wall() / inst.median_wall()
-    targets = [Target("Thinking (208,276 tensors) wall <= 1.6x Instruct's (139,644)", f"{r:.2f}x", r <= 1.6)]
-    lines = [f"built the Kimi-K2-Thinking replica in {built:.0f} s: {thinking}"]
+    r4 = flash.median_wall() / inst.median_wall()
+    targets = [Target("Thinking (208,276 tensors) wall <= 1.6x Instruct's (139,644)", f"{r:.2f}x", r <= 1.6),
+               Target("DeepSeek-V4-Flash (34,225 tensors) wall <= 1.0x Instruct's", f"{r4:.2f}x", r4 <= 1.0)]
+    lines = [f"built the Kimi-K2-Thinking and DeepSeek-V4-Flash replicas in {built:.0f} s: {thinking}, {v4}"]
     lines += table(f"family, full-scale replicas: medians of {repeats} alternating runs", cmds, targets)
     lines.append(f"  ratios Thinking / Instruct: wall {r:.2f}x, CPU {think.median_cpu() / inst.median_cpu():.2f}x, "
                  f"RSS {think.median_rss() / inst.median_rss():.2f}x")
+    lines.append(f"  ratios V4-Flash / Instruct: wall {r4:.2f}x, CPU {flash.median_cpu() / inst.median_cpu():.2f}x, "
+                 f"RSS {flash.median_rss() / inst.median_rss():.2f}x")
     return lines, _json_group(cmds, targets)
 
 
@@ -418,7 +425,7 @@ def main() -> int:
         tmp = Path(tmp_name)
         replica = args.replica
         if replica is None and ("local" in parts or "remote" in parts or "family" in parts):
-            from kimi_audit.model.replica import build_replica
+            from kimi_audit.replica.build import build_replica
 
             t0 = time.perf_counter()
             replica = build_replica(tmp / "replica")

@@ -3,7 +3,8 @@
 The public API (loaded on first use, so `kimi-audit --version` stays light):
 
 - `audit(source, revision=None, *, values=False)` -> `AuditReport` (see kimi_audit.api);
-- `AuditReport`: `.findings`, `.stats`, `.verdict()`, `.exit_code(fail_on="error")`, `.to_dict()`;
+- `AuditReport`: `.findings`, `.stats`, `.verdict()`, `.exit_code(fail_on="error")`, `.to_dict()` (the
+  audit's own report, checks.audit.AuditReport, in `.audit`);
 - `Finding`, `Severity`, and `KimiAuditError` (unusable input, with a stable `.code`).
 """
 
@@ -11,16 +12,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from kimi_audit.constants import VERSION as __version__
+
 __all__ = ["AuditReport", "Finding", "KimiAuditError", "Severity", "__version__", "audit"]
 
 if TYPE_CHECKING:
-    from kimi_audit.api import audit
-    from kimi_audit.checks.audit import AuditReport
+    from kimi_audit.api import AuditReport, audit
     from kimi_audit.errors import KimiAuditError
     from kimi_audit.findings import Finding, Severity
 
-_LAZY = {"audit": "kimi_audit.api", "AuditReport": "kimi_audit.checks.audit", "Finding": "kimi_audit.findings",
+_LAZY = {"audit": "kimi_audit.api", "AuditReport": "kimi_audit.api", "Finding": "kimi_audit.findings",
          "Severity": "kimi_audit.findings", "KimiAuditError": "kimi_audit.errors"}
 
 

@@ -14,10 +14,111 @@ Unusable input (no config.json, an unreachable Hub, ...) raises KimiAuditError (
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
-from kimi_audit.checks.audit import AuditReport, audit_source
-from kimi_audit.model.checkpoint import ProgressFn
+from kimi_audit.checks import audit as checks_audit
+from kimi_audit.checks.q_a_layernorm import QALayerNormReport
+from kimi_audit.checks.stats import Stats
+from kimi_audit.findings import Finding, Severity
+from kimi_audit.model.checkpoint import Checkpoint, ProgressFn
+from kimi_audit.report.json_report import report_dict
 from kimi_audit.sources import open_source
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """What `audit()` returns: the audit's own report (checks.audit.AuditReport, in `.audit`), each of its
+    fields read through, and `to_dict()`, its plain data as the CLI renders it (report.json_report)."""
+
+    audit: checks_audit.AuditReport
+
+    def to_dict(self, fail_on: Severity | str = Severity.ERROR, all_findings: bool = False) -> dict[str, Any]:
+        """The report as plain data: exactly what `audit --json` prints (schema kimi-audit/audit/1)."""
+        return report_dict(self.audit, Severity(fail_on), all_findings)
+
+    def to_html(self, fail_on: Severity | str = Severity.ERROR) -> str:
+        """The report as one self-contained HTML page: what `audit --format html` writes."""
+        from kimi_audit.report.html import render_html
+
+        return render_html(self.audit, Severity(fail_on))
+
+    def exit_code(self, fail_on: Severity | str = Severity.ERROR) -> int:
+        """The command line's exit code for these findings: 1 when any is at `fail_on` or worse, else 0."""
+        return self.audit.exit_code(fail_on)
+
+    def verdict(self, fail_on: Severity | str = Severity.ERROR) -> str:
+        """PASS, FAIL, or PARTIAL (a download in progress): the command line's headline."""
+        return self.audit.verdict(fail_on)
+
+    def count(self, severity: Severity) -> int:
+        return self.audit.count(severity)
+
+    @property
+    def errors(self) -> int:
+        return self.audit.errors
+
+    @property
+    def warnings(self) -> int:
+        return self.audit.warnings
+
+    @property
+    def source(self) -> str:
+        return self.audit.source
+
+    @property
+    def revision(self) -> str | None:
+        return self.audit.revision
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.audit.model
+
+    @property
+    def stats(self) -> Stats:
+        return self.audit.stats
+
+    @property
+    def q_a_layernorm(self) -> QALayerNormReport:
+        return self.audit.q_a_layernorm
+
+    @property
+    def shards(self) -> tuple[checks_audit.ShardSummary, ...]:
+        return self.audit.shards
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return self.audit.findings
+
+    @property
+    def absent_shards(self) -> int:
+        return self.audit.absent_shards
+
+    @property
+    def listed_shards(self) -> int:
+        return self.audit.listed_shards
+
+    @property
+    def values_checked(self) -> bool:
+        return self.audit.values_checked
+
+    @property
+    def gates_checked(self) -> bool:
+        return self.audit.gates_checked
+
+    @property
+    def ignored(self) -> tuple[Finding, ...]:
+        return self.audit.ignored
+
+    @property
+    def ignored_by(self) -> tuple[str, ...]:
+        return self.audit.ignored_by
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """What was audited: config, index, every shard's header and the expected layout (the HTML page
+        draws the model from it)."""
+        return self.audit.checkpoint
 
 
 def audit(
@@ -32,5 +133,5 @@ def audit(
     if values:
         from kimi_audit.checks.values import audit_with_values
 
-        return audit_with_values(src, progress, progress)
-    return audit_source(src, progress)
+        return AuditReport(audit_with_values(src, progress, progress))
+    return AuditReport(checks_audit.audit_source(src, progress))

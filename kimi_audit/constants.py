@@ -1,13 +1,16 @@
-"""Constants of the safetensors format, the pinned checkpoint and the tool's limits."""
+"""Constants of the tool, the safetensors format, the pinned checkpoint and the tool's limits."""
 
 from __future__ import annotations
+
+VERSION = "0.1.0"
+"""kimi-audit's version (`kimi_audit.__version__`), here so that the modules that print it do not import
+the package root, whose API imports them."""
 
 PINNED_REPO_ID = "moonshotai/Kimi-K2-Instruct"
 PINNED_REVISION = "fd1984e2b7a3350dbf7305fe73a4ede25c14de50"
 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 SAFETENSORS_SUFFIX = ".safetensors"
 
 # Format limits (see the safetensors reference implementation).

@@ -45,6 +45,12 @@ class FileTooLargeError(SourceError):
     code = "FILE_TOO_LARGE"
 
 
+class NotRegularFileError(SourceError):
+    """A file of the checkpoint is a FIFO, socket, device or directory: never opened for reading."""
+
+    code = "NOT_REGULAR_FILE"
+
+
 class ShortReadError(SourceError):
     """A range read returned fewer bytes than the file is said to hold."""
 

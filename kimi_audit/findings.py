@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from kimi_audit.text import MAX_TEXT, clip, printable
+
 
 class Severity(str, Enum):
     ERROR = "error"
@@ -17,7 +19,7 @@ class Severity(str, Enum):
         return {"error": 2, "warning": 1, "info": 0}[self.value]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a hostile header can make a million of them
 class Finding:
     code: str
     severity: Severity
@@ -28,6 +30,11 @@ class Finding:
     actual: Any = None
     covers: int = 0
     """How many findings this root cause stands for, not reported one by one (checks.root_causes)."""
+
+    def __post_init__(self) -> None:
+        # Messages quote untrusted values: made one printable line and clipped here, once, whatever made them.
+        if len(self.message) > MAX_TEXT or not self.message.isprintable():
+            object.__setattr__(self, "message", clip(printable(clip(self.message))))  # escapes lengthen it
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -81,6 +81,7 @@ class RequestRecord:
     range: str | None
     bytes_sent: int
     gen: int = field(default=0, repr=False, compare=False)  # which reset_stats() epoch counted it
+    at: float = field(default=0.0, repr=False, compare=False)  # time.monotonic() when the server counted it
 
 
 @dataclass
@@ -89,7 +90,7 @@ class Stats:
     bytes_sent: int = 0
     per_path: dict[str, list[int]] = field(default_factory=dict)  # path -> [requests, bytes]
     records: list[RequestRecord] = field(default_factory=list)
-    most_in_flight: int = 0  # the most requests the server was handling at one time
+    peak_in_flight: int = 0  # the most requests the server was handling at once
 
     def for_path(self, needle: str) -> tuple[int, int]:
         """(requests, bytes) summed over the paths that contain `needle`."""
@@ -169,9 +170,9 @@ class FakeHub:
         """A snapshot of the counters."""
         with self._lock:
             s = self._stats
-            records = [RequestRecord(r.method, r.path, r.status, r.range, r.bytes_sent) for r in s.records]
+            records = [RequestRecord(r.method, r.path, r.status, r.range, r.bytes_sent, at=r.at) for r in s.records]
             return Stats(s.requests, s.bytes_sent, {k: list(v) for k, v in s.per_path.items()}, records,
-                         s.most_in_flight)
+                         s.peak_in_flight)
 
     def reset_stats(self) -> None:
         with self._lock:
@@ -181,13 +182,22 @@ class FakeHub:
     def _record(self, method: str, path: str, status: int, rng: str | None, nbytes: int) -> RequestRecord:
         """Count a request (before its body goes out, so a client never sees an answer not yet counted)."""
         with self._lock:
-            rec = RequestRecord(method, path, status, rng, 0, self._gen)
+            rec = RequestRecord(method, path, status, rng, 0, self._gen, time.monotonic())
             s = self._stats
             s.requests += 1
             s.per_path.setdefault(path, [0, 0])[0] += 1
             s.records.append(rec)
         self._add_bytes(rec, nbytes)
         return rec
+
+    def _enter(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+            self._stats.peak_in_flight = max(self._stats.peak_in_flight, self._in_flight)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
     def _add_bytes(self, rec: RequestRecord, nbytes: int) -> None:
         with self._lock:
@@ -367,20 +377,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         hub = self.hub
-        with hub._lock:
-            hub._in_flight += 1
-            hub._stats.most_in_flight = max(hub._stats.most_in_flight, hub._in_flight)
-        try:
-            self._serve()
-        finally:
-            with hub._lock:
-                hub._in_flight -= 1
-
-    def _serve(self) -> None:
-        hub = self.hub
         split = urlsplit(self.path)
         self._path = split.path
         self._query = parse_qs(split.query)
+        hub._enter()
         try:
             hub.wait(hub.latency_s)
             fault = hub._take_fault(self.command, self._path)
@@ -402,6 +402,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._route(fault)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
+        finally:
+            hub._leave()
 
     def _route(self, fault: Fault | None) -> None:
         path = self._path

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import TINY_REPO
+from hub_repos import TINY_REPO
 from kimi_audit.cli import app
 from kimi_audit.format.header import TensorInfo
 from kimi_audit.model.accounting.account import accounting_of_checkpoint, build_accounting
@@ -22,17 +21,17 @@ from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
 from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE
 from kimi_audit.model.layout import expected_layout
-from kimi_audit.model.replica import ReplicaTensor, replica_shards, write_shard
+from kimi_audit.replica.build import ReplicaTensor, replica_shards, write_shard
 from kimi_audit.report.accounting import accounting_dict
 from kimi_audit.sources import LocalSource
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
 
-# Published figures for the pinned checkpoint (shared/reference/kimi-k2-instruct.layout.md): compared against,
-# never used to compute.
-PUBLISHED_PARAMETERS = 1_026_408_232_448
-PUBLISHED_BY_DTYPE = {"F8_E4M3": 1_023_893_241_856, "BF16": 2_514_967_552, "F32": 23_040}
-PUBLISHED_SCALE_ELEMENTS = 62_495_192
-PUBLISHED_BUFFER_ELEMENTS = 3_416
+# Figures recorded for the pinned checkpoint (an inspection of its headers: shared/reference/kimi-k2-instruct.layout.md,
+# not a figure its publisher states): compared against, never used to compute.
+PINNED_PARAMETERS = 1_026_408_232_448
+PINNED_BY_DTYPE = {"F8_E4M3": 1_023_893_241_856, "BF16": 2_514_967_552, "F32": 23_040}
+PINNED_SCALE_ELEMENTS = 62_495_192
+PINNED_BUFFER_ELEMENTS = 3_416
 MOE_QA = "blocks.moe.attention.q_compression.q_a_layernorm"
 runner = CliRunner()
 
@@ -56,14 +55,14 @@ def assert_all_agree(acc):
         assert not n.mismatch, n.key
 
 
-def test_replica_tree_totals_equal_the_published_count(replica_acc):
-    assert replica_acc.derived == replica_acc.found == PUBLISHED_PARAMETERS
-    assert {r.dtype: r.found for r in replica_acc.dtypes} == PUBLISHED_BY_DTYPE
-    assert {r.dtype: r.derived for r in replica_acc.dtypes} == PUBLISHED_BY_DTYPE
+def test_replica_tree_totals_equal_the_pinned_count(replica_acc):
+    assert replica_acc.derived == replica_acc.found == PINNED_PARAMETERS
+    assert {r.dtype: r.found for r in replica_acc.dtypes} == PINNED_BY_DTYPE
+    assert {r.dtype: r.derived for r in replica_acc.dtypes} == PINNED_BY_DTYPE
     assert_all_agree(replica_acc)
     excluded = {kind: sum(r.found_elements for r in replica_acc.excluded if r.kind == kind) for kind in
                 (SCALE, BUFFER)}
-    assert excluded == {SCALE: PUBLISHED_SCALE_ELEMENTS, BUFFER: PUBLISHED_BUFFER_ELEMENTS}
+    assert excluded == {SCALE: PINNED_SCALE_ELEMENTS, BUFFER: PINNED_BUFFER_ELEMENTS}
 
 
 def test_replica_tree_structure_and_formulas_follow_the_config(replica_acc):
@@ -96,7 +95,7 @@ def test_activated_parameters_per_token(replica_acc):
     n_moe = sum(1 for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i))
     per_expert = 3 * cfg.moe_intermediate_size * cfg.hidden_size
     routed = per_expert * cfg.n_routed_experts * n_moe
-    want = PUBLISHED_PARAMETERS - routed + per_expert * cfg.num_experts_per_tok * n_moe
+    want = PINNED_PARAMETERS - routed + per_expert * cfg.num_experts_per_tok * n_moe
     a = replica_acc.activation
     assert a.per_token == want
     assert a.routed_total == routed
@@ -104,7 +103,7 @@ def test_activated_parameters_per_token(replica_acc):
     tech, card = replica_acc.comparisons
     assert tech.published_activated == 32.6e9 and card.published_total == 1e12
     assert tech.activated_ratio == pytest.approx(want / 32.6e9)
-    assert tech.total_ratio == pytest.approx(PUBLISHED_PARAMETERS / 1.04e12)
+    assert tech.total_ratio == pytest.approx(PINNED_PARAMETERS / 1.04e12)
     # 1.026T is within 2% of the tech report's "1.04T"; 32.86B is within 1% of its "32.6B"
     assert abs(tech.total_ratio - 1) < 0.02 and abs(tech.activated_ratio - 1) < 0.01
 
@@ -124,7 +123,7 @@ def test_fault_in_a_full_scale_shard_flags_exactly_its_node(replica_copy):
     assert flagged == {"model", "blocks", "blocks.moe", "blocks.moe.attention", "blocks.moe.attention.q_compression",
                        MOE_QA}
     assert {n.key for _, n in acc.root.walk() if n.own_mismatch} == {MOE_QA}
-    assert acc.found == PUBLISHED_PARAMETERS - 1
+    assert acc.found == PINNED_PARAMETERS - 1
 
 
 def test_tiny_tree_agrees_with_its_layout(tiny_dir):
@@ -247,7 +246,7 @@ def test_params_over_the_hub_equal_local(hub, tiny_dir):
 
 DATA = Path(__file__).parent.parent / "kimi_audit" / "data"
 DEEPSEEK_V3 = Path(__file__).parent / "data" / "deepseek-v3.config.json"
-# family.md (derived there from the config and the published totals)
+# Figures from family.md (derived there from the config)
 V3_PARAMETERS = 684_489_845_504
 V3_MAIN_ONLY = 671_026_419_200
 V3_TENSORS_WITHOUT_BUFFERS = 91_991
@@ -291,13 +290,13 @@ def test_thinking_counts_int4_modules_as_out_times_in(thinking):
     cfg, layout, acc = thinking
     _, instruct = parse_config_bytes(pinned_config_bytes())
     derived_only = build_accounting(cfg, {})
-    assert derived_only.derived == build_accounting(instruct, {}).derived == PUBLISHED_PARAMETERS
-    assert acc.derived == acc.found == PUBLISHED_PARAMETERS
+    assert derived_only.derived == build_accounting(instruct, {}).derived == PINNED_PARAMETERS
+    assert acc.derived == acc.found == PINNED_PARAMETERS
     assert_all_agree(acc)
     routed = 3 * cfg.moe_intermediate_size * cfg.hidden_size * cfg.n_routed_experts * 60
     params = {r.dtype: (r.derived, r.found) for r in acc.dtypes}
     assert params["INT4"] == (routed, routed)
-    assert params["BF16"][0] == PUBLISHED_PARAMETERS - routed - 23_040 and params["F32"] == (23_040, 23_040)
+    assert params["BF16"][0] == PINNED_PARAMETERS - routed - 23_040 and params["F32"] == (23_040, 23_040)
     # stored elements by dtype add up to the layout's, tensor for tensor (packed words, group scales, shapes)
     stored = {r.dtype: (r.derived, r.found) for r in acc.stored}
     assert {d: v[0] for d, v in stored.items()} == layout_elements(layout)

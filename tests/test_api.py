@@ -30,6 +30,19 @@ def test_to_dict_is_the_json_output_and_exit_codes_agree(tmp_path: Path) -> None
     assert report.verdict() == "PASS" and report.verdict("warning") == "FAIL"
 
 
+def test_the_report_reads_every_field_of_the_audits_own(tiny_dir: Path) -> None:
+    """kimi_audit.AuditReport composes checks.audit.AuditReport: each of its fields reads through."""
+    import dataclasses
+
+    from kimi_audit.checks.audit import AuditReport
+
+    report = kimi_audit.audit(tiny_dir)
+    assert isinstance(report.audit, AuditReport)
+    for field in dataclasses.fields(AuditReport):
+        assert getattr(report, field.name) == getattr(report.audit, field.name), field.name
+    assert (report.errors, report.warnings) == (report.audit.errors, report.audit.warnings)
+
+
 def test_values_reads_the_small_tensors_as_audit_values_does(tiny_dir: Path) -> None:
     report = kimi_audit.audit(tiny_dir, values=True)
     doc, code = cli_json(str(tiny_dir), "--values")
@@ -47,6 +60,19 @@ def test_progress_is_called_per_shard(tiny_dir: Path) -> None:
     seen: list[tuple[str, int, int]] = []
     kimi_audit.audit(str(tiny_dir), progress=lambda shard, done, total: seen.append((shard, done, total)))
     assert [(d, t) for _, d, t in seen] == [(1, 3), (2, 3), (3, 3)]
+
+
+def test_the_library_leaves_the_collector_alone(tiny_dir: Path) -> None:
+    """No hidden global state: inside the audit (where the progress callback runs) the host's collector
+    is as the host set it, and it is so afterwards."""
+    import gc
+
+    before = (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count())
+    seen: list[tuple[bool, tuple[int, int, int], int]] = []
+    kimi_audit.audit(tiny_dir, progress=lambda *_: seen.append(
+        (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count())))
+    assert seen and set(seen) == {before}
+    assert (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count()) == before
 
 
 def test_the_api_is_typed_and_lazy() -> None:

@@ -82,15 +82,6 @@ def test_module_entry_point_and_help():
     assert "--json" in r.stdout and "owner/name" in r.stdout
 
 
-def test_demo_builds_and_audits_the_full_scale_replica(tmp_path):
-    r = run("demo", str(tmp_path / "replica"))
-    assert r.exit_code == 0, r.output
-    assert "1,026,408,232,448" in r.stdout
-    assert "60 MoE blocks × 1,536 = 92,160" in r.stdout
-    assert "1 dense block × 1,536 = 1,536" in r.stdout
-    assert (tmp_path / "replica" / "model-61-of-61.safetensors").exists()
-
-
 def test_each_command_is_registered_by_the_module_the_table_names() -> None:
     """main() imports only the invoked command's module (cli.application.COMMAND_MODULES): the table must
     name, for every registered command, the module that registers it, and nothing else."""

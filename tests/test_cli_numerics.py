@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import TINY_REPO
+from hub_repos import TINY_REPO
 from kimi_audit.checks.values import plan_reads, value_findings
 from kimi_audit.cli import app
 from kimi_audit.format.header import TensorInfo
@@ -193,7 +192,7 @@ def test_rmsnorm_on_the_replica_reads_only_gains(replica_dir: Path) -> None:
 
 def test_rmsnorm_from_embeddings_on_replica_reads_rows_not_the_table(replica_copy: Path, replica_dir: Path) -> None:
     from kimi_audit.model.config import parse_config_bytes
-    from kimi_audit.model.replica import replica_shards, write_shard
+    from kimi_audit.replica.build import replica_shards, write_shard
 
     # the replica's embedding table and q_a_proj are holes: not present (exit 2), never zeros
     r = run("rmsnorm", str(replica_dir), "--from-embeddings", "0,163839")
@@ -367,7 +366,7 @@ def test_plan_reads_coalesces_neighbours_only() -> None:
 
 def test_values_pass_on_the_replica(replica_copy: Path, replica_dir: Path) -> None:
     from kimi_audit.model.config import parse_config_bytes
-    from kimi_audit.model.replica import replica_shards, write_shard
+    from kimi_audit.replica.build import replica_shards, write_shard
 
     shard = "model-8-of-61.safetensors"
     tensors = replica_shards(parse_config_bytes((replica_dir / "config.json").read_bytes())[1])[shard]

@@ -63,17 +63,36 @@ def test_demo_refuses_a_file_even_with_force(tmp_path):
     assert target.read_bytes() == b"keep"
 
 
-def test_demo_force_writes_only_the_replica_files(tmp_path):
+@pytest.mark.slow
+def test_demo_force_writes_only_the_replica_files_and_never_through_a_link(tmp_path):
+    """--force replaces the replica's own names and nothing else. A name planted in DIR as a symlink or a hard
+    link to a file outside is replaced by a new file (the outside files keep their bytes), and a link planted
+    as the fixed temporary name of old, `<shard>.partial`, is never written through."""
     target = tmp_path / "mixed"
     target.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victims = {name: outside / name for name in ("config", "shard", "linked")}
+    for path in victims.values():
+        path.write_bytes(b"precious " + path.name.encode())
     (target / "notes.txt").write_text("mine")
-    (target / "config.json").write_text("stale")
-    r = cli("demo", str(target), "--force", "--json")
+    (target / "config.json").symlink_to(victims["config"])
+    (target / "model-1-of-61.safetensors").symlink_to(victims["shard"])
+    (target / "model-2-of-61.safetensors.partial").symlink_to("notes.txt")
+    os.link(victims["linked"], target / "model-3-of-61.safetensors")
+    r = cli("demo", str(target), "--force")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["result"]["verdict"] == "PASS"
+    assert "1,026,408,232,448" in r.stdout
+    assert "60 MoE blocks × 1,536 = 92,160" in r.stdout and "1 dense block × 1,536 = 1,536" in r.stdout
+    assert {p.name: p.read_bytes() for p in victims.values()} == {
+        p.name: b"precious " + p.name.encode() for p in victims.values()}
     assert (target / "notes.txt").read_text() == "mine"
     assert json.loads((target / "config.json").read_text())["model_type"] == "kimi_k2"
-    names = {p.name for p in target.iterdir()} - {"notes.txt", "config.json", "model.safetensors.index.json"}
+    for name in ("config.json", "model-1-of-61.safetensors", "model-3-of-61.safetensors"):
+        path = target / name
+        assert not path.is_symlink() and path.stat().st_nlink == 1, name
+    names = {p.name for p in target.iterdir()} - {"notes.txt", "config.json", "model.safetensors.index.json",
+                                                  "model-2-of-61.safetensors.partial"}
     assert names == {f"model-{i}-of-61.safetensors" for i in range(1, 62)}
 
 
@@ -81,6 +100,7 @@ def _no_sigint_ignored() -> None:  # a test runner started in the background may
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow  # starts a full-scale build (in a subprocess)
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_during_demo_removes_its_temporary_directory(tmp_path, sig, code):
     tmp = tmp_path / "tmp"

@@ -15,14 +15,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import TINY_REPO
+from hub_repos import TINY_REPO
 from kimi_audit.checks.diff import _Item, content_diff, hash_tensors, header_diff
 from kimi_audit.cli import app
 from kimi_audit.format.header import read_shard_header
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.config import parse_config_bytes, pinned_config_bytes
-from kimi_audit.model.replica import ReplicaTensor, replica_shards, write_shard
+from kimi_audit.replica.build import ReplicaTensor, replica_shards, write_shard
 from kimi_audit.sources import LocalSource
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
 

@@ -41,6 +41,13 @@ STRICTER = {
         "spellings apart, so kimi-audit refuses them all (HEADER_INVALID_JSON) rather than accept one the "
         "library refuses."
     ),
+
+    "RANK_OVER_64": (
+        "A shape of more than 64 dims. The library accepts one (300 dims, in this corpus), but numpy's "
+        "NPY_MAXDIMS is 64, so safetensors.numpy (and kimi-audit's value checks) cannot load such a tensor; "
+        "no real checkpoint has more than 5 dims, and a 20,000-dim shape otherwise costs 6,000-digit sizes "
+        "in every report. kimi-audit refuses it (SHAPE_INVALID) from its length, before any product is computed."
+    ),
 }
 
 
@@ -52,7 +59,8 @@ def rules(data: bytes) -> set[str]:
     out = set()
     for f in parse_shard_prefix(data, shard="f", file_size=len(data)).findings:
         if f.severity is Severity.ERROR:
-            out.add("F64_MAX_IN_IGNORED_FIELD" if "rounds to its largest" in f.message else f.code)
+            out.add("F64_MAX_IN_IGNORED_FIELD" if "rounds to its largest" in f.message
+                    else "RANK_OVER_64" if "more than 64 (numpy's limit)" in f.message else f.code)
     return out
 
 

@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import GATED_REPO, REPLICA_COMMIT, REPLICA_REPO, TINY_REPO, needed_bytes, shard_count
+from hub_repos import GATED_REPO, REPLICA_COMMIT, REPLICA_REPO, TINY_REPO, needed_bytes, shard_count
 from hub_server import FakeHub
 from kimi_audit.checks.audit import audit_source
-from kimi_audit.checks.report_dict import report_dict
 from kimi_audit.cli import app
 from kimi_audit.download.hub import download, select_files, verify_files
+from kimi_audit.report.json_report import report_dict
 from kimi_audit.sources.hub import HubSource
 from kimi_audit.sources.local import LocalSource
 
@@ -90,6 +89,7 @@ def test_verify_reports_a_tampered_file(hub: FakeHub, tiny_dir: Path, tmp_path: 
     assert all(v.ok for n, v in checked.items() if n != shard)
 
 
+@pytest.mark.usefixtures("replica_hub")
 def test_headers_only_replica_audits_offline(hub: FakeHub, replica_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "headers"
     hub.reset_stats()

@@ -17,7 +17,7 @@ import pytest
 
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.quant.deepseek import Fp4Experts, Fp8Block
-from kimi_audit.model.quant.plan import quant_plan
+from kimi_audit.model.quant.dispatch import quant_plan
 from kimi_audit.model.quant.scheme import Stored
 from kimi_audit.numerics.fp4 import dequantize_fp4_e8m0, e8m0_to_float32, float4_e2m1fn, fp4_lut, unpack_fp4
 

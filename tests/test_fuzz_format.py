@@ -176,16 +176,15 @@ def test_claimed_sizes_allocate_nothing() -> None:
         assert peak_bytes(partial(parse_shard_prefix, data, shard="f", file_size=2**50)) < (1 << 20)
 
 
-def test_a_million_unit_dims_do_not_hang() -> None:
-    """math.prod over a huge shape is bounded: the fast path refuses > 8 dims, the slow one stops at 2^64."""
-    import time
-
+@pytest.mark.timeout(60)
+def test_a_huge_rank_is_refused_from_its_length() -> None:
+    """A shape of more than 64 dims (numpy's limit) is SHAPE_INVALID whatever its dims: no product of
+    200,000 of them is computed, and the shape is not kept for anything downstream to compute with."""
     for dims in ([2**63 - 1] * 200_000, [1] * 200_000):
         raw = json.dumps({"t": {"dtype": "U8", "shape": dims, "data_offsets": [0, 1]}}).encode()
-        t = time.perf_counter()
         h = parse_shard_prefix(struct.pack("<Q", len(raw)) + raw + b"\0", shard="f", file_size=9 + len(raw))
-        assert time.perf_counter() - t < 5
-        assert h.ok is (dims[0] == 1)
+        assert [f.code for f in h.findings] == ["SHAPE_INVALID"] and "200,000 dims" in h.findings[0].message
+        assert h.tensors["t"].shape == ()
         assert all(len(f.message) < 2000 for f in h.findings)
 
 

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import TINY_REPO
+from hub_repos import TINY_REPO
 from hub_server import FakeHub
 from kimi_audit.cli import app
 from kimi_audit.constants import PINNED_REPO_ID, PINNED_REVISION

@@ -10,11 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from kimi_audit.checks.audit import audit_source
-from kimi_audit.checks.ignore import IgnoreRule, apply_ignores, ignored_line, parse_ignore
-from kimi_audit.checks.report_dict import MAX_FINDINGS, report_dict
+from kimi_audit.checks.ignore import IgnoreRule, apply_ignores, parse_ignore
 from kimi_audit.cli import app
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Severity, error, warning
+from kimi_audit.report.grouping import ignored_line
+from kimi_audit.report.json_report import MAX_FINDINGS, report_dict
 from kimi_audit.report.markdown import render_markdown
 from kimi_audit.report.rules import RULES
 from kimi_audit.sources import LocalSource

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from kimi_audit.model.quant.compressed.pack import PackQuantized
-from kimi_audit.model.replica_models import replica_model
 from kimi_audit.numerics.dtypes import NumericsError
 from kimi_audit.numerics.int4 import dequantize_group, packed_words, unpack_int4
+from kimi_audit.replica.models import replica_model
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("compressed_tensors")

@@ -18,14 +18,12 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 import tracemalloc
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from hub_fixtures import *  # noqa: F403
 from hub_server import FakeHub
 from kimi_audit.checks.audit import audit_source
 from kimi_audit.constants import CONFIG_FILE, INDEX_FILE, MAX_CONFIG_BYTES, MAX_HEADER_BYTES, MAX_INDEX_BYTES
@@ -196,7 +194,7 @@ def test_two_hundred_thousand_tensors_parse_within_16x_their_size() -> None:
 
 
 MILLION_SCRIPT = r"""
-import sys, time
+import sys
 from kimi_audit.format.header import parse_header_json
 raw = open(sys.argv[1], "rb").read()
 def vm(key):
@@ -204,9 +202,8 @@ def vm(key):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
 before = vm("VmRSS:")
-t = time.perf_counter()
 h = parse_header_json(raw, shard="s", file_size=8 + len(raw) + int(sys.argv[2]))
-print(h.ok, h.tensor_count, vm("VmHWM:") - before, time.perf_counter() - t)
+print(h.ok, h.tensor_count, vm("VmHWM:") - before)
 """
 
 
@@ -218,10 +215,9 @@ def test_a_million_tensor_header_parses_in_bounded_memory(tmp_path: Path) -> Non
     (tmp_path / "h.json").write_bytes(raw)
     r = subprocess.run([sys.executable, "-c", MILLION_SCRIPT, str(tmp_path / "h.json"), str(n)],
                        capture_output=True, text=True, timeout=300)
-    ok, count, grown, seconds = r.stdout.split()
+    ok, count, grown = r.stdout.split()
     assert ok == "True" and int(count) == n
     assert int(grown) <= 14 * len(raw), f"peak RSS grew {int(grown) / 1e6:.0f} MB for a {len(raw) / 1e6:.0f} MB header"
-    assert float(seconds) < 60
 
 
 def _shard_file(path: Path, n: int) -> None:
@@ -338,11 +334,9 @@ def test_endless_206_body_is_cut_off_after_the_bytes_asked_for(endless: str, wan
     from kimi_audit.sources.hub import HubSource
 
     src = HubSource(REPO, "main", endpoint=endless, retry_wait=0.01, timeout=5)
-    t = time.perf_counter()
     r = src.read_range("model.safetensors", 0, want)
     assert len(r.data) == want and r.file_size == BIG
     assert _EndlessHandler.done.wait(10), "the client never hung up on the endless body"
-    assert time.perf_counter() - t < 10
     assert _EndlessHandler.sent < want + (32 << 20)  # what the socket buffers took, at most
 
 
@@ -366,9 +360,7 @@ def test_endless_bodies_in_a_remote_audit(endless: str) -> None:
     from kimi_audit.sources.hub import HubSource
 
     src = HubSource(REPO, "main", endpoint=endless, retry_wait=0.01, timeout=5)
-    t = time.perf_counter()
     report = audit_source(src)
-    assert time.perf_counter() - t < 20
     assert any(f.code == "HEADER_INVALID_JSON" and f.shard == "model.safetensors" for f in report.findings)
     assert report.exit_code() == 1
     assert _EndlessHandler.sent < 64 << 20

@@ -16,9 +16,9 @@ from kimi_audit.model.quant.compressed.fp4 import Mxfp4PackQuantized, Nvfp4PackQ
 from kimi_audit.model.quant.compressed.naive import FloatQuantized, IntQuantized
 from kimi_audit.model.quant.compressed.pack import PackQuantized
 from kimi_audit.model.quant.deepseek import Fp8Block
-from kimi_audit.model.quant.plan import QuantPlan, quant_plan
-from kimi_audit.model.quant.scheme import Scheme, Unquantized, UnsupportedQuantization
-from kimi_audit.model.replica_models import replica_model
+from kimi_audit.model.quant.dispatch import quant_plan
+from kimi_audit.model.quant.scheme import QuantPlan, Scheme, Unquantized, UnsupportedQuantization
+from kimi_audit.replica.models import replica_model
 
 DATA = Path(__file__).parent / "data"
 THINKING_QUANT = json.loads(replica_model("kimi-k2-thinking").config_bytes())["quantization_config"]

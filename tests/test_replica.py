@@ -1,4 +1,4 @@
-"""The full-scale header replica audits with zero errors and the published totals."""
+"""The full-scale header replica audits with zero errors and the pinned checkpoint's totals."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import os
 
 from kimi_audit.checks.audit import audit_source
 from kimi_audit.model.config import parse_config_bytes, pinned_config_bytes
-from kimi_audit.model.replica import replica_shards, write_shard
+from kimi_audit.replica.build import replica_shards, write_shard
 from kimi_audit.sources import LocalSource
 
 
-def test_replica_files_match_the_published_layout(replica_dir):
+def test_replica_files_match_the_pinned_layout(replica_dir):
     shards = sorted(p.name for p in replica_dir.glob("*.safetensors"))
     assert len(shards) == 61 and "model-1-of-61.safetensors" in shards and "model-61-of-61.safetensors" in shards
     apparent = sum(p.stat().st_size for p in replica_dir.glob("*.safetensors"))
     on_disk = sum(p.stat().st_blocks * 512 for p in replica_dir.iterdir())
-    # The published "958.51 GB" is binary: payload 1,029,173,256,720 bytes + headers = 958.5 GiB.
+    # The "958.51 GB" quoted for the release is binary: payload 1,029,173,256,720 bytes + headers = 958.5 GiB.
     assert 958.4 < apparent / 2**30 < 958.6
     assert on_disk < 0.5e9
     wm = json.loads((replica_dir / "model.safetensors.index.json").read_text())["weight_map"]
@@ -25,7 +25,7 @@ def test_replica_files_match_the_published_layout(replica_dir):
     assert wm["lm_head.weight"] == wm["model.norm.weight"] == "model-61-of-61.safetensors"
 
 
-def test_clean_replica_audits_with_the_published_totals(replica_dir):
+def test_clean_replica_audits_with_the_pinned_totals(replica_dir):
     r = audit_source(LocalSource(replica_dir))
     assert r.errors == 0
     assert r.stats.tensors == 139_644

@@ -13,13 +13,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import TINY_REPO
+from hub_repos import TINY_REPO
 from kimi_audit.checks.audit import audit_source
 from kimi_audit.checks.gates import apply_gates, revision_gate
-from kimi_audit.checks.grouping import group_findings
 from kimi_audit.cli import app
 from kimi_audit.findings import Severity
+from kimi_audit.report.grouping import group_findings
 from kimi_audit.report.junit import CHECKS, junit_tree, render_junit
 from kimi_audit.report.markdown import render_markdown
 from kimi_audit.sources import LocalSource

@@ -160,7 +160,8 @@ def test_kimi_k2_instruct_layout_is_transformers_state_dict() -> None:
     # routed expert projections); 60 layers x 384 experts x 3 projections are fused in transformers.
     assert counts == {"mtp": 0, "scale": 69_608, "inv_freq": 61, "experts": 60 * 384 * 3}
     assert 69_608 == 1 * (5 + 3) + 60 * (5 + 3 + 384 * 3)
-    # The published logical parameter count: transformers' tensors (router biases included) hold exactly it.
+    # The logical parameter count the audit gives the pinned checkpoint (test_accounting): transformers' tensors
+    # (router biases included) hold exactly it.
     assert sum(p.numel() for p in model.state_dict().values()) == 1_026_408_232_448
 
 
@@ -168,7 +169,7 @@ def test_deepseek_v3_layout_is_transformers_state_dict() -> None:
     raw = json.loads(DEEPSEEK_V3_CONFIG.read_text())
     cfg = model_config_from_dict(raw)
     layout = expected_layout(cfg)
-    assert len(layout) - 62 == 91_991  # the published tensor count; the 62 inv_freq buffers are not stored
+    assert len(layout) - 62 == 91_991  # test_family's snapshot; the 62 inv_freq buffers are not stored
     model = meta_model(raw)
     by, unexplained = differences(layout, cfg.num_hidden_layers, model)
     assert unexplained == {}
@@ -178,7 +179,7 @@ def test_deepseek_v3_layout_is_transformers_state_dict() -> None:
     scales = 3 * (5 + 3) + 58 * (5 + 3 + 256 * 3)
     assert counts == {"mtp": 1_565, "scale": scales, "inv_freq": 61, "experts": 58 * 256 * 3}
     assert {n.split(".")[2] for n in by["mtp"]} == {"61"}
-    # "671B": the published count without layer 61, router biases included.
+    # The model card's "671B" (deepseek-ai/DeepSeek-V3): the count without layer 61, router biases included.
     assert sum(p.numel() for p in model.state_dict().values()) == 671_026_419_200
 
 

@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import TINY_REPO
+from hub_repos import TINY_REPO
 from kimi_audit.cli import app
 from kimi_audit.sources import LocalSource
 from kimi_audit.verify.manifest import PREDICATE_TYPE, STATEMENT_TYPE, parse_manifest, read_manifest, root_digest

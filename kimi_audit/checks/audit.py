@@ -1,4 +1,7 @@
-"""The audit: load a checkpoint from a source, run every check, return one immutable report."""
+"""The audit: load a checkpoint from a source, run every check, return one immutable report.
+
+The report is data (findings, statistics, the verdict); report/ renders it, the JSON included.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +14,14 @@ from kimi_audit.checks.index import index_findings, index_total_parameters_findi
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
-from kimi_audit.checks.root_causes import attribute, covered, fold_quantization
+from kimi_audit.checks.root_causes import attribute, covered, fold_quantization, fold_undescribed
 from kimi_audit.checks.stats import Stats, compute_stats
-from kimi_audit.findings import Finding, Severity, warning
+from kimi_audit.findings import Finding, Severity, info, warning
 from kimi_audit.format.table import tensor_table
-from kimi_audit.gcpause import gc_paused
+from kimi_audit.model.arch.registry import dialects
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
+from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.kinds import ROUTER_BIAS, role_of
 from kimi_audit.model.layout import layer_block
 from kimi_audit.sources.base import Source
@@ -53,6 +57,9 @@ class AuditReport:
     """Findings an `--ignore` rule accepted (checks.ignore): out of `findings`, the verdict and the exit code."""
     ignored_by: tuple[str, ...] = ()
     """The rule (`CODE` or `CODE:GLOB`) that matched each of `ignored`, position for position."""
+    checkpoint: Checkpoint | None = field(default=None, compare=False, repr=False)
+    """What was audited (its expected layout, index and headers), for a renderer that draws the model
+    (report.html): not part of the report's data."""
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity is severity)
@@ -76,12 +83,6 @@ class AuditReport:
             return f"PARTIAL: {self.absent_shards:,} of {self.listed_shards:,} shards absent"
         return "FAIL" if self.exit_code(fail_on) else "PASS"
 
-    def to_dict(self, fail_on: Severity | str = Severity.ERROR, all_findings: bool = False) -> dict[str, Any]:
-        """The report as plain data: exactly what `audit --json` prints (schema kimi-audit/audit/1)."""
-        from kimi_audit.checks.report_dict import report_dict
-
-        return report_dict(self, Severity(fail_on), all_findings)
-
 
 def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
     cfg = ckpt.config
@@ -91,8 +92,8 @@ def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
         "model_type": cfg.model_type,
         "architectures": ckpt.config_raw.get("architectures"),
         "layers": cfg.num_hidden_layers,
-        "dense_layers": blocks.count(DENSE),
-        "moe_layers": blocks.count(MOE),
+        "dense_layers": sum(b.split("_")[0] == DENSE for b in blocks),
+        "moe_layers": sum(b.split("_")[0] == MOE for b in blocks),
         "mtp_layers": blocks.count(MTP),
         "routed_experts": cfg.n_routed_experts,
         "shared_experts": cfg.n_shared_experts,
@@ -112,12 +113,14 @@ def layout_unsupported(ckpt: Checkpoint) -> Finding:
                    actual=raw.get("model_type"))
 
 
+def dialect_finding(cfg: ModelConfig) -> Finding:
+    """One info naming the spelling a whole checkpoint's tensor names follow, when not the release's own."""
+    return info("LAYOUT_DIALECT", f"the tensor names follow {dialects(cfg)[cfg.dialect]}, not the release's own: "
+                f"audited against the same {cfg.model_type} layout in that spelling", tensor="model_type",
+                actual=cfg.dialect)
+
+
 def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
-    with gc_paused():
-        return _audit(ckpt)
-
-
-def _audit(ckpt: Checkpoint) -> AuditReport:
     expected = ckpt.expected
     all_findings: list[Finding] = list(ckpt.findings)
     for header in ckpt.headers.values():
@@ -129,6 +132,8 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
     aligned = align(actual, expected)
     all_findings.extend(duplicates)
     cov = covered(ckpt, expected, aligned.positions)
+    if cfg.dialect:
+        all_findings.append(dialect_finding(cfg))
     if cfg.layout_supported:
         stored = Counter(actual.dtypes) if cfg.quant is None else None
         all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
@@ -146,6 +151,7 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes)),
                                                             parameters - buffers))
     all_findings = fold_quantization(attribute(all_findings, ckpt, cov), expected)
+    all_findings = fold_quantization(fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected)
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)
     shards = tuple(
@@ -163,6 +169,7 @@ def _audit(ckpt: Checkpoint) -> AuditReport:
         findings=tuple(all_findings),
         absent_shards=len(set(listed) - set(ckpt.files)),
         listed_shards=len(listed),
+        checkpoint=ckpt,
     )
 
 

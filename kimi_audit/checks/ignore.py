@@ -3,8 +3,8 @@
 A finding matches a rule when its code is the rule's and, for `CODE:GLOB`, when GLOB (fnmatch, case
 sensitive) matches its tensor name, or its shard when it names no tensor. Matched findings leave the
 report's findings (so the verdict and the exit code) and are kept in `AuditReport.ignored`, with the rule
-that matched each, for every renderer to list. A rule that matched nothing is an IGNORE_UNUSED info
-finding, so that a stale ignore stays visible.
+that matched each, for every renderer to list (report.grouping counts them per rule). A rule that matched
+nothing is an IGNORE_UNUSED info finding, so that a stale ignore stays visible.
 """
 
 from __future__ import annotations
@@ -68,20 +68,3 @@ def apply_ignores(report: AuditReport, rules: Iterable[IgnoreRule]) -> AuditRepo
              for r in rules if r not in used]
     return dataclasses.replace(report, findings=tuple(kept), ignored=report.ignored + tuple(ignored),
                                ignored_by=report.ignored_by + tuple(by))
-
-
-def ignored_counts(report: AuditReport) -> dict[str, int]:
-    """Rule spec -> findings it ignored, in the order the rules first matched."""
-    counts: dict[str, int] = {}
-    for spec in report.ignored_by:
-        counts[spec] = counts.get(spec, 0) + 1
-    return counts
-
-
-def ignored_line(report: AuditReport) -> str | None:
-    """`ignored: N findings (CODE:GLOB ×n, ...)`, or None when nothing was ignored."""
-    if not report.ignored:
-        return None
-    n = len(report.ignored)
-    rules = ", ".join(f"{spec} ×{k:,}" for spec, k in ignored_counts(report).items())
-    return f"ignored: {n:,} finding{'' if n == 1 else 's'} ({rules})"

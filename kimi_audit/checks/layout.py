@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.table import TensorTable
-from kimi_audit.model.kinds import BUFFER, METADATA_SUFFIXES, PACKED, PARAMETER, SCALE
+from kimi_audit.model.kinds import BUFFER, METADATA_SUFFIXES, PACKED, PARAMETER, ROTARY_BUFFER, SCALE, role_of
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor
 from kimi_audit.model.quant.deepseek import SCALE_SUFFIX
 
@@ -78,8 +78,10 @@ def layout_findings(
     return out
 
 
-ROUTER_F32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
-"""What transformers keeps in float32 whatever the model's dtype (_keep_in_fp32_modules_strict)."""
+ROUTER_F32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias", "ffn.gate.bias",
+              "block_sparse_moe.gate.weight", "block_sparse_moe.gate.e_score_correction_bias")
+"""What transformers keeps in float32 whatever the model's dtype (_keep_in_fp32_modules_strict): DeepseekV3's
+router, DeepSeek-V4's routing bias, Kimi-Linear's router."""
 HALF = ("BF16", "F16")
 
 
@@ -99,6 +101,13 @@ def router_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor) -> Findin
     return None
 
 
+def optional_buffer(e: ExpectedTensor) -> bool:
+    """A buffer loaders recompute and never read (`rotary_emb.inv_freq`): its absence or mismatch is no fault.
+    A buffer holding trained state (DeepSeek-V4's hash-routing table `ffn.gate.tid2eid`) is checked as a
+    parameter is, though never counted as one."""
+    return e.kind == BUFFER and role_of(e.name) == ROTARY_BUFFER
+
+
 def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str, e: ExpectedTensor) -> list[Finding]:
     """A stored tensor's dtype and shape against its expected entry."""
     out: list[Finding] = []
@@ -107,7 +116,7 @@ def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str,
         out.append(router)
         dtype = e.dtype  # reported above: the shape is still checked
     dtype_code, shape_code = MISMATCH_CODES[e.kind]
-    make = info if e.kind == BUFFER else error  # a stored buffer is dropped by every loader: not a fault
+    make = info if optional_buffer(e) else error  # a rotary cache is dropped by every loader: not a fault
     what = {PARAMETER: "", PACKED: "packed weight ", SCALE: "quantization metadata ",
             BUFFER: "stored buffer (not a parameter) "}[e.kind]
     if dtype != e.dtype:
@@ -165,7 +174,7 @@ def _missing(
         if p in present or p in covered:
             continue
         e = expected.entry(p)
-        if e.kind == BUFFER or (e.owner and p - e.owner not in present):
+        if optional_buffer(e) or (e.owner and p - e.owner not in present):
             continue  # metadata of a missing tensor is that tensor's finding
         name, want = e.name, [e.dtype, list(e.shape)]
         if e.owner:

@@ -65,7 +65,7 @@ class QALayerNormReport:
 
 
 def q_a_layernorm_report(cfg: ModelConfig, actual: TensorLookup) -> QALayerNormReport:
-    if cfg.q_lora_rank is None:
+    if cfg.q_lora_rank is None or cfg.layer_kinds:  # the DeepseekV3 family's gain (not deepseek_v4, kimi_linear)
         return QALayerNormReport(None, (), ())
     want = (cfg.q_lora_rank,)
     rows = []

@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Any
 
 from kimi_audit.findings import Finding, error, warning
-from kimi_audit.model.quant.plan import implemented
+from kimi_audit.model.quant.dispatch import implemented
 from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 
 EXPECTED = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(DEEPSEEK_FP8_BLOCK)}

@@ -11,13 +11,16 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import compress
 
 from kimi_audit.constants import INDEX_FILE
-from kimi_audit.findings import Finding, Severity, warning
+from kimi_audit.findings import Finding, Severity, info, warning
+from kimi_audit.model.arch.registry import UNDESCRIBED
 from kimi_audit.model.checkpoint import Checkpoint
+from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.layout import ExpectedLayout
 
 ROOT_SHARD_CODES = ("INDEX_SHARD_ABSENT", "SHARD_UNREADABLE")
@@ -113,6 +116,21 @@ def attribute(findings: list[Finding], ckpt: Checkpoint, cov: Covered) -> list[F
                         "none is reported missing)")
         out.append(f)
     return out
+
+
+def fold_undescribed(findings: list[Finding], cfg: ModelConfig) -> list[Finding]:
+    """Tensors of a part of the release its architecture's description leaves out (DeepSeek-V4's `mtp.N.*`)
+    are one info finding, not one TENSOR_UNEXPECTED each."""
+    kept = findings
+    for pattern, what in UNDESCRIBED.get(cfg.model_type, {}).items():
+        match = re.compile(pattern).match
+        mine = [f for f in kept if f.code == "TENSOR_UNEXPECTED" and match(f.tensor or "")]
+        if mine:
+            gone = set(map(id, mine))
+            kept = [f for f in kept if id(f) not in gone]
+            kept.append(info("TENSORS_UNDESCRIBED", f"{len(mine):,} tensors of {what} are stored: not checked "
+                             "against a layout", tensor=mine[0].tensor, actual=len(mine), covers=len(mine)))
+    return kept
 
 
 def fold_quantization(findings: list[Finding], expected: ExpectedLayout) -> list[Finding]:

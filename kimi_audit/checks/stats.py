@@ -31,6 +31,18 @@ class ClassRow:
 
 
 @dataclass(frozen=True)
+class ComponentRow:
+    """One component's parameters, derived from the layout and found in the tensors that bear its names."""
+
+    block: str | None
+    """DENSE, MOE or MTP inside the decoder layers (all layers of that kind together), None outside them."""
+    component: str
+    """`self_attn.q_a_proj.weight`, `mlp.experts.gate_proj.weight_packed`; "" for names the layout lacks."""
+    derived: int
+    found: int
+
+
+@dataclass(frozen=True)
 class Stats:
     shards: int
     tensors: int
@@ -43,6 +55,8 @@ class Stats:
     header_bytes: int
     file_bytes: int
     rows: tuple[ClassRow, ...]
+    components: tuple[ComponentRow, ...] = ()
+    """Parameters per component, derived and found, in checkpoint order (the HTML report's bars)."""
 
     def count(self, kind: str) -> int:
         return sum(r.tensors for r in self.rows if r.kind == kind)
@@ -62,30 +76,48 @@ def compute_stats(
     counts = Counter(spec_rows)
     counts.subtract(spec_rows[row] for row in odd)
     acc: dict[tuple[str, str], list[int]] = {}
+    found: dict[int, int] = {}
+    """Spec -> parameters found under its names (-1: names the layout lacks)."""
 
-    def add(kind: str, dtype: str, n: int, elements: int, nbytes: int, logical: int) -> None:
+    def add(kind: str, dtype: str, n: int, elements: int, nbytes: int, logical: int, spec: int) -> None:
         row = acc.setdefault((kind, dtype), [0, 0, 0, 0])
         row[0] += n
         row[1] += elements
         row[2] += nbytes
         row[3] += logical
+        found[spec] = found.get(spec, 0) + logical
 
     for i, n in counts.items():
         if n:
             s = expected.specs[i]
             assert s.nbytes is not None  # a row of unknown width differs from its Spec: it is odd
-            add(s.kind, s.dtype, n, n * prod(s.shape), n * s.nbytes, n * s.logical)
+            add(s.kind, s.dtype, n, n * prod(s.shape), n * s.nbytes, n * s.logical, i)
     for row in odd:
         i = spec_rows[row]
         kind = expected.specs[i].kind if i >= 0 else kind_of(actual.names[row])
         elements = prod(actual.shapes[row])
         # packed words of the wrong shape still stand for their module (reported as SHAPE_MISMATCH)
         logical = elements if kind == PARAMETER else expected.specs[i].logical if kind == PACKED and i >= 0 else 0
-        add(kind, actual.dtypes[row], 1, elements, actual.ends[row] - actual.begins[row], logical)
-    return _stats(acc, headers)
+        add(kind, actual.dtypes[row], 1, elements, actual.ends[row] - actual.begins[row], logical, i)
+    return _stats(acc, headers, _components(expected, found))
 
 
-def _stats(acc: dict[tuple[str, str], list[int]], headers: dict[str, ShardHeader]) -> Stats:
+def _components(expected: ExpectedLayout, found: dict[int, int]) -> tuple[ComponentRow, ...]:
+    """Derived and found parameters per (block kind, component), in checkpoint order."""
+    rows: dict[tuple[str | None, str], list[int]] = {}
+    for i, n in Counter(expected.spec_of).items():
+        s = expected.specs[i]
+        if s.logical or found.get(i):
+            row = rows.setdefault((s.block, s.component), [0, 0])
+            row[0] += n * s.logical
+            row[1] += found.get(i, 0)
+    if found.get(-1):
+        rows[None, ""] = [0, found[-1]]
+    return tuple(ComponentRow(block, comp, d, f) for (block, comp), (d, f) in rows.items())
+
+
+def _stats(acc: dict[tuple[str, str], list[int]], headers: dict[str, ShardHeader],
+           components: tuple[ComponentRow, ...] = ()) -> Stats:
     rows = tuple(
         ClassRow(kind, dtype, *acc[(kind, dtype)])
         for kind, dtype in sorted(acc, key=lambda k: (KIND_ORDER.index(k[0]), -acc[k][1], k[1]))
@@ -99,4 +131,5 @@ def _stats(acc: dict[tuple[str, str], list[int]], headers: dict[str, ShardHeader
         header_bytes=sum(h.data_start for h in headers.values()),
         file_bytes=sum(h.file_size for h in headers.values()),
         rows=rows,
+        components=components,
     )

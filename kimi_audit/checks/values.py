@@ -75,9 +75,13 @@ VALUE_KINDS = {kinds.BLOCK_SCALE: SCALE, kinds.V4_SCALE: SCALE, kinds.GROUP_SCAL
 """The roles (model.kinds) of the small tensors this pass reads, and the class it checks each as."""
 
 
-def value_kind(name: str) -> str | None:
-    """Which small tensor class a name belongs to, or None for everything else."""
-    return VALUE_KINDS.get(kinds.role_of(name))
+def value_kind(name: str, dtype: str) -> str | None:
+    """Which small tensor class a name (of that dtype) belongs to, or None for everything else. A `.scale` is
+    DeepSeek-V4's scale only as F8_E8M0 (transformers' dialects name other tensors so: `attn_hc.scale`)."""
+    role = kinds.role_of(name)
+    if role == kinds.V4_SCALE and dtype != "F8_E8M0":
+        return None
+    return VALUE_KINDS.get(role)
 
 
 def small_tensors(headers: dict[str, ShardHeader]) -> list[tuple[str, TensorInfo, str]]:
@@ -86,7 +90,7 @@ def small_tensors(headers: dict[str, ShardHeader]) -> list[tuple[str, TensorInfo
     for shard, header in headers.items():
         mine = []
         for name, t in header.tensors.items():
-            kind = value_kind(name)
+            kind = value_kind(name, t.dtype)
             if kind is not None:
                 mine.append((shard, t, kind))
         mine.sort(key=lambda r: r[1].begin)

@@ -25,8 +25,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from kimi_audit import __version__
+from kimi_audit.constants import VERSION
 from kimi_audit.errors import KimiAuditError
+from kimi_audit.text import clip, printable
 
 # What a process killed by SIGPIPE reports in a shell (`git log | head -1` does the same).
 EXIT_BROKEN_PIPE = 141
@@ -129,9 +130,10 @@ def user_errors(fn: F) -> F:
                 sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
         except KimiAuditError as e:
             # The message may quote hostile names: no markup from it, and one line whatever it holds.
-            stderr.print(f"[bold red]error:[/bold red] {escape(one_line(str(e)))}", highlight=False, soft_wrap=True)
+            line = escape(printable(clip(str(e))))
+            stderr.print(f"[bold red]error:[/bold red] {line}", highlight=False, soft_wrap=True)
             if kwargs.get("as_json") or kwargs.get("fmt") == "json":
-                error = {"error": {"code": e.code, "message": str(e)}, "exit_code": e.exit_code}
+                error = {"error": {"code": e.code, "message": clip(str(e))}, "exit_code": e.exit_code}
                 try:
                     sys.stdout.write(json.dumps(error) + "\n")
                     sys.stdout.flush()
@@ -185,10 +187,6 @@ def sigterm_exits() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def one_line(text: str) -> str:
-    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 @contextmanager
 def shard_progress(description: str, enabled: bool = True) -> Iterator[Callable[[str, int, int], None] | None]:
     """A progress bar on stderr (stdout stays clean for --json)."""
@@ -229,7 +227,7 @@ def byte_progress(description: str, enabled: bool = True) -> Iterator[Callable[[
 
 def version_callback(value: bool) -> None:
     if value:
-        stdout.print(f"kimi-audit {__version__}")
+        stdout.print(f"kimi-audit {VERSION}")
         raise typer.Exit()
 
 

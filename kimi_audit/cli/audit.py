@@ -15,7 +15,7 @@ from kimi_audit.checks.audit import AuditReport, audit_source
 from kimi_audit.cli.application import app, shard_progress, sigterm_exits, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import DirectoryNotEmptyError, KimiAuditError
-from kimi_audit.model.replica_models import DEFAULT_MODEL, REPLICA_MODELS
+from kimi_audit.replica.models import DEFAULT_MODEL, REPLICA_MODELS
 from kimi_audit.report.json_report import render_json
 from kimi_audit.report.table import render_table
 from kimi_audit.sources import LocalSource, open_source
@@ -38,8 +38,9 @@ def audit(
     revision: str | None = typer.Option(
         None, "--revision", "-r", help="Hub revision: commit hash (full or short), branch or tag."),
     as_json: bool = typer.Option(False, "--json", help="Alias for --format json."),
-    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json, junit, markdown or "
-                                   "sarif (SARIF 2.1.0 for GitHub code scanning)."),
+    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json, junit, markdown, "
+                                   "sarif (SARIF 2.1.0 for GitHub code scanning) or html (one self-contained page "
+                                   "with the model drawn)."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
     fail_on: str = typer.Option("error", "--fail-on", help="Exit 1 on findings of this severity or worse: "
                                 "error or warning."),
@@ -65,7 +66,7 @@ def audit(
     """
     from kimi_audit.checks.gates import apply_gates, check_sha, parse_count
     from kimi_audit.checks.ignore import apply_ignores
-    from kimi_audit.cli.ci import deliver, resolve_fail_on, resolve_format, resolve_ignores
+    from kimi_audit.cli.ci import deliver, refuse_output_over_input, resolve_fail_on, resolve_format, resolve_ignores
 
     out_format, severity = resolve_format(fmt, as_json), resolve_fail_on(fail_on)
     ignore_rules = resolve_ignores(ignore)
@@ -74,6 +75,7 @@ def audit(
             validate(value)  # refuse a malformed gate before reading anything
     started = time.monotonic()
     src = open_source(source, revision)
+    refuse_output_over_input(output, src)
     with shard_progress("reading headers", progress) as update:
         if values:
             from kimi_audit.checks.values import audit_with_values
@@ -93,7 +95,8 @@ def demo(
                    "removed afterwards, also on Ctrl-C or SIGTERM)."),
     force: bool = typer.Option(False, "--force", help="Build in DIRECTORY even if it holds files. Only the "
                                "replica's own files are written there (config.json, model.safetensors.index.json, "
-                               "its shards), over any of the same name; nothing else is touched."),
+                               "its shards), each as a new file that replaces any of the same name (a link there "
+                               "is replaced, never written through); nothing else is touched."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report on stdout."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="NAME", help="The release to replicate: "
                               f"{', '.join(REPLICA_MODELS)}."),
@@ -101,11 +104,11 @@ def demo(
     """Build a full-scale header replica of a family member (default Kimi-K2-Instruct, 61 sparse shards) and
     audit it, offline.
 
-    The replica's headers match the published layout (Kimi-K2-Instruct: at the pinned revision, 959 GB
+    The replica's headers match the release's layout (Kimi-K2-Instruct: at the pinned revision, 959 GB
     apparent, a few hundred MB on disk), so this shows the whole audit on a machine with no Hub access.
     A DIRECTORY that holds files is refused (exit 2, nothing written) unless --force.
     """
-    from kimi_audit.model.replica import build_replica
+    from kimi_audit.replica.build import build_replica
 
     spec = REPLICA_MODELS.get(model)
     if spec is None:

@@ -13,14 +13,21 @@ from kimi_audit.checks.audit import AuditReport
 from kimi_audit.checks.ignore import IgnoreRule
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Severity
+from kimi_audit.outputs import refuse_input, write_atomic
+from kimi_audit.sources.base import Source
 
-FORMATS = ("table", "json", "junit", "markdown", "sarif")
+FORMATS = ("table", "json", "junit", "markdown", "sarif", "html")
 FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING}
 
 
 def resolve_format(fmt: str | None, as_json: bool) -> str:
-    if fmt is not None and fmt not in FORMATS:
-        raise KimiAuditError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    return choose_format(fmt, as_json, FORMATS)
+
+
+def choose_format(fmt: str | None, as_json: bool, formats: tuple[str, ...]) -> str:
+    """--format among `formats` (table by default); --json is --format json (exit 2 on a contradiction)."""
+    if fmt is not None and fmt not in formats:
+        raise KimiAuditError(f"--format must be one of {', '.join(formats)}, got {fmt!r}")
     if as_json and fmt not in (None, "json"):
         raise KimiAuditError(f"--json is --format json; it contradicts --format {fmt}")
     return "json" if as_json else (fmt or "table")
@@ -55,10 +62,21 @@ def render(report: AuditReport, fmt: str, fail_on: Severity, elapsed: float, wid
     if fmt == "sarif":
         from kimi_audit.report.sarif import render_sarif
         return render_sarif(report, fail_on)
+    if fmt == "html":
+        from kimi_audit.report.html import render_html
+        return render_html(report, fail_on)
     from kimi_audit.report.table import render_table
     buf = io.StringIO()
     render_table(report, Console(file=buf, width=width or 120, color_system=None, soft_wrap=False), fail_on)
     return buf.getvalue()
+
+
+def emit(text: str, output: Path | None) -> None:
+    """A rendered report on stdout, or written whole to --output FILE."""
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        _write(output, text, "w")
 
 
 def deliver(report: AuditReport, fmt: str, output: Path | None, fail_on: Severity, elapsed: float,
@@ -78,8 +96,19 @@ def deliver(report: AuditReport, fmt: str, output: Path | None, fail_on: Severit
         _write(Path(summary), render_markdown(report, fail_on), "a")
 
 
+def refuse_output_over_input(output: Path | None, source: Source) -> None:
+    """Before the audit: --output must not name a file the audit reads (exit 2, nothing read or written)."""
+    if output is not None and source.root is not None:
+        refuse_input(output, (source.root / name for name in source.list_files()), "--output")
+
+
 def _write(path: Path, text: str, mode: str) -> None:
+    """--output (mode "w"): written under an exclusive temporary name, renamed into place (never through a
+    link); $GITHUB_STEP_SUMMARY (mode "a"): appended to, as CI expects."""
     try:
+        if mode == "w":
+            write_atomic(path, text.encode("utf-8"))
+            return
         with open(path, mode, encoding="utf-8") as f:
             f.write(text)
     except OSError as e:

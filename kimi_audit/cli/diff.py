@@ -34,6 +34,7 @@ from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
+from kimi_audit.text import clip, printable
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_LINES = 40
@@ -81,17 +82,17 @@ def _list(title: str, changes: tuple[Change, ...], show: Any) -> None:
     stdout.print(Text(f"{title} ({len(changes):,})", style="bold"))
     if len(changes) > MAX_LINES:
         for line in summarize(changes)[:MAX_LINES]:
-            stdout.print(Text(f"  {line}"))
+            stdout.print(Text(f"  {printable(line)}"))
         return
     for c in changes:
-        stdout.print(Text(f"  {c.name}: {show(c)}"))
+        stdout.print(Text(printable(f"  {c.name}: {show(c)}")))
 
 
 def render_diff(d: HeaderDiff, c: ContentDiff | None) -> None:
     t = Table.grid(padding=(0, 2))
-    t.add_row("A", Text(d.a + (f" @ {d.a_revision}" if d.a_revision else "")),
+    t.add_row("A", Text(printable(d.a + (f" @ {d.a_revision}" if d.a_revision else ""))),
               f"{d.tensors[0]:,} tensors", f"{d.parameters[0]:,} parameters")
-    t.add_row("B", Text(d.b + (f" @ {d.b_revision}" if d.b_revision else "")),
+    t.add_row("B", Text(printable(d.b + (f" @ {d.b_revision}" if d.b_revision else ""))),
               f"{d.tensors[1]:,} tensors", f"{d.parameters[1]:,} parameters")
     stdout.print(t)
     stdout.print(f"added {len(d.added):,} · removed {len(d.removed):,} · changed dtype/shape {len(d.changed):,} · "
@@ -103,7 +104,7 @@ def render_diff(d: HeaderDiff, c: ContentDiff | None) -> None:
     if d.config:
         stdout.print(Text("config.json", style="bold"))
         for k, va, vb in d.config:
-            stdout.print(Text(f"  {k}: {json.dumps(va)} → {json.dumps(vb)}"))
+            stdout.print(Text(printable(clip(f"  {k}: {json.dumps(va)} → {json.dumps(vb)}", 500))))
     if d.components:
         ct = Table(title="Parameter delta per component (found in the headers)", title_justify="left")
         for col in ("component", "A", "B", "delta"):
@@ -117,9 +118,9 @@ def render_diff(d: HeaderDiff, c: ContentDiff | None) -> None:
             f"{c.reads[0]:,} + {c.reads[1]:,} reads), {c.identical_files:,} skipped as the same file on both sides"
             + (f", {c.excluded:,} outside --tensors" if c.excluded else "")))
         for name, x, y in c.differing[:MAX_LINES * 5]:
-            stdout.print(Text(f"  bytes differ: {name}  {x[:12]} → {y[:12]}", style="red"))
+            stdout.print(Text(printable(f"  bytes differ: {name}  {x[:12]} → {y[:12]}"), style="red"))
         for note in c.notes:
-            stdout.print(Text(f"  {note}", style="yellow"))
+            stdout.print(Text(printable(f"  {note}"), style="yellow"))
     headline = verdict(d, c)
     unchecked = len(c.unchecked) if c is not None else 0
     if headline == IDENTICAL:
@@ -163,8 +164,8 @@ def diff(
         ckpt_b = load_checkpoint(src_b, update)
     for label, ck in (("A", ckpt_a), ("B", ckpt_b)):
         if ck.findings:
-            stderr.print(Text(f"{label}: {len(ck.findings):,} problems while loading (run `kimi-audit audit` "
-                              f"on it): {ck.findings[0].message}"))
+            stderr.print(Text(printable(f"{label}: {len(ck.findings):,} problems while loading (run `kimi-audit "
+                                        f"audit` on it): {ck.findings[0].message}")))
     d = header_diff(ckpt_a, ckpt_b)
     c = None
     if content:

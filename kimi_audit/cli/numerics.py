@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.text import Text
 
 from kimi_audit.cli.application import app, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
@@ -23,12 +24,12 @@ from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.kinds import PACKED_WEIGHT, PARAMETER, WEIGHT, module_name, role_of
 from kimi_audit.model.layout import expected_layout, layer_block, scheme_of
 from kimi_audit.model.quant.deepseek import Fp8Block
-from kimi_audit.model.quant.plan import fp8_block
-from kimi_audit.model.quant.scheme import FP8_DTYPE, Scheme, Unquantized
+from kimi_audit.model.quant.scheme import FP8_DTYPE, Scheme, Unquantized, fp8_block
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
 from kimi_audit.report.tensor import json_text, render_rmsnorm, render_tensor
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
+from kimi_audit.text import printable
 
 if TYPE_CHECKING:
     from kimi_audit.checks.rmsnorm import LayerResult
@@ -237,7 +238,7 @@ def tensor(
     name = _resolve(fetch, name)
     arr, t, shard = fetch.read(name, max_bytes)
     st = tensor_stats(arr, dtype=t.dtype)
-    findings = check_values(name, value_kind(name) or VALUES, arr, shard=shard)
+    findings = check_values(name, value_kind(name, t.dtype) or VALUES, arr, shard=shard)
     scale_st = deq_st = None
     scale_name: str | None = None
     weight_shape: list[int] | None = None
@@ -257,7 +258,7 @@ def tensor(
                 continue
             a, ti, s_shard = fetch.read(full, max_bytes)
             stored[s.suffix] = a
-            what = value_kind(full)
+            what = value_kind(full, ti.dtype)
             if what in (SCALE, GROUP_SCALE, GLOBAL_SCALE):
                 if scale_name is None and what != GLOBAL_SCALE:
                     scale_name, scale_st = full, tensor_stats(scale_values(a, ti.dtype), dtype=ti.dtype)
@@ -277,7 +278,7 @@ def tensor(
             except NumericsError as e:
                 findings.append(error("SHAPE_MISMATCH", f"{module}: cannot dequantize: {e}", tensor=module))
     elif dequant:
-        stderr.print(f"note: {name} is {t.dtype}, not a quantized weight: nothing to dequantize")
+        stderr.print(Text(printable(f"note: {name} is {t.dtype}, not a quantized weight: nothing to dequantize")))
 
     problems = [f"{f.code}: {f.message}" for f in findings if f.severity == Severity.ERROR]
     doc = {

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
+from pathlib import Path
 
 import typer
+from rich.console import Console
 
 from kimi_audit.cli.application import app, shard_progress, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
@@ -34,6 +37,9 @@ def params(
     depth: int | None = typer.Option(None, "--depth", "-d", min=0,
                                         help="Show the tree down to this depth (0 = the model total only)."),
     as_json: bool = typer.Option(False, "--json", help="Print the tree as JSON (schema kimi-audit/params/1)."),
+    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json (--json) or html (one "
+                                   "self-contained page, the tree as bars)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write json or html to FILE, not stdout."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
 ) -> None:
     """Print the parameter accounting tree, derived from config.json and found in the tensors.
@@ -41,11 +47,22 @@ def params(
     Each component's count derived from config.json, next to the count found in the checkpoint's
     tensors, with the formula. Exit 1 when any node mismatches.
     """
+    from kimi_audit.cli.ci import choose_format, emit
+
+    out_format = choose_format(fmt, as_json, ("table", "json", "html"))
     _ckpt, acc = _load(source, revision, progress)
-    if as_json:
-        sys.stdout.write(json.dumps(accounting_dict(acc, depth), indent=2, ensure_ascii=False) + "\n")
-    else:
+    if out_format == "table" and output is None:
         render_params(acc, stdout, depth)
+    elif out_format == "html":
+        from kimi_audit.report.html import render_params_html
+
+        emit(render_params_html(acc, depth), output)
+    elif out_format == "json":
+        emit(json.dumps(accounting_dict(acc, depth), indent=2, ensure_ascii=False) + "\n", output)
+    else:
+        buf = io.StringIO()
+        render_params(acc, Console(file=buf, width=120, color_system=None, soft_wrap=False), depth)
+        emit(buf.getvalue(), output)
     raise typer.Exit(1 if acc.mismatch else 0)
 
 

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,9 +13,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kimi_audit.cli.application import app, byte_progress, shard_progress, stderr, stdout, user_errors
+from kimi_audit.cli.application import app, byte_progress, shard_progress, sigterm_exits, stderr, stdout, user_errors
+from kimi_audit.errors import KimiAuditError
+from kimi_audit.outputs import refuse_input
 
 if TYPE_CHECKING:
+    from kimi_audit.checks.audit import AuditReport
+    from kimi_audit.verify.result import VerifyReport
     from kimi_audit.verify.run import VerifyTarget
 
 
@@ -37,6 +40,9 @@ def verify(
                                                "of this copy (every file's sha256, and every tensor's) to FILE, "
                                                "for `model_signing` to sign."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report (kimi-audit/verify/1)."),
+    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json (--json) or html (one "
+                                   "self-contained page: the model drawn, weight health, every file's hash)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
     all_findings: bool = typer.Option(False, "--all-findings", help="JSON: list every finding, whole."),
     workers: int | None = typer.Option(None, "--workers", "-j", min=1, help="Processes reading files at once "
                                        "(default: one per core)."),
@@ -57,10 +63,12 @@ def verify(
     sparse holes are data not present. Exit 0 clean, 1 findings, 2 unusable input, 130 interrupted (the
     files checked so far are reported).
     """
+    from kimi_audit.cli.ci import choose_format
     from kimi_audit.verify.manifest import read_manifest
     from kimi_audit.verify.references import manifest_reference
     from kimi_audit.verify.run import VerifyOptions, finish_manifest, prepare, verify_files
 
+    out_format = choose_format(fmt, as_json, ("table", "json", "html"))
     target = open_target(source, revision, local_dir, stream)
     refs = list(target.references)
     exclude = set(target.exclude)
@@ -68,23 +76,23 @@ def verify(
         refs.append(manifest_reference(read_manifest(manifest), manifest))
     for path in (manifest, write_manifest):
         inside = _inside(target, path)
-        if inside is not None:
-            exclude.add(inside)
+        if inside is not None and (path is manifest or _replaceable(path)):
+            exclude.add(inside)  # a manifest in the checkpoint directory: not hashed, listed as ignored
     target = dataclasses.replace(target, references=tuple(refs), exclude=frozenset(exclude))
+    if write_manifest is not None:  # before any work: never over a file this run reads
+        refuse_input(write_manifest, _inputs(target, manifest), "--write-manifest")
     address = ray_address or ("auto" if ray else None)
     options = VerifyOptions(workers=workers, ray_address=address, tensor_hashes=write_manifest is not None)
     with shard_progress("reading headers", progress) as header_update:
         prepared = prepare(target, options, header_update)
-    with _bytes_progress(progress, prepared.total_bytes) as update:
-        report, made = verify_files(prepared, update)
+    with sigterm_exits(), _bytes_progress(progress, prepared.total_bytes) as update:
+        report, made = verify_files(prepared, update)  # SIGTERM: SystemExit(143), the pool's workers ended
     if report.interrupted:  # what was checked gets printed: a second Ctrl-C does not cut it short
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if write_manifest is not None and not report.interrupted:
         report = finish_manifest(report, made, write_manifest)
-    if as_json:
-        from kimi_audit.report.verify_data import verify_dict
-
-        sys.stdout.write(json.dumps(verify_dict(report, all_findings), indent=1) + "\n")
+    if out_format != "table" or output is not None:
+        _deliver(report, prepared.audit, out_format, output, all_findings)
     else:
         from kimi_audit.report.verify_table import render_verify
 
@@ -92,6 +100,31 @@ def verify(
     if report.interrupted:
         stderr.print(f"interrupted: {report.verdict.split(': ', 1)[1]}")
     raise typer.Exit(report.exit_code)
+
+
+def _deliver(report: VerifyReport, audit: AuditReport, fmt: str, output: Path | None, all_findings: bool) -> None:
+    """The report as JSON or HTML (or the table, into --output), on stdout or into --output."""
+    from kimi_audit.cli.ci import emit
+
+    if fmt == "json":
+        from kimi_audit.report.verify_data import verify_dict
+
+        text = json.dumps(verify_dict(report, all_findings), indent=1) + "\n"
+    elif fmt == "html":
+        from kimi_audit.report.html import render_verify_html
+
+        text = render_verify_html(report, audit)
+    else:
+        import io
+
+        from rich.console import Console
+
+        from kimi_audit.report.verify_table import render_verify
+
+        buf = io.StringIO()
+        render_verify(report, Console(file=buf, width=120, color_system=None, soft_wrap=False))
+        text = buf.getvalue()
+    emit(text, output)
 
 
 def open_target(spec: str, revision: str | None, local_dir: Path | None, stream: bool) -> VerifyTarget:
@@ -109,6 +142,29 @@ def open_target(spec: str, revision: str | None, local_dir: Path | None, stream:
     if src.root is not None and (src.revision is not None or local_dir is not None):
         ref = cache_reference(src.root, src.list_files())
     return VerifyTarget(src, (ref,) if ref else ())
+
+
+def _replaceable(path: Path | None) -> bool:
+    """Whether --write-manifest may take `path` out of the files hashed (and then replace it): nothing is there
+    yet, or a manifest (the one written before); any other file stays a file the run reads."""
+    from kimi_audit.verify.manifest import read_manifest
+
+    if path is None or not os.path.lexists(path):
+        return True
+    try:
+        if path.name.endswith(".safetensors") or not os.path.isfile(path) or os.stat(path).st_size > 64 << 20:
+            return False
+        read_manifest(path)
+    except (OSError, KimiAuditError):
+        return False
+    return True
+
+
+def _inputs(target: VerifyTarget, manifest: Path | None) -> list[Path]:
+    """The local files this run reads: the checkpoint's (those not excluded), and --manifest."""
+    root = target.source.root
+    files = [root / n for n in target.source.list_files() if n not in target.exclude] if root is not None else []
+    return files + ([manifest] if manifest is not None else [])
 
 
 def _inside(target: VerifyTarget, path: Path | None) -> str | None:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from kimi_audit.constants import (
     CONFIG_FILE,
@@ -27,12 +29,13 @@ from kimi_audit.constants import (
     MAX_INDEX_BYTES,
     SAFETENSORS_SUFFIX,
 )
-from kimi_audit.errors import KimiAuditError, ShortReadError, SourceError
+from kimi_audit.errors import KimiAuditError, ShortReadError, SourceError, UnsafePathError
 from kimi_audit.format.estimate import DEFAULT_FIRST_READ, shard_first_reads
 from kimi_audit.format.fetch import fetch_shard_prefix
 from kimi_audit.format.index import load_index
 from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.layout import expected_layout
+from kimi_audit.outputs import write_atomic
 from kimi_audit.sources.base import safe_member_name
 from kimi_audit.sources.hub import HubSource
 from kimi_audit.sources.hub_snapshot import download_snapshot
@@ -40,6 +43,7 @@ from kimi_audit.sources.local import LocalSource
 from kimi_audit.verify.read import FileTask, verify_file
 
 SMALL_FILE_BYTES = 64 * 1024 * 1024
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -76,17 +80,19 @@ def select_files(names: Sequence[str], include: Sequence[str] | None) -> list[st
     return sorted(n for n in names if any(fnmatch.fnmatch(n, p) for p in include))
 
 
-def _atomic_write(path: Path, data: bytes, *, size: int | None = None) -> None:
-    """Write `data` (then extend to `size`, sparse) under a temporary name, then rename into place."""
+def _atomic_write(local_dir: Path, name: str, data: bytes, *, size: int | None = None) -> None:
+    """Write `data` (then extend to `size`, sparse) as local_dir/name: under an exclusive temporary name in
+    its folder, renamed into place (outputs.write_atomic), and only inside `local_dir` (a folder on the way
+    that is a symlink out of it is refused: nothing is written through a link)."""
+    path = local_dir / safe_member_name(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.kimi-audit.partial")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if size is not None and size > len(data):
-            f.truncate(size)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    top = os.path.realpath(local_dir)
+    if os.path.commonpath([top, os.path.realpath(path.parent)]) != top:
+        raise UnsafePathError(f"{name}: a folder on its way in {local_dir} is a symlink out of it: not written")
+    try:
+        write_atomic(path, data, size)
+    except OSError as e:
+        raise SourceError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _header_complete(path: Path, size: int) -> bool:
@@ -160,7 +166,7 @@ def download_headers_only(
             result.skipped.append(name)
             continue
         limit = MAX_INDEX_BYTES if name == INDEX_FILE else max(MAX_CONFIG_BYTES, SMALL_FILE_BYTES)
-        _atomic_write(local_dir / name, source.read_file(name, limit))
+        _atomic_write(local_dir, name, source.read_file(name, limit))
         result.files.append(name)
         if progress:
             progress(name)
@@ -173,7 +179,7 @@ def download_headers_only(
         if size is not None and _header_complete(target, size):
             return None
         head = header_bytes(source, shard, first_reads.get(shard, DEFAULT_FIRST_READ))
-        _atomic_write(target, head, size=size)
+        _atomic_write(local_dir, shard, head, size=size)
         return shard
 
     with ThreadPoolExecutor(max_workers=max(1, source.parallel_reads)) as pool:
@@ -195,9 +201,31 @@ def download_full(
     cache_dir: Path | None,
     max_workers: int = 8,
 ) -> DownloadResult:
-    """snapshot_download at the resolved commit: cache layout, resume, progress bars."""
-    path = download_snapshot(source, names, local_dir=local_dir, cache_dir=cache_dir, max_workers=max_workers)
+    """snapshot_download at the resolved commit: cache layout, resume, progress bars. It runs in a thread of its
+    own, so that Ctrl-C reaches the caller at once (huggingface_hub's pool would first finish every file in
+    flight); the command then ends, and a later download resumes the files' `.incomplete` parts."""
+    path = _in_thread(lambda: download_snapshot(source, names, local_dir=local_dir, cache_dir=cache_dir,
+                                                max_workers=max_workers))
     return DownloadResult(source.repo_id, source.revision or "", path, files=list(names))
+
+
+def _in_thread(fn: Callable[[], T]) -> T:
+    """fn() run in a daemon thread while this thread waits, interruptibly."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the waiting thread as it is
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name="kimi-audit-download", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+    if "error" in box:
+        raise box["error"]
+    return cast(T, box["value"])
 
 
 def verify_files(
@@ -216,7 +244,7 @@ def verify_files(
         path = root / name
         actual = None
         if path.is_file():
-            task = FileTask(name, path.stat().st_size, path=str(path), scan=False)
+            task = FileTask(name, path.stat().st_size, path=os.path.realpath(path), scan=False)  # a cache blob
             actual = verify_file(task, progress).sha256
         out.append(VerifyResult(name, expected, actual))
     return out
@@ -243,6 +271,11 @@ def download(
         raise KimiAuditError("--headers-only needs --local-dir (sparse header files are not cache blobs)")
     source = source or HubSource(repo_id, revision, endpoint=endpoint, token=token)
     names = select_files(source.list_files(), include)
+    for name in names:  # a listing is untrusted input too: `../x` would be written outside the target
+        try:
+            safe_member_name(name)
+        except UnsafePathError as e:
+            raise UnsafePathError(f"{source.label} lists an unsafe file name: {e}; nothing downloaded") from None
     if headers_only:
         for extra in (CONFIG_FILE, INDEX_FILE):
             if source.exists(extra) and extra not in names:

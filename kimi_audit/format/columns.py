@@ -19,6 +19,10 @@ from kimi_audit.findings import Finding, error
 U64_MAX = 2**64 - 1
 I64_MAX = 2**63 - 1
 FAST_MAX_DIMS = 8
+MAX_DIMS = 64
+"""The most dims a tensor may have: numpy's NPY_MAXDIMS (64 since numpy 2.0), so safetensors.numpy (and
+this tool's value checks) can load any tensor a header passes. Real checkpoints use at most 5. Beyond
+it the shape is SHAPE_INVALID and never used: a 20,000-dim shape otherwise makes 6,000-digit numbers."""
 # The bounds of the column rules (entries beyond them are judged one by one): data_offsets up to
 # 2^60 and numel up to 2^57, so that no size computed from them approaches 2^64.
 MAX_FAST_OFFSET = I64_MAX >> 3

@@ -15,6 +15,10 @@ from kimi_audit.findings import Finding, error
 from kimi_audit.format.jsondup import duplicate_keys
 from kimi_audit.sources.base import Source, safe_member_name
 
+MAX_INDEX_SHARDS = 10_000
+"""The most distinct shard files an index may list (DeepSeek-V3 has 163, Kimi-K2 61): beyond it, every
+shard name would cost a finding, a sort key and a lookup, 60x the index's size in memory."""
+
 
 @dataclass(frozen=True)
 class IndexFile:
@@ -35,7 +39,7 @@ def natural_key(name: str) -> list[Any]:
     out: list[Any] = []
     num = ""
     for ch in name:
-        if ch.isdigit():
+        if ch.isdecimal():  # not isdigit: int() refuses "²"
             num += ch
             continue
         if num:
@@ -69,7 +73,7 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
     if b"\\u" not in raw:
         try:
             doc = _DECODER.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # json.loads says what is wrong
             doc = None
     if doc is not None:
         wm, meta = doc.weight_map, doc.metadata
@@ -116,6 +120,8 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
         distinct = set(wm.values())
     except TypeError:  # an unhashable value (a list): sorted out entry by entry below
         distinct = set()
+    if len(distinct) > MAX_INDEX_SHARDS:
+        return invalid(_too_many(len(distinct)))
     if distinct and all(type(shard) is str for shard in distinct):
         canonical = {shard: shard for shard in distinct}  # one str per shard, not one per tensor
         try:
@@ -140,6 +146,8 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
             continue
         if shard in unsafe:
             continue
+        if len(safe) + len(unsafe) >= MAX_INDEX_SHARDS:
+            return invalid(_too_many(len(set(map(_short_repr, wm.values())))))
         try:
             safe_member_name(shard)
         except UnsafePathError as e:
@@ -153,14 +161,23 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
     return IndexFile(total_size, weight_map, tuple(findings), total_parameters)
 
 
+def _too_many(n: int) -> str:
+    return (f"lists {n:,} distinct shard files, more than the {MAX_INDEX_SHARDS:,} any checkpoint has: "
+            "not used (the largest public checkpoints have under 200 shards)")
+
+
 def _short_repr(v: Any) -> str:
     r = repr(v)
     return r if len(r) <= 80 else r[:80] + "..."
 
 
 def _duplicates(text: str, name: str) -> list[Finding]:
+    try:
+        dups = duplicate_keys(text)
+    except RecursionError:  # the duplicate search's hook nests deeper than the plain decode
+        return [error("INDEX_INVALID", f"{name}: nested too deeply to look for duplicate keys", shard=name)]
     return [error("INDEX_DUPLICATE_KEY", f"{name}: key {k[:200]!r} appears more than once", tensor=k, shard=name)
-            for k in duplicate_keys(text)]
+            for k in dups]
 
 
 def load_index(source: Source, files: tuple[str, ...]) -> tuple[IndexFile | None, list[Finding]]:

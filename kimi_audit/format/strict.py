@@ -19,6 +19,7 @@ from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format.columns import (
     EMPTY_COLUMNS,
     FAST_MAX_DIMS,
+    MAX_DIMS,
     U64_MAX,
     TensorColumns,
     TensorInfo,
@@ -211,9 +212,13 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
     usable = True
     bits = DTYPE_BITS.get(dt) if type(dt) is str else None
     if bits is None:
-        bad("DTYPE_UNKNOWN", f"unknown dtype {dt!r}", actual=dt)
+        bad("DTYPE_UNKNOWN", f"unknown dtype {_short(dt)!r}", actual=_short(dt))
         usable = False
-    if type(shape) is not list or not all(type(d) is int and 0 <= d <= U64_MAX for d in shape):
+    if type(shape) is list and len(shape) > MAX_DIMS:
+        bad("SHAPE_INVALID", f"shape has {len(shape):,} dims, more than {MAX_DIMS} (numpy's limit)",
+            actual=len(shape))
+        usable = False
+    elif type(shape) is not list or not all(type(d) is int and 0 <= d <= U64_MAX for d in shape):
         bad("SHAPE_INVALID", f"shape {_short(shape)!r} is not a list of non-negative integers", actual=_short(shape))
         usable = False
     if not (type(offs) is list and len(offs) == 2 and all(type(o) is int for o in offs)):
@@ -232,16 +237,18 @@ def _check_entry(name: str, e: Any, shard: str, findings: list[Finding]) -> Tens
             if numel > U64_MAX:
                 break
         nbits = numel * bits
-        if nbits > U64_MAX:
+        if nbits > U64_MAX:  # the shape is not kept: no size computed from it downstream
             bad("SHAPE_INVALID", f"shape {_short(shape)} overflows a 64-bit size", actual=_short(shape))
-        elif nbits % 8:
+            return TensorInfo(name, dt, (), begin, end)
+        if nbits % 8:
             bad("SIZE_MISMATCH", f"{numel} x {bits} bits is not a whole number of bytes", actual=_short(shape))
         elif nbits // 8 != end - begin:
             bad("SIZE_MISMATCH", f"{dt} {_short(shape)} needs {nbits // 8:,} bytes, data_offsets span {end - begin:,}",
                 expected=nbits // 8, actual=end - begin)
         return TensorInfo(name, dt, tuple(shape), begin, end)
-    # Extent still validated, so one bad dtype doesn't also read as a gap in the buffer.
-    return TensorInfo(name, str(dt), (), begin, end)
+    # Extent still validated, so one bad dtype doesn't also read as a gap in the buffer. (Its dtype cut
+    # short: a 1 MB dtype string is not repeated in every table that groups tensors by dtype.)
+    return TensorInfo(name, label(str(_short(dt)), 40), (), begin, end)
 
 
 def _short(v: Any, limit: int = 80) -> Any:

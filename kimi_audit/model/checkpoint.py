@@ -8,7 +8,7 @@ size and the expected layout) and parsed here, one after another, as they arrive
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +26,7 @@ from kimi_audit.format.estimate import first_read_bytes
 from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header, parse_fetched
 from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
-from kimi_audit.gcpause import gc_paused
+from kimi_audit.model.arch.registry import with_dialect
 from kimi_audit.model.config import ModelConfig, parse_config_bytes
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.sources.base import Source
@@ -100,15 +100,14 @@ def read_headers(
     """Every shard's header. A remote source's headers are fetched in threads, each read sized from
     `expected` and the names the index lists in the shard; a local one's are read one after another."""
     results: dict[str, ShardHeader | Finding | str] = {}
-    with gc_paused():
-        if source.parallel_reads > 1 and len(shards) > 1:
-            _read_remote(source, shards, index, expected, results, progress)
-        else:
-            budget = HeaderBudget(MAX_TOTAL_HEADER_BYTES)
-            for done, shard in enumerate(shards, 1):
-                results[shard] = _read_one(source, shard, budget)
-                if progress:
-                    progress(shard, done, len(shards))
+    if source.parallel_reads > 1 and len(shards) > 1:
+        _read_remote(source, shards, index, expected, results, progress)
+    else:
+        budget = HeaderBudget(MAX_TOTAL_HEADER_BYTES)
+        for done, shard in enumerate(shards, 1):
+            results[shard] = _read_one(source, shard, budget)
+            if progress:
+                progress(shard, done, len(shards))
     results = {s: results[s] for s in shards}
     headers = {s: r for s, r in results.items() if isinstance(r, ShardHeader)}
     failures = [r for r in results.values() if isinstance(r, Finding)]
@@ -161,9 +160,16 @@ def _names_by_shard(shards: list[str], index: IndexFile | None) -> dict[str, lis
     return out
 
 
+def _names(index: IndexFile | None, headers: dict[str, ShardHeader]) -> Iterator[str]:
+    """The tensor names the checkpoint holds: the index's, then each header's (what decides the dialect)."""
+    if index is not None:
+        yield from index.weight_map
+    for h in headers.values():
+        yield from h.columns.names
+
+
 def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Checkpoint:
-    with gc_paused():
-        return _load(source, source.list_files(), source.remote, progress)
+    return _load(source, source.list_files(), source.remote, progress)
 
 
 def _load(source: Source, files: tuple[str, ...], remote: bool, progress: ProgressFn | None) -> Checkpoint:
@@ -187,8 +193,9 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
     shards, shard_findings = shards_to_read(files, index)
     findings += shard_findings
     headers, failures = read_headers(source, shards, index, progress, expected)
-    if expected is None:
-        expected = expected_layout(config)
+    named = with_dialect(config, _names(index, headers))
+    if expected is None or named is not config:
+        config, expected = named, expected_layout(named)
     findings += failures
     return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
                       tuple(findings))

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.quant.plan import QuantPlan, quant_plan
-from kimi_audit.model.quant.scheme import UnsupportedQuantization
+from kimi_audit.model.lineage import LINEAGE_BASE, LINEAGE_READERS, Read
+from kimi_audit.model.quant.dispatch import quant_plan
+from kimi_audit.model.quant.scheme import QuantPlan, UnsupportedQuantization
 
 TORCH_DTYPE_TO_SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
@@ -81,6 +84,18 @@ class ModelConfig:
     """Dtype of the RMSNorm gains: F32 in DeepSeek-V3.2, else the weights' dtype."""
     layout_supported: bool = True
     """False for a config outside the DeepseekV3 family: only the format, index and file checks apply."""
+    layer_kinds: tuple[str, ...] = ()
+    """The block kind of each decoder layer, where the architecture schedules its layers itself (deepseek_v4's
+    attention and MLP types, kimi_linear's KDA and MLA layers); empty: the DeepseekV3 rule (is_moe_layer)."""
+    dims: tuple[tuple[str, int], ...] = ()
+    """Dimensions of an architecture beyond the DeepseekV3 ones (config key -> value), read by its description
+    (model.arch); `dim(key)` reads one."""
+    dialect: str = ""
+    """The spelling of the tensor names, where an architecture knows more than one (model.arch.registry):
+    "" the release's own, else the name of the writer whose spelling the checkpoint uses (`transformers`)."""
+
+    def dim(self, key: str) -> int:
+        return dict(self.dims)[key]
 
     @property
     def q_head_dim(self) -> int:
@@ -116,7 +131,33 @@ def _int(cfg: dict[str, Any], key: str, *, optional: bool = False) -> Any:
         return None
     if type(v) is not int or v < 0:
         raise ConfigError(f"config.json {key!r} must be a non-negative integer, got {v!r}")
+    _within_int64(key, v)
     return v
+
+
+I64_MAX = 2**63 - 1
+
+
+def _within_int64(key: str, v: int) -> None:
+    """A size beyond a signed 64-bit integer (what torch and safetensors hold a dim in) is no real config's,
+    and products of such sizes run past the digits Python will print (4,300): refused up front."""
+    if v > I64_MAX:
+        raise ConfigError(f"config.json {key!r} is a {v.bit_length():,}-bit integer, over 2^63 - 1")
+
+
+def _non_negative_float(cfg: dict[str, Any], key: str) -> float:
+    """A number key as a finite float >= 0; a 4,000-digit integer (JSON allows it) is a ConfigError, not an
+    OverflowError from float()."""
+    v = _default(cfg, key)
+    if type(v) in (int, float):
+        try:
+            f = float(v)
+        except OverflowError:
+            raise ConfigError(f"config.json {key} is a {int(v).bit_length():,}-bit integer, out of the float range") \
+                from None
+        if math.isfinite(f) and f >= 0:
+            return f
+    raise ConfigError(f"config.json {key} must be a non-negative number, got {v!r}")
 
 
 def _weights_dtype(cfg: dict[str, Any]) -> str:
@@ -146,7 +187,8 @@ def in_family(cfg: dict[str, Any]) -> bool:
     archs = cfg.get("architectures")
     if "model_type" not in cfg and "architectures" not in cfg:
         return True
-    return cfg.get("model_type") in FAMILY_TYPES or (
+    model_type = cfg.get("model_type")
+    return (type(model_type) is str and model_type in FAMILY_TYPES) or (
         isinstance(archs, list) and any(a in FAMILY_ARCHITECTURES for a in archs if isinstance(a, str)))
 
 
@@ -164,6 +206,10 @@ def unsupported_config(cfg: dict[str, Any]) -> ModelConfig:
 def model_config_from_dict(cfg: Any) -> ModelConfig:
     if not isinstance(cfg, dict):
         raise ConfigError("config.json is not a JSON object")
+    model_type = cfg.get("model_type")
+    reader = LINEAGE_READERS.get(model_type) if isinstance(model_type, str) else None
+    if reader is not None:
+        return _lineage(cfg, reader)
     if not in_family(cfg):
         return unsupported_config(cfg)
     dtype = _weights_dtype(cfg)
@@ -174,9 +220,7 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     except UnsupportedQuantization as e:
         unsupported = str(e)
     v32 = cfg.get("model_type") == "deepseek_v32"
-    eps = _default(cfg, "rms_norm_eps")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
-        raise ConfigError(f"config.json rms_norm_eps must be a non-negative number, got {eps!r}")
+    eps = _non_negative_float(cfg, "rms_norm_eps")
     moe_layer_freq = _int(cfg, "moe_layer_freq")
     if moe_layer_freq == 0:
         raise ConfigError("config.json moe_layer_freq must be at least 1")
@@ -211,13 +255,32 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         num_nextn_predict_layers=_int(cfg, "num_nextn_predict_layers"),
         attention_bias=bool(_default(cfg, "attention_bias")),
         dtype=dtype,
-        rms_norm_eps=float(eps),
+        rms_norm_eps=eps,
         quant=plan,
         quant_unsupported=unsupported,
         index_n_heads=_int(cfg, "index_n_heads", optional=True) if v32 else None,
         index_head_dim=_int(cfg, "index_head_dim", optional=True) if v32 else None,
         norm_dtype="F32" if v32 else dtype,
     )
+
+
+def _lineage(cfg: dict[str, Any], reader: Callable[[dict[str, Any]], Read]) -> ModelConfig:
+    """A config of an architecture that schedules its layers itself (model.lineage): its reader's values on
+    the fields they share with DeepseekV3's, the rest in `dims`."""
+    dtype = _weights_dtype(cfg)
+    plan, unsupported = None, None
+    try:
+        plan = quant_plan(cfg.get("quantization_config"), dtype, cfg)
+    except UnsupportedQuantization as e:
+        unsupported = str(e)
+    fields, dims, kinds = reader(cfg)
+    implied = len(kinds) * (40 + 6 * (fields.get("n_routed_experts") or 0))
+    if implied > MAX_LAYOUT_TENSORS:
+        raise ConfigError(f"config.json implies about {implied:,} tensors, over the {MAX_LAYOUT_TENSORS:,} this "
+                          "tool builds a layout for")
+    return ModelConfig(**{**LINEAGE_BASE, **fields}, model_type=str(cfg["model_type"]), dtype=dtype,
+                       norm_dtype=dtype, quant=plan, quant_unsupported=unsupported, layer_kinds=kinds,
+                       dims=tuple(sorted(dims.items())))
 
 
 def parse_config_bytes(raw: bytes) -> tuple[dict[str, Any], ModelConfig]:

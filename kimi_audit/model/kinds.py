@@ -23,7 +23,7 @@ GROUP_SCALE = "group_scale"
 GLOBAL_SCALE = "global_scale"
 """`.weight_global_scale`: NVFP4's one F32 scale of the whole weight."""
 V4_SCALE = "v4_scale"
-"""`.scale`: DeepSeek-V4's FP8 block scale or FP4 expert scale."""
+"""`.scale`: DeepSeek-V4's FP8 block scale or FP4 expert scale (a scale only where F8_E8M0: see SCALE_ROLES)."""
 WEIGHT_SHAPE = "weight_shape"
 ZERO_POINT = "zero_point"
 GROUP_INDEX = "group_index"
@@ -58,7 +58,9 @@ KIND_OF_ROLE = {BLOCK_SCALE: SCALE, GROUP_SCALE: SCALE, GLOBAL_SCALE: SCALE, V4_
                 ZERO_POINT: SCALE, GROUP_INDEX: SCALE, INPUT_SCALE: SCALE, PACKED_WEIGHT: PACKED, ROTARY_BUFFER: BUFFER}
 METADATA_SUFFIXES = tuple(s for s, r in SUFFIX_ROLES if KIND_OF_ROLE.get(r) == SCALE)
 """Every quantization-metadata suffix."""
-SCALE_ROLES = frozenset((BLOCK_SCALE, GROUP_SCALE, GLOBAL_SCALE, V4_SCALE))
+SCALE_ROLES = frozenset((BLOCK_SCALE, GROUP_SCALE, GLOBAL_SCALE))
+"""Roles whose tensors are scales whatever their dtype. A `.scale` (V4_SCALE) is one only as F8_E8M0: transformers'
+dialects name other tensors so too (DeepSeek-V4's `attn_hc.scale`, norm gains elsewhere)."""
 
 
 def role_of(name: str) -> str:

@@ -213,7 +213,7 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
     by_name = cfg.quant is not None and cfg.quant.by_name
     for layer in range(cfg.total_layers):
         block = layer_block(cfg, layer)
-        prefix = f"model.layers.{layer}."
+        prefix = f"{tree.layer_prefix}{layer}."
         choices: tuple[int, ...] = ()
         if by_name and block in modules:
             assert cfg.quant is not None
@@ -221,7 +221,8 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
         template = templates.get((block, choices))
         if template is None:
             seen: list[str] = []
-            rows = [t for node in tree.blocks[block] for t in _walk(cfg, node, layer, block, seen)]
+            rows = [t for node in tree.blocks[block] for t in _walk(cfg, node, layer, block, seen,
+                                                                    prefix=tree.layer_prefix)]
             modules.setdefault(block, seen)
             if by_name and not choices:
                 assert cfg.quant is not None
@@ -241,33 +242,40 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
     return ExpectedLayout(names, spec_of, list(spec_index), layer_of, meta_at, meta_owner)
 
 
+def layer_prefix(cfg: ModelConfig) -> str:
+    """What precedes a decoder layer's index in the tensor names (`model.layers.`; DeepSeek-V4: `layers.`)."""
+    return describe(cfg).layer_prefix
+
+
 def _linear_tensors(cfg: ModelConfig, module: str, out: int, inp: int, layer: int | None,
-                    block: str | None) -> list[ExpectedTensor]:
+                    block: str | None, prefix: str = "model.layers.") -> list[ExpectedTensor]:
     """The tensors storing one Linear module's weight, by the scheme the plan picks for its full name."""
-    full = module if layer is None else f"model.layers.{layer}.{module}"
+    full = module if layer is None else f"{prefix}{layer}.{module}"
     scheme = scheme_of(cfg, full)
     return [_tensor(module + s.suffix, s.dtype, s.shape, s.kind, module + s.suffix, layer, block, s.logical,
                     scheme.key, i if s.kind == SCALE else 0) for i, s in enumerate(scheme.stored(out, inp))]
 
 
 def layer_block(cfg: ModelConfig, layer: int) -> str:
+    if cfg.layer_kinds and layer < len(cfg.layer_kinds):
+        return cfg.layer_kinds[layer]
     if layer >= cfg.num_hidden_layers:
         return MTP
     return MOE if cfg.is_moe_layer(layer) else DENSE
 
 
 def _walk(cfg: ModelConfig, node: Node, layer: int | None, block: str | None, modules: list[str],
-          index: tuple[str, int] | None = None) -> Iterator[ExpectedTensor]:
+          index: tuple[str, int] | None = None, prefix: str = "model.layers.") -> Iterator[ExpectedTensor]:
     """The tensors of one description node in checkpoint order (a repeated group once per index), named
     relative to the layer's prefix; the Linear modules met are appended to `modules`."""
     if isinstance(node, Group):
         if node.repeat is None:
             for child in node.children:
-                yield from _walk(cfg, child, layer, block, modules, index)
+                yield from _walk(cfg, child, layer, block, modules, index, prefix)
             return
         for i in range(node.repeat.value):
             for child in node.children:
-                yield from _walk(cfg, child, layer, block, modules, (node.index_at, i))
+                yield from _walk(cfg, child, layer, block, modules, (node.index_at, i), prefix)
         return
     if isinstance(node, Buffer):
         yield _tensor(node.component, node.dtype, node.shape, BUFFER, node.component, layer, block)
@@ -280,7 +288,7 @@ def _walk(cfg: ModelConfig, node: Node, layer: int | None, block: str | None, mo
         module = t.module if index is None else indexed(t.module, *index)
         modules.append(module)
         out = product(t.out)
-        for e in _linear_tensors(cfg, module, out, product(t.inp), layer, block):
+        for e in _linear_tensors(cfg, module, out, product(t.inp), layer, block, prefix):
             yield e._replace(component=t.module + e.component[len(module):]) if index is not None else e
         if t.bias:
             yield _tensor(module + ".bias", cfg.dtype, (out,), PARAMETER, t.module + ".bias", layer, block)

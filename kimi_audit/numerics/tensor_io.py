@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kimi_audit.constants import HEADER_LENGTH_BYTES, SAFETENSORS_SUFFIX
 from kimi_audit.errors import DataNotPresentError, KimiAuditError, ShortReadError, SourceError
+from kimi_audit.findings import Severity
 from kimi_audit.format.estimate import first_read_bytes
 from kimi_audit.format.header import ShardHeader, TensorInfo, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
@@ -192,6 +193,9 @@ class TensorFetcher:
             h = self.header(shard)
             t = h.tensors.get(name)
             if t is not None:
+                bad = next((f for f in h.findings if f.tensor == name and f.severity is Severity.ERROR), None)
+                if bad is not None:  # e.g. a 65-dim or overflowing shape: its values cannot be read as it says
+                    raise SourceError(f"{shard}: invalid header entry ({bad.code}): {bad.message}")
                 if h.data_start + t.end > h.file_size or t.end < t.begin:
                     raise SourceError(f"{name}: its data_offsets run past the end of {shard}")
                 return shard, t, h

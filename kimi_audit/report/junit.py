@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from kimi_audit import __version__
 from kimi_audit.checks.audit import AuditReport
-from kimi_audit.checks.ignore import ignored_line
+from kimi_audit.constants import VERSION
 from kimi_audit.findings import Finding, Severity
+from kimi_audit.report.grouping import ignored_line
 
 MAX_LINES = 500
 """Findings listed per testcase; the rest are counted (the JSON report has them all)."""
@@ -33,11 +33,12 @@ FORMAT_CODES = {"DTYPE_UNKNOWN", "SHAPE_INVALID", "SIZE_MISMATCH", "DATA_PAST_EO
 VALUE_CODES = {"SCALE_NOT_POSITIVE", "GAIN_ALL_ZERO", "DATA_NOT_PRESENT", "SCALE_NOT_UE8M0", "WEIGHT_SHAPE_MISMATCH",
                "FP8_NAN", "FP8_SATURATED", "BLOCK_ALL_ZERO"}
 LAYOUT_CODES = {"TENSOR_MISSING", "TENSOR_UNEXPECTED", "TENSOR_DUPLICATE", "DTYPE_MISMATCH", "SHAPE_MISMATCH",
-                "MTP_ABSENT", "ROUTER_DTYPE", "LAYOUT_UNSUPPORTED"}
+                "MTP_ABSENT", "ROUTER_DTYPE", "LAYOUT_UNSUPPORTED", "LAYOUT_DIALECT",
+                "TENSORS_UNDESCRIBED"}
 FILE_CODES = {"NO_SAFETENSORS", "PICKLE_NOT_INSPECTED", "CHECKPOINT_TOO_LARGE", "SYMLINK_OUTSIDE",
               # kimi-audit verify: the files' bytes against their references
               "FILE_HASH_MISMATCH", "TENSOR_HASH_MISMATCH", "FILE_ABSENT", "FILE_UNLISTED", "MANIFEST_REVISION",
-              "MANIFEST_NOT_WRITTEN", "NO_REFERENCE"}
+              "MANIFEST_NOT_WRITTEN", "NO_REFERENCE", "FILE_CHANGED", "CACHE_FILE_NOT_BLOB"}
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def junit_tree(report: AuditReport, *, fail_on: Severity = Severity.ERROR, elaps
     props = ET.SubElement(suite, "properties")
     s = report.stats
     for k, v in (("source", report.source), ("revision", report.revision or ""),
-                 ("tool", f"kimi-audit {__version__}"), ("fail_on", fail_on.value),
+                 ("tool", f"kimi-audit {VERSION}"), ("fail_on", fail_on.value),
                  ("tensors", s.tensors), ("parameters", s.parameters), ("shards", s.shards),
                  ("ignored", len(report.ignored))):
         ET.SubElement(props, "property", name=k, value=xml_safe(v))

@@ -5,23 +5,30 @@ from __future__ import annotations
 import re
 
 from kimi_audit.checks.audit import AuditReport
-from kimi_audit.checks.grouping import group_findings
-from kimi_audit.checks.ignore import ignored_counts
 from kimi_audit.findings import Severity
+from kimi_audit.report.grouping import group_findings, ignored_counts
+from kimi_audit.text import printable
 
 MAX_GROUPS = 50
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_MARKUP = re.compile(r"[|\[\]`*_~<>&]")
+_ENTITY = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
 
 
 def cell(text: object) -> str:
-    """A table cell: pipes escaped, newlines flattened, control characters (untrusted names) as \\xNN."""
-    s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
-    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+    """Untrusted text (names, messages) as a table cell that renders as the text itself: backslashes and
+    markdown punctuation (pipes, link brackets, emphasis, backticks) escaped, HTML as entities, control and
+    bidi characters (U+202E) as their escapes, one line."""
+    s = printable(str(text).replace("\\", "\\\\"))
+    return _MARKUP.sub(lambda m: _ENTITY.get(m.group(), "\\" + m.group()), s)
 
 
 def code(text: object) -> str:
-    s = cell(text)
-    return f"`{s}`" if s and "`" not in s else s
+    """Untrusted text as a code span (where neither HTML nor links are read): control and bidi characters
+    escaped, pipes escaped for the table; as a plain cell if it holds a backtick."""
+    s = str(text)
+    if not s or "`" in s:
+        return cell(s)
+    return f"`{printable(s).replace('|', chr(92) + '|')}`"
 
 
 def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> str:
@@ -41,7 +48,7 @@ def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> 
             f"| findings | {report.errors} errors, {report.warnings} warnings (fail on {fail_on.value}) |", ""]
     out += ["### Tensors by class and dtype", "",
             "| class | dtype | tensors | stored elements | bytes | parameters |", "|---|---|---:|---:|---:|---:|"]
-    out += [f"| {r.kind} | {r.dtype} | {r.tensors:,} | {r.elements:,} | {r.bytes:,} | {r.parameters:,} |"
+    out += [f"| {cell(r.kind)} | {cell(r.dtype)} | {r.tensors:,} | {r.elements:,} | {r.bytes:,} | {r.parameters:,} |"
             for r in s.rows]
     out += [f"| **all** | | **{s.tensors:,}** | **{s.elements:,}** | **{s.payload_bytes:,}** | **{s.parameters:,}** |",
             ""]
@@ -49,7 +56,7 @@ def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> 
         out += [f"### q_a_layernorm (query latent RMSNorm, [{qa.width:,}] each): {qa.total_params:,}", ""]
         out += [f"- {'✅' if qa.ok else '❌'} {cell(t.line(qa.width))}" for t in qa.totals]
         out += [f"- ❌ layer {r.layer} ({r.block}): "
-                + ("missing" if r.shape is None else f"{r.dtype} {list(r.shape)}") for r in qa.rows if not r.ok]
+                + ("missing" if r.shape is None else cell(f"{r.dtype} {list(r.shape)}")) for r in qa.rows if not r.ok]
         out += [""]
     groups = group_findings(report.findings)
     if groups:

@@ -147,6 +147,17 @@ RULES: dict[str, Rule] = {
                                "Only the format, index and file checks ran: no tensor was checked against a layout.",
                                "Point the audit at a DeepseekV3 / Kimi-K2 checkpoint, or read the other checks "
                                "only."),
+    "LAYOUT_DIALECT": Rule("info", "the tensor names follow a known writer's spelling, not the release's own",
+                           "The whole checkpoint names its tensors as a known writer does (transformers 5.x's "
+                           "save_pretrained for deepseek_v4 and kimi_linear): it is audited against the same layout "
+                           "in that spelling. A mixture of spellings is reported tensor by tensor.",
+                           "None needed; loaders that read only the release's spelling need the names converted."),
+    "TENSORS_UNDESCRIBED": Rule("info", "tensors of a part of the release that the architecture's description "
+                                "leaves out: stored, not checked",
+                                "The release stores a part no source this tool reads describes (DeepSeek-V4's "
+                                "multi-token-prediction module `mtp.N.*`): its tensors are counted in one finding "
+                                "and not checked against a layout.",
+                                "None needed; check that part with the release's own loader."),
     "TENSOR_DUPLICATE": Rule("error", "the same tensor in two shards",
                            "Two shards hold a tensor of the same name; which one loads is undefined.", LAYOUT_HELP),
     "TENSOR_MISSING": Rule("error", "a tensor the config implies is in no shard",
@@ -252,6 +263,16 @@ RULES: dict[str, Rule] = {
                          "headers and values checked, but nothing says what the bytes should be.",
                          "Verify the copy against the Hub (`kimi-audit verify REPO@REV --local-dir DIR`) or a "
                          "manifest (`--manifest FILE`)."),
+    "FILE_CHANGED": Rule("error", "a file changed while verify read it (appended, written, cut or replaced)",
+                         "Its size, mtime or inode after the read differ from those it had when verify planned and "
+                         "opened it: the bytes hashed are of no one state of the file, so no sha256 is reported.",
+                         "Verify again when nothing writes to the checkpoint (a download or copy still running?)."),
+    "CACHE_FILE_NOT_BLOB": Rule("error", "a file of an HF cache snapshot is not a link to one of its blobs",
+                                "huggingface_hub writes every file of a snapshot as a link into the repo's blobs/ "
+                                "(named by the file's sha256); a regular file there was put in a link's place: its "
+                                "bytes are not the ones the cache stored.",
+                                "Download the file again (`kimi-audit download REPO --include NAME`), or verify the "
+                                "snapshot against the Hub (`kimi-audit verify REPO@REV`)."),
     "FP8_NAN": Rule("error", "an F8_E4M3 weight holds NaN codes (bytes 0x7F / 0xFF)",
                     "E4M3 has no infinities; 0x7F and 0xFF are its NaNs, which no quantizer writes: every product "
                     "with them is NaN. Counted, with the first element's offset.", WEIGHTS_HELP),

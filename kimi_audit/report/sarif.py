@@ -16,9 +16,8 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from kimi_audit import __version__
 from kimi_audit.checks.audit import AuditReport
-from kimi_audit.constants import CONFIG_FILE, INDEX_FILE
+from kimi_audit.constants import CONFIG_FILE, INDEX_FILE, VERSION
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.report.junit import check_of
 from kimi_audit.report.rules import RULES, rule
@@ -129,7 +128,7 @@ def sarif_dict(report: AuditReport, fail_on: Severity = Severity.ERROR,
         "$schema": SCHEMA_URI,
         "version": "2.1.0",
         "runs": [{
-            "tool": {"driver": {"name": "kimi-audit", "version": __version__, "semanticVersion": __version__,
+            "tool": {"driver": {"name": "kimi-audit", "version": VERSION, "semanticVersion": VERSION,
                                 "rules": _rules(codes)}},
             "invocations": [invocation],
             "results": results,

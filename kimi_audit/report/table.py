@@ -8,9 +8,9 @@ from rich.table import Table
 from rich.text import Text
 
 from kimi_audit.checks.audit import AuditReport
-from kimi_audit.checks.grouping import group_findings
-from kimi_audit.checks.ignore import ignored_line
 from kimi_audit.findings import Severity
+from kimi_audit.report.grouping import group_findings, ignored_line
+from kimi_audit.text import printable
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_GROUPS = 40
@@ -18,9 +18,7 @@ MAX_GROUPS = 40
 
 def _plain(text: str) -> Text:
     """Untrusted text (tensor names, messages): no rich markup, no terminal control characters."""
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return Text(text)
+    return Text(printable(text))
 
 
 def _n(v: int) -> str:
@@ -51,7 +49,7 @@ def render_table(report: AuditReport, console: Console, fail_on: Severity = Seve
                   f"buffers excluded): [bold]{_n(s.parameters)}[/bold]")
 
     if qa.width is None:
-        console.print("q_a_layernorm: not applicable (config has no q_lora_rank)")
+        console.print("q_a_layernorm: not applicable (config has no q_lora_rank, or not the DeepseekV3 family's)")
     else:
         style = "green" if qa.ok else "bold red"
         console.print(f"q_a_layernorm gains (query latent RMSNorm, [{qa.width:,}] each): total {_n(qa.total_params)}")

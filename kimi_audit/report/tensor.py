@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from kimi_audit.text import printable
 
 if TYPE_CHECKING:
     from kimi_audit.checks.rmsnorm import LayerResult
@@ -88,16 +91,17 @@ def render_tensor(console: Console, doc: Mapping[str, Any], values_label: str, s
     """The `tensor` command's document (what `--json` prints) as text: `values_label` names the stored values'
     row, `scheme` describes the module's quantization (None: not a quantized weight)."""
     rev = f" @ {doc['revision']}" if doc["revision"] else ""
-    console.print(f"[bold]{doc['tensor']}[/bold] in {doc['shard']} ({doc['source']}{rev})")
-    console.print(f"{doc['dtype']} {doc['shape']}, {doc['bytes']:,} bytes")
+    console.print(Text(printable(doc["tensor"]), style="bold")
+                  + Text(printable(f" in {doc['shard']} ({doc['source']}{rev})")))
+    console.print(Text(printable(f"{doc['dtype']} {doc['shape']}, {doc['bytes']:,} bytes")))
     if scheme is not None:
         shape_note = f"; weight_shape {doc['weight_shape']}" if doc["weight_shape"] is not None else ""
-        console.print(f"module {doc['module']}: {scheme}{shape_note}", highlight=False)
+        console.print(Text(printable(f"module {doc['module']}: {scheme}{shape_note}")))
     table = Table(show_header=True)
     table.add_column("values")
     table.add_column("statistic")
     table.add_column("", justify="right")
-    _stats_rows(table, values_label, doc["stats"])
+    _stats_rows(table, printable(values_label), doc["stats"])
     if doc["scale"] is not None:
         sc = doc["scale"]["stats"]
         _stats_rows(table, f"scales {sc['dtype']} {sc['shape']}", sc)
@@ -105,4 +109,4 @@ def render_tensor(console: Console, doc: Mapping[str, Any], values_label: str, s
         _stats_rows(table, f"dequantized {doc['dequantized']['dtype']}", doc["dequantized"])
     console.print(table)
     for p in doc["problems"]:
-        console.print(f"[red]{p}[/red]", highlight=False)
+        console.print(Text(printable(p), style="red"))

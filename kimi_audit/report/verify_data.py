@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kimi_audit import __version__
-from kimi_audit.checks.grouping import group_findings
-from kimi_audit.checks.report_dict import MAX_GROUPS, _clip, _listing
+from kimi_audit.constants import VERSION
 from kimi_audit.findings import Severity
+from kimi_audit.report.grouping import group_findings
+from kimi_audit.report.json_report import MAX_GROUPS, clip, listing
 from kimi_audit.verify.result import VerifyReport
 
 SCHEMA = "kimi-audit/verify/1"
@@ -20,11 +20,11 @@ SCHEMA = "kimi-audit/verify/1"
 
 def verify_dict(report: VerifyReport, all_findings: bool = False) -> dict[str, Any]:
     groups = group_findings(report.findings)
-    listed = _listing(report.findings, groups, all_findings)
+    listed = listing(report.findings, groups, all_findings)
     rate = report.bytes_read / report.seconds if report.seconds > 0 else None
     return {
         "schema": SCHEMA,
-        "tool": {"name": "kimi-audit", "version": __version__},
+        "tool": {"name": "kimi-audit", "version": VERSION},
         "source": report.source,
         "revision": report.revision,
         "references": list(report.references),
@@ -36,7 +36,7 @@ def verify_dict(report: VerifyReport, all_findings: bool = False) -> dict[str, A
         ],
         "findings": listed,
         "finding_groups": [
-            {"code": g.code, "severity": g.severity, "pattern": _clip(g.pattern), "count": g.count,
+            {"code": g.code, "severity": g.severity, "pattern": clip(g.pattern), "count": g.count,
              "covers": sum(f.covers for f in g.members)}
             for g in (groups if all_findings else groups[:MAX_GROUPS])
         ],

@@ -7,8 +7,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kimi_audit.checks.grouping import group_findings
 from kimi_audit.findings import Severity
+from kimi_audit.report.grouping import group_findings
 from kimi_audit.report.table import MAX_GROUPS, SEVERITY_STYLE, _plain, plural
 from kimi_audit.verify.result import OK, UNREFERENCED, VerifyReport
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kimi_audit.constants import CONFIG_FILE, PINNED_REPO_ID, PINNED_REVISION
-from kimi_audit.errors import UnsafePathError
+from kimi_audit.errors import NotRegularFileError, UnsafePathError
 from kimi_audit.sources.base import safe_member_name
+from kimi_audit.sources.files import open_regular
 from kimi_audit.sources.hub_errors import HubOfflineError
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -85,23 +86,29 @@ def _cached_refs(folder: Path) -> list[str]:
 
 
 def _read_ref(folder: Path, name: str) -> str | None:
-    """The commit `refs/<name>` records, or None when there is no such ref."""
+    """The commit `refs/<name>` records, or None when there is no such ref.
+
+    huggingface_hub writes a ref as a regular file: a symlink or any other kind of file is no ref (its
+    target's bytes are never read, so they cannot reach a message), and neither is a text that is not
+    a commit hash.
+    """
     try:
         safe_member_name(name)
     except UnsafePathError:
         return None
     try:
-        with open(folder / "refs" / name, encoding="utf-8") as f:
-            return f.read(256).strip()
-    except (OSError, UnicodeDecodeError):
+        with os.fdopen(open_regular(folder / "refs" / name, name, follow=False), "rb") as f:
+            ref = f.read(256).strip().decode("ascii")
+    except (OSError, UnicodeDecodeError, NotRegularFileError):  # a symlink: OSError (ELOOP)
         return None
+    return ref if _COMMIT_RE.match(ref) else None
 
 
 def resolve_commit(repo_id: str, revision: str, folder: Path) -> str | None:
     """The full commit `revision` names in this repo's cache folder, or None when the cache cannot tell."""
     ref = _read_ref(folder, revision)
     if ref is not None:
-        return ref if _COMMIT_RE.match(ref) else None
+        return ref
     if _COMMIT_RE.match(revision):
         return revision
     if _SHORT_RE.match(revision):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kimi_audit.constants import CONFIG_FILE, INDEX_FILE
 from kimi_audit.errors import (
     FileMissingError,
     FileTooLargeError,
@@ -16,10 +17,16 @@ from kimi_audit.errors import (
 )
 from kimi_audit.sources.base import RangeRead, safe_member_name
 from kimi_audit.sources.cache import snapshot_of
+from kimi_audit.sources.files import open_regular
+
+CHECKPOINT_FILES = frozenset((CONFIG_FILE, INDEX_FILE))
 
 
 class LocalSource:
     """Reads with os.pread: no file is ever read beyond the range asked for.
+
+    `path` is a directory, one .safetensors file, or a checkpoint's config.json or index.json, which
+    stand for their directory.
 
     Inside a Hugging Face cache snapshot (`.../models--owner--name/snapshots/<commit>/...`) the
     snapshot's commit is the source's `revision`, so `--expect-revision` can check it.
@@ -29,7 +36,11 @@ class LocalSource:
     remote = False
 
     def __init__(self, path: str | os.PathLike[str], *, label: str | None = None) -> None:
+        if not os.fspath(path):  # Path("") is the current directory: never audit it by accident
+            raise SourceError("an empty path: give a checkpoint directory, a .safetensors file or a Hub repo id")
         p = Path(path)
+        if p.name in CHECKPOINT_FILES and p.is_file():
+            p = p.parent  # the checkpoint's config or index names its directory: that is what is audited
         if not p.exists():
             raise FileMissingError(f"no such file or directory: {p}")
         if p.is_file():
@@ -112,15 +123,13 @@ class LocalSource:
     def read_file(self, name: str, max_bytes: int) -> bytes:
         path = self._path(name)
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(open_regular(path, name), "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if size > max_bytes:
                     raise FileTooLargeError(f"{name} is {size:,} bytes, over the {max_bytes:,}-byte limit")
                 return f.read(max_bytes + 1)[:max_bytes]
         except FileNotFoundError:
             raise FileMissingError(f"{name}: no such file in {self.root}") from None
-        except IsADirectoryError:
-            raise SourceError(f"{name}: is a directory, not a file") from None
         except OSError as e:
             raise SourceError(f"{name}: {e.strerror or e}") from None
 
@@ -129,7 +138,7 @@ class LocalSource:
         """A read-only descriptor of a member file; OS errors as SourceError, naming the file."""
         path = self._path(name)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path, name)
         except FileNotFoundError:
             raise FileMissingError(f"{name}: no such file in {self.root}") from None
         except OSError as e:

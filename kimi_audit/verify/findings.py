@@ -3,7 +3,8 @@
 Codes (README.md, report/rules.py): FILE_HASH_MISMATCH, TENSOR_HASH_MISMATCH, FILE_ABSENT, FILE_UNLISTED,
 MANIFEST_REVISION, NO_REFERENCE; FP8_NAN, FP8_SATURATED, BLOCK_ALL_ZERO, VALUE_NAN, VALUE_INF,
 SCALE_NOT_POSITIVE; DATA_NOT_PRESENT (an error here: bytes that are not there fail a verification) and
-SHARD_UNREADABLE (a file that could not be read whole).
+SHARD_UNREADABLE (a file that could not be read whole), FILE_CHANGED (appended, written, cut or replaced
+while it was read), CACHE_FILE_NOT_BLOB (an HF cache snapshot's file that is no blob link).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def file_findings(r: FileResult, refs: tuple[Reference, ...], differ: dict[str, 
     out: list[Finding] = []
     if r.error is not None:
         out.append(error("SHARD_UNREADABLE", f"{r.name}: could not be read whole: {r.error}", shard=r.name))
+    if r.changed is not None:
+        out.append(error("FILE_CHANGED", f"{r.name}: changed while verify read it ({r.changed}): its sha256 is "
+                         "of no one state of the file; verify it again when nothing writes to it", shard=r.name))
     if r.holes:
         holed = sum(h1 - h0 for h0, h1 in r.holes)
         out.append(error(
@@ -87,6 +91,18 @@ def listing_findings(ref: Reference, present: set[str], revision: str | None) ->
                          expected=ref.digests.get(name)))
     for name in sorted(present - ref.listing):
         out.append(warning("FILE_UNLISTED", f"{name}: in the checkpoint, not listed by {ref.where}", shard=name))
+    return out
+
+
+def cache_findings(not_blobs: list[str]) -> list[Finding]:
+    """A file of an HF cache snapshot that is not a link to one of its blobs: the cache never writes one, so
+    its bytes are not those the cache stored (replaced or tampered)."""
+    out = [error("CACHE_FILE_NOT_BLOB", f"{name}: a regular file in an HF cache snapshot, not a link to one of its "
+                 "blobs: not the bytes the cache stored (replaced or tampered); download it again", shard=name)
+           for name in not_blobs[:MAX_PER_CODE]]
+    if len(not_blobs) > MAX_PER_CODE:
+        out.append(error("CACHE_FILE_NOT_BLOB", f"... and {len(not_blobs) - MAX_PER_CODE:,} more files of the "
+                         f"snapshot that are not blob links ({len(not_blobs):,} in all)", actual=len(not_blobs)))
     return out
 
 

@@ -27,12 +27,14 @@ import base64
 import hashlib
 import json
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kimi_audit.errors import KimiAuditError, ManifestError
+from kimi_audit.outputs import write_atomic
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
@@ -52,12 +54,22 @@ class Manifest:
     source: str | None = None
     tensors: dict[str, dict[str, str]] = field(default_factory=dict)
     """File -> tensor name -> sha256 hex (empty when the manifest carries none)."""
+    ignore: tuple[str, ...] = ()
+    """Files of the directory the manifest leaves out beyond model_signing's defaults: itself, written inside
+    the checkpoint, and a manifest read there (listed in `serialization.ignore_paths`)."""
 
 
 def ignored(name: str) -> bool:
     """Files a model manifest leaves out: model_signing's defaults, and huggingface_hub's download metadata."""
     first = name.split("/", 1)[0]
     return first in IGNORE_PATHS or name.startswith(".cache/huggingface/")
+
+
+def ignore_paths(m: Manifest) -> list[str]:
+    """`serialization.ignore_paths`: model_signing's defaults, less any that holds a file the manifest lists
+    (a shard the index put under .git/ is verified and listed), and the manifest's own `ignore`."""
+    listed = {name.split("/", 1)[0] for name in m.files}
+    return [p for p in IGNORE_PATHS if p not in listed] + sorted(set(m.ignore) - set(IGNORE_PATHS))
 
 
 def _order(name: str) -> list[str]:
@@ -85,7 +97,7 @@ def manifest_statement(m: Manifest) -> dict[str, Any]:
         "predicateType": PREDICATE_TYPE,
         "predicate": {
             "serialization": {"method": "files", "hash_type": "sha256", "allow_symlinks": True,
-                              "ignore_paths": list(IGNORE_PATHS)},
+                              "ignore_paths": ignore_paths(m)},
             "resources": [{"name": n, "algorithm": "sha256", "digest": m.files[n]}
                           for n in sorted(m.files, key=_order)],
             EXTENSION: ext,
@@ -94,11 +106,10 @@ def manifest_statement(m: Manifest) -> dict[str, Any]:
 
 
 def write_manifest(m: Manifest, path: Path) -> None:
+    """Written whole under an exclusive temporary name, then renamed over `path` (never through a link)."""
     text = json.dumps(manifest_statement(m), indent=1) + "\n"
-    tmp = path.with_name(f".{path.name}.kimi-audit.partial")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, text.encode("utf-8"))
     except OSError as e:
         raise KimiAuditError(f"cannot write the manifest {path}: {e.strerror or e}") from None
 
@@ -115,6 +126,8 @@ def read_manifest(path: Path) -> Manifest:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ManifestError(f"{path}: not JSON ({e})") from None
+    except RecursionError:
+        raise ManifestError(f"{path}: JSON nested too deep to be a model manifest") from None
     return parse_manifest(_statement_of(doc, path), path)
 
 
@@ -128,6 +141,8 @@ def _statement_of(doc: Any, path: Path) -> Any:
                 return json.loads(base64.b64decode(payload, validate=True))
             except (ValueError, UnicodeDecodeError) as e:
                 raise ManifestError(f"{path}: the DSSE payload is not a base64 JSON statement ({e})") from None
+            except RecursionError:
+                raise ManifestError(f"{path}: the DSSE payload is JSON nested too deep") from None
     return doc
 
 
@@ -138,7 +153,7 @@ def parse_manifest(doc: Any, path: Path | str = "manifest") -> Manifest:
     if not isinstance(doc, dict) or doc.get("_type") != STATEMENT_TYPE:
         raise bad(f"not an in-toto statement ({STATEMENT_TYPE})")
     if doc.get("predicateType") != PREDICATE_TYPE:
-        raise bad(f"predicateType {doc.get('predicateType')!r}, expected {PREDICATE_TYPE}")
+        raise bad(f"predicateType {_clip(doc.get('predicateType'))}, expected {PREDICATE_TYPE}")
     pred, subjects = doc.get("predicate"), doc.get("subject")
     if not isinstance(pred, dict) or not isinstance(subjects, list) or len(subjects) != 1 \
             or not isinstance(subjects[0], dict):
@@ -152,14 +167,14 @@ def parse_manifest(doc: Any, path: Path | str = "manifest") -> Manifest:
     for r in resources if isinstance(resources, list) else []:
         if not isinstance(r, dict) or r.get("algorithm") != "sha256" or not isinstance(r.get("name"), str) \
                 or not isinstance(r.get("digest"), str) or not _HEX64.match(r["digest"]):
-            raise bad(f"resource {r!r} is not {{name, algorithm: sha256, digest: 64 hex digits}}")
+            raise bad(f"resource {_clip(r)} is not {{name, algorithm: sha256, digest: 64 hex digits}}")
         if r["name"] in files:
-            raise bad(f"resource {r['name']!r} is listed twice")
+            raise bad(f"resource {_clip(r['name'])} is listed twice")
         files[r["name"]] = r["digest"]
     digest = subjects[0].get("digest")
     root = digest.get("sha256") if isinstance(digest, dict) else None
     if root != root_digest(files):
-        raise bad(f"inconsistent: the subject's digest is {root!r}, the resources hash to {root_digest(files)}")
+        raise bad(f"inconsistent: the subject's digest is {_clip(root)}, the resources hash to {root_digest(files)}")
     raw_ext = pred.get(EXTENSION)
     ext: dict[str, Any] = raw_ext if isinstance(raw_ext, dict) else {}
     annotations = subjects[0].get("annotations")
@@ -173,3 +188,13 @@ def parse_manifest(doc: Any, path: Path | str = "manifest") -> Manifest:
     name = subjects[0].get("name")
     return Manifest(name if isinstance(name, str) else "", files, revision if isinstance(revision, str) else None,
                     ext.get("source") if isinstance(ext.get("source"), str) else None, tensors)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 120, 120
+
+
+def _clip(value: Any) -> str:
+    """A value from the manifest as it reads in a message: its repr cut short (reprlib: a few levels deep,
+    long strings elided), so a deep or huge value makes neither a RecursionError nor a huge message."""
+    return _REPR.repr(value)

@@ -8,6 +8,7 @@ of each piece through a queue (per piece, batched); Ray reports per finished fil
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
@@ -15,7 +16,7 @@ import queue as queue_module
 import signal
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
 from typing import Any
@@ -26,6 +27,9 @@ from kimi_audit.verify.read import FileResult, FileTask, verify_file
 ProgressFn = Callable[[str, int], None]
 """(file, bytes done so far in that file)."""
 
+IN_FLIGHT_PER_WORKER = 2
+"""Tasks submitted to the pool and not yet done, per worker: one running, one waiting."""
+
 _QUEUE: Any = None
 _LAST: list[float] = [0.0]
 SEND_EVERY_S = 0.2
@@ -33,6 +37,7 @@ SEND_EVERY_S = 0.2
 
 def _init_worker(q: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the handler the main process set: terminate() ends it
     global _QUEUE
     _QUEUE = q
 
@@ -59,8 +64,10 @@ def default_workers() -> int:
 
 def run_local(tasks: list[FileTask], workers: int | None = None,
               progress: ProgressFn | None = None) -> Generator[FileResult, None, None]:
-    """Each task's result as it completes. A KeyboardInterrupt while waiting terminates the workers; a worker
-    that dies (a file truncated under its memory map) fails its task, not the run."""
+    """Each task's result as it completes. At most IN_FLIGHT_PER_WORKER tasks a worker are submitted at a time
+    (a listing of millions of files makes as many futures only as there are workers). A KeyboardInterrupt, or
+    SystemExit (SIGTERM under cli.application.sigterm_exits), while waiting terminates the workers; a worker
+    that dies fails its task, not the run."""
     if not tasks:
         return
     n = max(1, min(workers or default_workers(), len(tasks)))
@@ -74,7 +81,14 @@ def run_local(tasks: list[FileTask], workers: int | None = None,
     pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(q,))
     finished = False
     try:
-        pending = {pool.submit(_pool_task, t): t for t in ordered}
+        queued = iter(ordered)
+        pending: dict[Future[FileResult], FileTask] = {}
+
+        def refill() -> None:
+            for t in itertools.islice(queued, n * IN_FLIGHT_PER_WORKER - len(pending)):
+                pending[pool.submit(_pool_task, t)] = t
+
+        refill()
         while pending:
             done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
             _drain(q, progress)
@@ -84,10 +98,11 @@ def run_local(tasks: list[FileTask], workers: int | None = None,
                     result = fut.result()
                 except BrokenProcessPool:
                     result = FileResult(task.name, task.size, None, 0, 0.0, error="not read whole: a worker process "
-                                        "died (killed, or a file truncated while it was read), which stops the pool")
+                                        "died (killed), which stops the pool")
                 if progress:
                     progress(result.name, result.size)
                 yield result
+            refill()
         finished = True
     except KeyboardInterrupt:
         ignore_sigint()  # a second Ctrl-C must not cut the clean-up short (the caller restores it)
@@ -153,9 +168,16 @@ def run_ray(tasks: list[FileTask], address: str | None = None,
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise KimiAuditError(f"cannot connect to a Ray cluster at {address or 'auto'}: {e}") from None
     remote = ray.remote(num_cpus=1, max_retries=0)(verify_file)
-    pending = {remote.remote(t): t for t in sorted(tasks, key=lambda t: -t.size)}
+    queued = iter(sorted(tasks, key=lambda t: -t.size))
+    cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
+    limit = max(1, int(cpus)) * IN_FLIGHT_PER_WORKER
+    pending: dict[Any, FileTask] = {}
     try:
-        while pending:
+        while True:
+            for t in itertools.islice(queued, limit - len(pending)):  # bounded: as many as the cluster runs
+                pending[remote.remote(t)] = t
+            if not pending:
+                break
             try:
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
             except KeyboardInterrupt:

@@ -110,6 +110,9 @@ class FileResult:
     """Tensors lying (partly) in sparse holes: not scanned."""
     holes: tuple[tuple[int, int], ...] = ()
     error: str | None = None
+    changed: str | None = None
+    """Why the bytes read are not the file as it is (appended, written, cut or replaced during the read):
+    no sha256 then (FILE_CHANGED)."""
 
 
 def tensor_kind(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
@@ -177,16 +180,19 @@ def _present(holes: tuple[tuple[int, int], ...], a: int, b: int) -> Iterator[tup
 def verify_file(task: FileTask, progress: ProgressHook | None = None) -> FileResult:
     """Read the file once: its sha256, each tensor's health, and (task.tensor_hashes) each tensor's sha256."""
     from kimi_audit.errors import KimiAuditError
+    from kimi_audit.verify.windows import FileChangedError
 
     started = time.monotonic()
     state = _State(task)
     if task.failed is not None:
         return state.result(started, task.failed)
     try:
-        state.run(progress)
+        changed = state.run(progress)
+    except FileChangedError as e:
+        return state.result(started, None, str(e))
     except (OSError, KimiAuditError) as e:
         return state.result(started, f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e))
-    return state.result(started, None)
+    return state.result(started, None, changed)
 
 
 class _State:
@@ -205,7 +211,8 @@ class _State:
         self.absent = tuple(t.name for t in task.tensors if _in_holes(task.holes, t.begin, t.end))
         self.skip = set(self.absent)
 
-    def run(self, progress: ProgressHook | None) -> None:
+    def run(self, progress: ProgressHook | None) -> str | None:
+        """Read the file; why what was read is not the file as it is now (local files), else None."""
         from kimi_audit.numerics.scan import Scanner
         from kimi_audit.verify.windows import HubReader, LocalReader
 
@@ -215,7 +222,7 @@ class _State:
         scan = task.scan and bool(task.tensors)
         reader: LocalReader | HubReader
         if task.path is not None:
-            reader = LocalReader(task.path)
+            reader = LocalReader(task.path, task.size)
         elif task.hub is not None:
             reader = HubReader(task.name, task.hub)
         else:
@@ -242,6 +249,7 @@ class _State:
                                 scanner.release()
                 if progress:
                     progress(end - start)
+            return reader.changed() if isinstance(reader, LocalReader) else None
         finally:
             reader.close()
 
@@ -333,12 +341,14 @@ class _State:
         else:
             c[0] += n
 
-    def result(self, started: float, error: str | None) -> FileResult:
+    def result(self, started: float, error: str | None, changed: str | None = None) -> FileResult:
         plans = {t.name: t for t in self.task.tensors}
         health = tuple(Health(name, code, c[0], c[1], plans[name].shape, plans[name].block)
                        for (name, code), c in self.counts.items())
+        whole = error is None and changed is None
         return FileResult(
             self.task.name, self.task.size,
-            self.file_hash.hexdigest() if self.file_hash is not None and error is None else None,
-            self.bytes_read, time.monotonic() - started, self.tensor_sha if error is None else {}, health,
-            sum(self.saturated.values()), len(self.saturated), self.scanned, self.absent, self.task.holes, error)
+            self.file_hash.hexdigest() if self.file_hash is not None and whole else None,
+            self.bytes_read, time.monotonic() - started, self.tensor_sha if whole else {}, health,
+            sum(self.saturated.values()), len(self.saturated), self.scanned, self.absent, self.task.holes, error,
+            changed)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kimi_audit.constants import SAFETENSORS_SUFFIX
+from kimi_audit.sources.cache import snapshot_of
 from kimi_audit.verify.manifest import Manifest, ignored
 
 if TYPE_CHECKING:
@@ -42,22 +44,43 @@ class Reference:
     """Every file the reference says the model has (None: it speaks of single files only)."""
     tensors: dict[str, dict[str, str]] = field(default_factory=dict)
     revision: str | None = None
+    not_blobs: tuple[str, ...] = ()
+    """CACHE: the snapshot's files that are no link into its blobs (the cache writes none: CACHE_FILE_NOT_BLOB)."""
 
 
 def cache_reference(root: Path, names: tuple[str, ...]) -> Reference | None:
-    """The sha256 each file's HF cache blob is named by (symlinks into `blobs/`), or None outside a snapshot."""
+    """The sha256 each file's HF cache blob is named by (symlinks into `blobs/`), or None outside a snapshot.
+
+    In a snapshot (`snapshots/<commit>/`) whose cache keeps blobs (some file of it is a link into `blobs/`, or
+    `blobs/` holds files) every file is such a link: any other (a regular file put in a link's place) is listed
+    in `not_blobs`. A cache on a filesystem without symlinks moves the files into the snapshot and keeps no
+    blobs: its files are not asked about."""
     digests: dict[str, str] = {}
+    plain: list[str] = []
     for name in names:
         path = root / name
         try:
-            if not os.path.islink(path):
-                continue
-            target = os.path.basename(os.readlink(path))
+            target = os.path.basename(os.readlink(path)) if os.path.islink(path) else None
         except OSError:
             continue
-        if _HEX64.match(target):
+        if target is not None and _HEX64.match(target):
             digests[name] = target
-    return Reference(CACHE, "the HF cache's blob names", digests) if digests else None
+        elif target is None and not ignored(name):
+            plain.append(name)
+    snapshot = snapshot_of(root)
+    linked = snapshot is not None and (bool(digests) or _holds_files(snapshot.path.parent.parent / "blobs"))
+    not_blobs = tuple(plain) if linked else ()
+    if not digests and not not_blobs:
+        return None
+    return Reference(CACHE, "the HF cache's blob names", digests, not_blobs=not_blobs)
+
+
+def _holds_files(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
 
 
 def hub_reference(source: HubSource) -> Reference:
@@ -65,7 +88,8 @@ def hub_reference(source: HubSource) -> Reference:
     names = source.list_files()
     digests = {n: d for n in names if (d := source.lfs_sha256(n)) is not None}
     return Reference(HUB, f"the Hub's LFS sha256 at {source.label}", digests,
-                     frozenset(n for n in names if not ignored(n)), revision=source.revision)
+                     frozenset(n for n in names if not ignored(n) or n.endswith(SAFETENSORS_SUFFIX)),
+                     revision=source.revision)
 
 
 def manifest_reference(m: Manifest, path: Path) -> Reference:

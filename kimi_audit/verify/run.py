@@ -16,20 +16,23 @@ import contextlib
 import dataclasses
 import os
 import signal
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from kimi_audit.checks.audit import AuditReport, audit_checkpoint
+from kimi_audit.constants import SAFETENSORS_SUFFIX
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error
 from kimi_audit.model.checkpoint import Checkpoint, load_checkpoint
-from kimi_audit.model.quant.plan import fp8_block
+from kimi_audit.model.quant.scheme import fp8_block
 from kimi_audit.numerics.tensor_io import data_holes
 from kimi_audit.sources.base import Source
 from kimi_audit.sources.hub import HubSource
 from kimi_audit.verify.findings import (
+    cache_findings,
     file_findings,
     health_findings,
     listing_findings,
@@ -134,8 +137,9 @@ def _compare(p: Prepared, results: dict[str, FileResult], interrupted: bool) -> 
                 if found or ref.tensors.get(t.name):
                     differ[t.name] = names
                 tensor_findings += found
-    rows, row_findings = _rows(tasks, results, target.references, differ)
-    findings += row_findings + tensor_findings
+    not_blobs = {n for ref in target.references for n in ref.not_blobs if n not in target.exclude}
+    rows, row_findings = _rows(tasks, results, target.references, differ, not_blobs)
+    findings += row_findings + tensor_findings + cache_findings(sorted(not_blobs))
     findings += unreferenced_finding([r.name for r in rows if r.status == UNREFERENCED])
     for ref in target.references:
         findings += listing_findings(ref, {t.name for t in tasks}, src.revision)
@@ -146,7 +150,8 @@ def _compare(p: Prepared, results: dict[str, FileResult], interrupted: bool) -> 
         src.label, src.revision, tuple(r.where for r in target.references), rows, tuple(findings),
         time.monotonic() - p.started, workers, sum(r.tensors_scanned for r in results.values()), interrupted)
     manifest = Manifest(_model_name(src), {r.name: r.sha256 for r in rows if r.sha256}, src.revision, src.label,
-                        {n: r.tensor_sha256 for n, r in results.items() if r.tensor_sha256})
+                        {n: r.tensor_sha256 for n, r in results.items() if r.tensor_sha256},
+                        tuple(sorted(target.exclude)))
     return report, manifest
 
 
@@ -173,8 +178,14 @@ def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -
             raise KimiAuditError(f"{src.label}: not a source verify can stream")
         hub = (src.repo_id, src.revision, src.endpoint)
     tasks = []
+    # Every file the index or the layout references is verified, whatever its path (a shard under .git/):
+    # only the unreferenced files of model_signing's ignored paths and huggingface_hub's metadata are skipped.
+    referenced = set(ckpt.headers) | {f for f in ckpt.files if f.endswith(SAFETENSORS_SUFFIX)}
+    if ckpt.index is not None:
+        referenced |= set(ckpt.index.weight_map.values())
+    outside = set(src.outside_links()) if root is not None else set()
     for name in ckpt.files:
-        if ignored(name) or name in target.exclude:
+        if name in target.exclude or (ignored(name) and name not in referenced):
             continue
         header = ckpt.headers.get(name)
         tensors: tuple[TensorPlan, ...] = ()
@@ -193,9 +204,12 @@ def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -
             tasks.append(FileTask(name, size, hub=hub, tensors=tensors, tensor_hashes=options.tensor_hashes,
                                   chunk=chunk))
             continue
-        if not src.exists(name):
-            continue  # a symlink out of the directory: the audit reports SYMLINK_OUTSIDE
         path = root / name
+        if not src.exists(name):
+            if name in outside:
+                continue  # a symlink out of the directory: the audit reports SYMLINK_OUTSIDE
+            tasks.append(FileTask(name, 0, path=str(path), failed=f"not a regular file ({_what(path)}): not read"))
+            continue
         try:
             size = os.stat(path).st_size
             if header is not None and header.header_len is not None:
@@ -212,6 +226,17 @@ def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -
     return tasks
 
 
+def _what(path: Path) -> str:
+    """What a listed path that is no regular file is (never opened: a FIFO would block the open)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"a broken symlink ({e.strerror})" if os.path.islink(path) else (e.strerror or str(e))
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+    return next((what for test, what in kinds if test(mode)), stat.filemode(mode))
+
+
 def _needs_tensor_pass(r: FileResult, task: FileTask, refs: tuple[Reference, ...]) -> bool:
     return r.sha256 is not None and bool(task.tensors) and not r.tensor_sha256 and any(
         task.name in ref.tensors and ref.digests.get(task.name) not in (None, r.sha256) for ref in refs)
@@ -222,7 +247,7 @@ def _tensor_pass(task: FileTask) -> FileTask:
 
 
 def _rows(tasks: list[FileTask], results: dict[str, FileResult], refs: tuple[Reference, ...],
-          differ: dict[str, list[str]]) -> tuple[tuple[FileRow, ...], list[Finding]]:
+          differ: dict[str, list[str]], not_blobs: set[str]) -> tuple[tuple[FileRow, ...], list[Finding]]:
     rows: list[FileRow] = []
     findings: list[Finding] = []
     listings = [ref.listing for ref in refs if ref.listing is not None]
@@ -232,10 +257,12 @@ def _rows(tasks: list[FileTask], results: dict[str, FileResult], refs: tuple[Ref
         unlisted = any(t.name not in listing for listing in listings)
         if r is None:
             status = NOT_CHECKED
-        elif r.error is not None:
+        elif r.error is not None or r.changed is not None:
             status = UNREADABLE
         elif r.holes:
             status = NOT_PRESENT
+        elif t.name in not_blobs:
+            status = MISMATCH  # not the cache's bytes (CACHE_FILE_NOT_BLOB)
         elif expected is None:
             status = UNREFERENCED
         else:

@@ -3,6 +3,7 @@ parameters, the MTP summary and the comparison with the published figures."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from kimi_audit.format.table import Located
@@ -24,15 +25,14 @@ def _mtp(root: Node) -> MtpSummary | None:
 def _activation(cfg: ModelConfig, root: Node) -> Activation:
     mtp = next((c.derived for c in root.children if c.key == "mtp"), 0)
     embedding = next((c.derived for c in root.children if c.key == "embedding"), 0)
-    experts = [n for _, n in root.walk() if n.key == "blocks.moe.experts"]
-    routed = experts[0].derived if experts else 0
+    # the routed experts of every MoE block kind (DeepseekV3's one `moe`, deepseek_v4's and kimi_linear's
+    # several: `moe_csa`, `moe_hash_swa`, `moe_kda`, ...), whose experts have the same size
+    experts = [n for _, n in root.walk() if re.fullmatch(r"blocks\.moe(_\w+)?\.experts", n.key)]
+    routed = sum(n.derived for n in experts)
     k = cfg.num_experts_per_tok or 0
-    if experts:
-        per_expert = experts[0].per_instance
-        moe_blocks = experts[0].mult[1][0]
-        active = per_expert * min(k, cfg.n_routed_experts or 0) * moe_blocks
-    else:
-        per_expert = moe_blocks = active = 0
+    per_expert = experts[0].per_instance if experts else 0
+    moe_blocks = sum(n.mult[1][0] for n in experts)
+    active = sum(n.per_instance * min(k, cfg.n_routed_experts or 0) * n.mult[1][0] for n in experts)
     always = root.derived - mtp - routed
     return Activation(always + active, always, routed, active, k, cfg.n_routed_experts or 0, moe_blocks,
                       per_expert, mtp, embedding)

@@ -22,7 +22,7 @@ from kimi_audit.model.accounting.tree import UNACCOUNTED, FoundTensor, Node, Par
 from kimi_audit.model.arch.spec import Factor
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE, kind_of
-from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, layer_block, scheme_of
+from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, layer_block, layer_prefix, scheme_of
 
 Mult = tuple[tuple[int, str], ...]
 Slot = tuple[str | None, str]
@@ -104,6 +104,7 @@ class Builder:
         for layer in range(cfg.total_layers):
             self.layers_of.setdefault(layer_block(cfg, layer), []).append(layer)
         self.counts = _expected_counts(expected)
+        self.prefix = layer_prefix(cfg)
 
     # leaves and groups
 
@@ -182,7 +183,7 @@ class Builder:
         layers = self.layers_of.get(block, []) if block else []
         if not layers:
             return module
-        return f"model.layers.{layers[0]}." + module.replace(".experts.", ".experts.0.", 1)
+        return f"{self.prefix}{layers[0]}." + module.replace(".experts.", ".experts.0.", 1)
 
     def linear_parts(self, block: str | None, module: str, out: list[Factor], inp: list[Factor],
                      bias: bool = False) -> list[Part]:
@@ -225,7 +226,7 @@ class Builder:
                 dtype = "/".join(sorted({t.dtype for t in ts}))
             else:
                 layers = self.layers_of.get(block, [])
-                pattern = comp if not layers else ", ".join(collapse(f"model.layers.{i}.{comp}" for i in layers))
+                pattern = comp if not layers else ", ".join(collapse(f"{self.prefix}{i}.{comp}" for i in layers))
                 dtype = "/".join(sorted(dtypes.get(key, ())))
             rows.append(ExcludedRow(kind, pattern, dtype, d[0], len(ts), d[1], sum(t.numel for t in ts)))
         return tuple(rows)

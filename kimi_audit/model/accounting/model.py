@@ -31,12 +31,25 @@ BLOCK_LABEL = {DENSE: ("dense block", "dense blocks"), MOE: ("MoE block", "MoE b
                MTP: ("MTP layer", "MTP layers")}
 
 
+MLP_WORDS = {DENSE: "dense", MOE: "MoE", "moe_hash": "hash-routed MoE"}
+
+
+def block_label(block: str) -> tuple[str, str]:
+    """(one, many) of a block kind: BLOCK_LABEL's, or an architecture's own (`moe_hash_csa`: "hash-routed MoE
+    CSA block")."""
+    if block in BLOCK_LABEL:
+        return BLOCK_LABEL[block]
+    mlp, _, attention = block.rpartition("_")
+    words = f"{MLP_WORDS.get(mlp, mlp)} {attention.upper()}"
+    return f"{words} block", f"{words} blocks"
+
+
 class ModelBuilder(Builder):
     """The whole tree: `model()` is its root."""
 
     def block_mult(self, block: str) -> Mult:
         n = len(self.layers_of.get(block, ()))
-        one, many = BLOCK_LABEL[block]
+        one, many = block_label(block)
         return ((n, one if n == 1 else many),)
 
     def block_keys(self, block: str | None) -> list[str]:
@@ -45,6 +58,8 @@ class ModelBuilder(Builder):
         if block == MTP:
             return ["num_nextn_predict_layers"]
         keys = ["num_hidden_layers"]
+        if self.cfg.layer_kinds:
+            return keys + ["layer_types", "mlp_layer_types"]
         if self.cfg.n_routed_experts is not None:
             keys += ["first_k_dense_replace", "moe_layer_freq", "n_routed_experts"]
         return keys
@@ -91,7 +106,7 @@ class ModelBuilder(Builder):
         tree = describe(c)
         children: list[Node | None] = [self.node(d, "", None, ()) for d in tree.before]
         children.append(self.group("blocks", "blocks", f"{c.num_hidden_layers} transformer blocks",
-                                   [self.block(b, tree.blocks[b]) for b in (DENSE, MOE) if b in tree.blocks]))
+                                   [self.block(b, nodes) for b, nodes in tree.blocks.items() if b != MTP]))
         children.append(self.block(MTP, tree.blocks[MTP]) if MTP in tree.blocks else None)
         children += [self.node(d, "", None, ()) for d in tree.after]
         children.append(self.unaccounted())

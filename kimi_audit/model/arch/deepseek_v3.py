@@ -69,9 +69,12 @@ class _Describe:
         if not c.tie_word_embeddings:
             after.append(Leaf("lm_head", "lm_head", "Output head (lm_head)", "lm_head",
                               (Linear("lm_head", (v,), (h,)),), ("torch_dtype", "tie_word_embeddings", QUANT_KEYS)))
+        # n_routed_experts None (DeepseekV3Config allows it) makes every layer dense, the MTP layers too.
+        mlp = self.dense_mlp() if c.n_routed_experts is None else self.moe()
         blocks = {DENSE: (self.norms(), self.attention(), *self.dense_mlp()),
-                  MOE: (self.norms(), self.attention(), *self.moe()),
-                  MTP: (self.mtp_head(), self.norms(), self.attention(), *self.moe())}
+                  MTP: (self.mtp_head(), self.norms(), self.attention(), *mlp)}
+        if c.n_routed_experts is not None:
+            blocks[MOE] = (self.norms(), self.attention(), *mlp)
         return ModelTree(before, blocks, tuple(after))
 
     def norms(self) -> Group:

@@ -122,5 +122,8 @@ class ModelTree:
 
     before: tuple[Node, ...]
     blocks: dict[str, tuple[Node, ...]]
-    """Block kind (DENSE, MOE, MTP) -> one layer's nodes, named relative to `model.layers.{i}.`."""
+    """Block kind (DENSE, MOE, MTP, or the architecture's own: ModelConfig.layer_kinds) -> one layer's nodes,
+    named relative to `{layer_prefix}{i}.`."""
     after: tuple[Node, ...]
+    layer_prefix: str = "model.layers."
+    """What precedes a decoder layer's index in its tensor names (DeepSeek-V4's release: `layers.`)."""

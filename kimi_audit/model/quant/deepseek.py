@@ -20,13 +20,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import PACKED, PARAMETER, SCALE
-from kimi_audit.model.quant.scheme import FP8_DTYPE, Scheme, Stored, Unquantized, packed_rows, stored_weight
+from kimi_audit.model.quant.scheme import (
+    FP8_DTYPE,
+    QuantPlan,
+    Scheme,
+    Stored,
+    Unquantized,
+    packed_rows,
+    stored_weight,
+)
 from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK, ceil_div, scale_grid
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from kimi_audit.model.quant.plan import QuantPlan
 
 __all__ = ["FP4_GROUP", "ROUTED_EXPERTS", "SCALE_SUFFIX", "V4_SCALE_SUFFIX", "Fp4Experts", "Fp8Block"]
 
@@ -54,8 +61,6 @@ class Fp8Block(Scheme):
 
     @classmethod
     def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any]) -> QuantPlan:
-        from kimi_audit.model.quant.plan import QuantPlan
-
         block = q.get("weight_block_size", list(DEEPSEEK_FP8_BLOCK))
         if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
             raise ConfigError(f"config.json quantization_config.weight_block_size {block!r} is not [rows, cols]")

@@ -2,7 +2,7 @@
 
 Each scheme is one small class registered under the (quant_method, format) pairs it reads
 (`Scheme.registry`, filled by `__init_subclass__`, as gguf-py registers one class per quantization type);
-model.quant.plan looks the config's pair up there, so a new format is one new class and nothing else. The
+model.quant.scheme looks the config's pair up there, so a new format is one new class and nothing else. The
 layout asks the checkpoint's QuantPlan, per Linear module, for its scheme, and the scheme for the tensors that
 store the module's weight [out, in]; the accounting, `explain`, `tensor --dequant` and the values pass ask the
 same scheme.
@@ -11,23 +11,32 @@ What a tensor counts for: a PARAMETER's elements are parameters; a PACKED tensor
 logical parameters of its module; SCALE tensors (scales, global scales, shapes, zero points, group indices,
 input scales) are quantization metadata, never counted. The first stored tensor is the module's weight; every
 SCALE tensor after it describes it.
+
+QuantPlan, at the end, is which scheme stores each Linear module (model.quant.dispatch.quant_plan makes it): one
+scheme for every Linear module (compressed-tensors' `Linear` target, DeepSeek's FP8), schemes for modules by exact
+name and by `re:` pattern (compressed-tensors' other targets, DeepSeek-V4's FP4 experts), and what stays
+unquantized (`ignore`, and the modules a format leaves plain by convention). Precedence is compressed-tensors'
+(match_targets): an exact name, then a pattern (in sorted order), then the class target; `ignore` before all.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import neg, or_
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import PARAMETER
+from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from kimi_audit.model.quant.plan import QuantPlan
-
-__all__ = ["FP8_DTYPE", "Scheme", "Stored", "Unquantized", "UnsupportedQuantization", "stored_weight"]
+__all__ = ["FP8_DTYPE", "QuantPlan", "Scheme", "Stored", "Unquantized", "UnsupportedQuantization", "fp8_block",
+           "stored_weight"]
 
 FP8_DTYPE = "F8_E4M3"
 
@@ -147,3 +156,87 @@ class Unquantized(Scheme):
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         return stored_weight(tensors, ".weight", out, inp)
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """Which scheme stores each Linear module (by its full name, e.g. `model.layers.3.self_attn.q_a_proj`)."""
+
+    every: Scheme | None
+    """The scheme of every Linear module no other entry names (None: those stay plain)."""
+    plain: Unquantized
+    exact: Mapping[str, Scheme] = field(default_factory=dict)
+    patterns: tuple[tuple[re.Pattern[str], Scheme], ...] = ()
+    """`re:` targets, matched (re.match, as compressed-tensors) against module names, in sorted order."""
+    ignore_names: frozenset[str] = frozenset()
+    ignore_re: re.Pattern[str] | None = None
+    """compressed-tensors `re:` entries of `ignore`, matched (re.match) against module names."""
+    keep_plain: tuple[str, ...] = ()
+    """Module-name suffixes a format leaves unquantized by convention (FP8: the MTP layer's projections)."""
+    by_name: bool = False
+    """Whether the choice depends on the layer's index (an ignore list, a target naming modules): then every
+    layer is asked."""
+    groups: tuple[dict[str, Any], ...] = ()
+    """Each scheme's targets as written (summary of a plan with several schemes)."""
+
+    @property
+    def schemes(self) -> tuple[Scheme, ...]:
+        """Every quantized scheme of the plan, each once (the one for every Linear module first)."""
+        out = [] if self.every is None else [self.every]
+        for s in (*self.exact.values(), *(s for _, s in self.patterns)):
+            if s not in out:
+                out.append(s)
+        return tuple(out)
+
+    @property
+    def quantized(self) -> Scheme:
+        """The plan's main scheme (the first of `schemes`)."""
+        return self.schemes[0]
+
+    def summary(self) -> dict[str, Any]:
+        """The quantized modules' scheme as plain data (`model.quantization` in `audit --json`); a plan of
+        several schemes lists each with its targets under `groups`."""
+        schemes = self.schemes
+        if len(schemes) == 1:
+            return schemes[0].summary()
+        first = schemes[0].summary()
+        return {"method": first.get("method"), "groups": [
+            dict(s.summary(), **g) for s, g in zip(schemes, self.groups)] if self.groups else
+            [s.summary() for s in schemes]}
+
+    def scheme_for(self, module: str) -> Scheme:
+        if module in self.ignore_names or (self.ignore_re is not None and self.ignore_re.match(module)):
+            return self.plain
+        if module.endswith(self.keep_plain):
+            return self.plain
+        if self.exact:
+            s = self.exact.get(module)
+            if s is not None:
+                return s
+        for pattern, s in self.patterns:
+            if pattern.match(module):
+                return s
+        return self.every if self.every is not None else self.plain
+
+    def choices(self, modules: list[str]) -> tuple[int, ...]:
+        """Which scheme each module gets (its index in `schemes`, -1: plain), for every module of a layer at
+        once; builtin speed where one scheme stores every Linear module."""
+        if self.exact or self.patterns or self.every is None:
+            schemes = self.schemes
+            return tuple(-1 if s is self.plain else schemes.index(s) for s in map(self.scheme_for, modules))
+        plain = map(str.endswith, modules, repeat(self.keep_plain))
+        if self.ignore_names:
+            plain = map(or_, plain, map(self.ignore_names.__contains__, modules))
+        if self.ignore_re is not None:
+            plain = map(or_, plain, map(bool, map(self.ignore_re.match, modules)))
+        return tuple(map(neg, plain))
+
+
+def fp8_block(plan: QuantPlan | None) -> tuple[int, int]:
+    """The block of FP8 weights' scales: the plan's, else Fp8Block's default (FP8 weights a config does not
+    describe are read as DeepSeek's)."""
+    for scheme in () if plan is None else plan.schemes:
+        block = getattr(scheme, "block", None)
+        if isinstance(block, tuple) and len(block) == 2:
+            return block
+    return DEEPSEEK_FP8_BLOCK

@@ -10,13 +10,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.quant.scheme import FP8_DTYPE, Scheme, Unquantized, UnsupportedQuantization
+from kimi_audit.model.quant.scheme import FP8_DTYPE, QuantPlan, Scheme, Unquantized, UnsupportedQuantization
 from kimi_audit.numerics.grid import ceil_div, scale_grid
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from kimi_audit.model.quant.plan import QuantPlan
 
 __all__ = ["METHOD", "CompressedTensors", "compressed_tensors_plan"]
 
@@ -118,7 +117,6 @@ def _compile(pattern: str) -> re.Pattern[str]:
 def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized) -> QuantPlan:
     """The plan of a compressed-tensors quantization_config: each config group's scheme (by the group's
     `format`, else the config's) for its targets, `ignore` left plain."""
-    from kimi_audit.model.quant.plan import QuantPlan
 
     top = q.get("format")
     if top is not None and top != MIXED and (METHOD, top) not in Scheme.registry:

@@ -1,5 +1,5 @@
 """The family members a replica can be built of: config, shard names and count, what is stored, and which
-shard holds each tensor (facts from the releases; see model.replica for the writing).
+shard holds each tensor (facts from the releases; see replica.build for the writing).
 
 - kimi-k2-instruct, kimi-k2-base: `model-{i}-of-61.safetensors`, one decoder layer per shard (shard 1 also
   holds the embedding, shard 61 the final norm and lm_head); FP8 block scales.
@@ -9,6 +9,9 @@ shard holds each tensor (facts from the releases; see model.replica for the writ
 - deepseek-v3, deepseek-v32: 163 shards `model-00001-of-000163.safetensors`: the multi-token-prediction
   layer (61) alone in the last one, everything before it cut into 162 shards of about equal bytes.
   No `rotary_emb.inv_freq` is stored.
+- deepseek-v4-flash: DeepSeek's names (`layers.N.attn.*`, `embed.weight`, `head.weight`), BF16, no MTP
+  module, 46 shards of about equal bytes (Flash-Base's count, unconfirmed; the shard names as DeepSeek-V3's):
+  the sources of its config and what it leaves out are in data/deepseek-v4-flash.sources.json.
 
 Every assignment keeps a weight and its quantization metadata (FP8 scale, INT4 group scale and shape) in
 one shard: the published DeepSeek-V3 splits a few pairs, which audits as SCALE_SHARD_SPLIT warnings, and a
@@ -24,8 +27,8 @@ from importlib import resources
 from kimi_audit.model.arch.spec import MTP
 from kimi_audit.model.layout import ExpectedTensor
 
-# Published fact: Kimi-K2 checkpoints store rotary_emb.inv_freq as BF16 [56], not [qk_rope_head_dim / 2].
-PUBLISHED_INV_FREQ_SHAPE = (56,)
+# As the Kimi-K2 releases' shard headers store rotary_emb.inv_freq: BF16 [56], not [qk_rope_head_dim / 2].
+STORED_INV_FREQ_SHAPE = (56,)
 
 Assign = Callable[[Sequence[ExpectedTensor], int], list[int]]
 """(the tensors to store, in layout order; the shard count) -> each one's shard number, 1-based."""
@@ -58,7 +61,7 @@ def balanced_mtp_last(tensors: Sequence[ExpectedTensor], n: int) -> list[int]:
     bigger than a shard's share."""
     main = [t for t in tensors if t.block != MTP]
     total = sum(t.nbytes or 0 for t in main)
-    cuts = n - 1
+    cuts = n - 1 if len(main) < len(tensors) else n  # no MTP layer: every shard takes a share
     out: list[int] = []
     pos, shard = 0, 1
     for t in tensors:
@@ -91,17 +94,19 @@ class ReplicaModel:
 
 REPLICA_MODELS: dict[str, ReplicaModel] = {m.name: m for m in (
     ReplicaModel("kimi-k2-instruct", "pinned Kimi-K2-Instruct",
-                 "kimi-k2-instruct.config.json", 61, plain_name, layer_per_shard, PUBLISHED_INV_FREQ_SHAPE),
+                 "kimi-k2-instruct.config.json", 61, plain_name, layer_per_shard, STORED_INV_FREQ_SHAPE),
     ReplicaModel("kimi-k2-base", "Kimi-K2-Base (as Instruct)", "kimi-k2-instruct.config.json",
-                 61, plain_name, layer_per_shard, PUBLISHED_INV_FREQ_SHAPE),
+                 61, plain_name, layer_per_shard, STORED_INV_FREQ_SHAPE),
     ReplicaModel("kimi-k2-instruct-0905", "Kimi-K2-Instruct-0905", "kimi-k2-instruct-0905.config.json",
-                 62, padded_name, embedding_alone, PUBLISHED_INV_FREQ_SHAPE),
+                 62, padded_name, embedding_alone, STORED_INV_FREQ_SHAPE),
     ReplicaModel("kimi-k2-thinking", "Kimi-K2-Thinking (INT4)", "kimi-k2-thinking.config.json",
-                 62, padded_name, embedding_alone, PUBLISHED_INV_FREQ_SHAPE),
+                 62, padded_name, embedding_alone, STORED_INV_FREQ_SHAPE),
     ReplicaModel("deepseek-v3", "DeepSeek-V3 (with MTP)", "deepseek-v3.config.json",
                  163, padded_name, balanced_mtp_last, None),
     ReplicaModel("deepseek-v32", "DeepSeek-V3.2 (with MTP)",
                  "deepseek-v32.config.json", 163, padded_name, balanced_mtp_last, None),
+    ReplicaModel("deepseek-v4-flash", "DeepSeek-V4-Flash (BF16, no MTP)", "deepseek-v4-flash.config.json",
+                 46, padded_name, balanced_mtp_last, None),
 )}
 DEFAULT_MODEL = "kimi-k2-instruct"
 

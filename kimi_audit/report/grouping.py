@@ -1,6 +1,8 @@
-"""Collapse layer and expert indices so that 61 identical findings read as one line.
+"""Findings summed up for a reader, as every renderer shows them.
 
-`model.layers.{0-60}.self_attn.rotary_emb.inv_freq`, as transformers' load report does.
+Like findings grouped: layer and expert indices collapsed so that 61 identical findings read as one
+line, `model.layers.{0-60}.self_attn.rotary_emb.inv_freq`, as transformers' load report does. Findings
+accepted with `--ignore` counted per rule.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kimi_audit.checks.audit import AuditReport
 from kimi_audit.findings import Finding
 from kimi_audit.format.names import ranges
 
@@ -60,3 +63,20 @@ def _pattern(shape: str, members: list[Finding]) -> str:
         out += r if "," not in r and "-" not in r else "{" + r + "}"
         out += rest
     return out
+
+
+def ignored_counts(report: AuditReport) -> dict[str, int]:
+    """Rule spec -> findings it ignored, in the order the rules first matched."""
+    counts: dict[str, int] = {}
+    for spec in report.ignored_by:
+        counts[spec] = counts.get(spec, 0) + 1
+    return counts
+
+
+def ignored_line(report: AuditReport) -> str | None:
+    """`ignored: N findings (CODE:GLOB ×n, ...)`, or None when nothing was ignored."""
+    if not report.ignored:
+        return None
+    n = len(report.ignored)
+    rules = ", ".join(f"{spec} ×{k:,}" for spec, k in ignored_counts(report).items())
+    return f"ignored: {n:,} finding{'' if n == 1 else 's'} ({rules})"

@@ -1,15 +1,15 @@
 """Full-scale header replicas of the family: Kimi-K2-Instruct at the pinned revision (the default), and
-Kimi-K2-Base, -Instruct-0905, -Thinking, DeepSeek-V3 and V3.2 from their published facts (replica_models).
+Kimi-K2-Base, -Instruct-0905, -Thinking, DeepSeek-V3 and V3.2 from the facts of their releases (replica.models).
 
-Sparse shards whose headers hold every tensor of the published layout, plus `config.json` (shipped as
+Sparse shards whose headers hold every tensor of the release's layout, plus `config.json` (shipped as
 package data) and `model.safetensors.index.json`. Big tensors are holes: Kimi-K2-Instruct's files are
 ~959 GB apparent and a few hundred MB on disk. Small tensors (norm gains, router biases, FP8 scales,
 rotary buffers, INT4 `weight_shape`s, and the INT4 group scales of expert 0 of each layer: all of them
 would be 63 GB) get deterministic synthetic values so the numeric commands have something real to read;
 numpy and ml_dtypes are imported by the functions that make them.
 
-Shard names, count and assignment are the model's (replica_models); Kimi-K2-Instruct's follows the
-published description: shard 1 holds the embedding and layer 0, shard i holds layer i-1, shard 61 also
+Shard names, count and assignment are the model's (replica.models); Kimi-K2-Instruct's follows its
+release's index: shard 1 holds the embedding and layer 0, shard i holds layer i-1, shard 61 also
 holds `model.norm.weight` and `lm_head.weight`.
 """
 
@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+import secrets
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from kimi_audit.constants import CONFIG_FILE, DTYPE_BITS, INDEX_FILE
 from kimi_audit.model.config import ModelConfig, parse_config_bytes
@@ -34,19 +36,10 @@ from kimi_audit.model.kinds import (
     role_of,
 )
 from kimi_audit.model.layout import expected_layout
-from kimi_audit.model.replica_models import (
-    DEFAULT_MODEL,
-    PUBLISHED_INV_FREQ_SHAPE,
-    REPLICA_MODELS,
-    ReplicaModel,
-    plain_name,
-    replica_model,
-)
+from kimi_audit.replica.models import DEFAULT_MODEL, plain_name, replica_model
 
 if TYPE_CHECKING:
     import numpy as np
-
-__all__ = ["DEFAULT_MODEL", "PUBLISHED_INV_FREQ_SHAPE", "REPLICA_MODELS", "ReplicaModel", "replica_model"]
 
 SMALL_TENSOR_BYTES = 1 << 20
 FILLED_DTYPES = ("BF16", "F32", "F16")
@@ -95,11 +88,12 @@ def replica_shards(cfg: ModelConfig | None = None, *, model: str = DEFAULT_MODEL
     if cfg is None:
         cfg = model_config(model)
     layout = expected_layout(cfg)
-    entries = [t for t in layout.values() if t.kind != BUFFER or m.inv_freq is not None]
+    entries = [t for t in layout.values()
+               if t.kind != BUFFER or role_of(t.name) != ROTARY_BUFFER or m.inv_freq is not None]
     shards: dict[str, list[ReplicaTensor]] = {m.shard_name(i + 1, m.shards): [] for i in range(m.shards)}
     names = list(shards)
     for t, i in zip(entries, m.assign(entries, m.shards)):
-        shape = m.inv_freq if t.kind == BUFFER and m.inv_freq is not None else t.shape
+        shape = m.inv_freq if role_of(t.name) == ROTARY_BUFFER and m.inv_freq is not None else t.shape
         values = None
         if role_of(t.name) == WEIGHT_SHAPE and t.owner:  # [out, in] of the packed weight it describes
             w = layout.entry(t.position - t.owner)
@@ -152,14 +146,31 @@ def synthetic_values(t: ReplicaTensor, rng: np.random.Generator) -> np.ndarray:
     return v.astype(np_dtype)
 
 
+@contextmanager
+def new_file(path: Path) -> Iterator[BinaryIO]:
+    """Write `path` as a new file: a temporary file created exclusively beside it (O_EXCL, so never through a
+    link; mode 0o666 less the umask, as open() gives), then renamed over it. Whatever `path` was (a symlink
+    planted there, a hard link to another file, someone else's file) is replaced, never written through nor
+    truncated; on an error the temporary file is removed."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.partial")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def write_shard(path: Path, tensors: list[ReplicaTensor], *, seed: int, fill_small: bool = True) -> int:
-    """Write one sparse shard; returns the payload size."""
+    """Write one sparse shard (a new file, see `new_file`); returns the payload size."""
     import numpy as np
 
     head, payload = header_bytes(tensors, {"format": "pt"})
     rng = np.random.default_rng(seed)
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
+    with new_file(path) as f:
         f.write(head)
         f.truncate(len(head) + payload)
         if fill_small:
@@ -169,13 +180,13 @@ def write_shard(path: Path, tensors: list[ReplicaTensor], *, seed: int, fill_sma
                     f.seek(pos)
                     f.write(synthetic_values(t, rng).tobytes())
                 pos += t.nbytes
-    os.replace(tmp, path)
     return payload
 
 
 def write_index(directory: Path, weight_map: dict[str, str], total_size: int) -> None:
     index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
-    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    with new_file(directory / INDEX_FILE) as f:
+        f.write((json.dumps(index, indent=2) + "\n").encode())
 
 
 def build_replica(
@@ -186,13 +197,15 @@ def build_replica(
     progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Write the replica of `model` (a REPLICA_MODELS name) into `directory` (created if needed). Returns the
-    directory."""
+    directory. Each file is written new (`new_file`): what stood under its name is replaced, never written
+    through."""
     m = replica_model(model)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     raw_cfg = m.config_bytes()
     _, cfg = parse_config_bytes(raw_cfg)
-    (out / CONFIG_FILE).write_bytes(raw_cfg)
+    with new_file(out / CONFIG_FILE) as f:
+        f.write(raw_cfg)
     weight_map: dict[str, str] = {}
     total = 0
     for seed, (shard, tensors) in enumerate(replica_shards(cfg, model=model).items()):

@@ -1,0 +1,281 @@
+"""`--format html`: one self-contained page that parses as HTML5 (html5lib, strict) with well-formed inline
+SVG, escapes hostile tensor names, and whose model grid marks exactly the cells of the injected faults;
+rendered by headless Chromium when a `chromium` binary is present."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import xml.etree.ElementTree as ET
+import zlib
+from pathlib import Path
+
+import html5lib
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kimi_audit.checks.audit import audit_source
+from kimi_audit.cli import app
+from kimi_audit.replica.build import replica_shards, write_shard
+from kimi_audit.report.html import render_html
+from kimi_audit.sources import LocalSource
+from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
+
+runner = CliRunner()
+S1, S2, S3 = (f"model-{i}-of-3.safetensors" for i in (1, 2, 3))
+SVG = "{http://www.w3.org/2000/svg}"
+OUTSIDE = "outside the layers"
+LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.[^.]+$")
+EXPERT = re.compile(r"model\.layers\.(\d+)\.(mlp\.experts)\.(\d+)\.")
+
+
+def strict_parse(page: str) -> None:
+    html5lib.HTMLParser(strict=True, namespaceHTMLElements=False).parse(page)
+
+
+def svgs(page: str) -> list[ET.Element]:
+    return [ET.fromstring(s) for s in re.findall(r"<svg\b.*?</svg>", page, re.S)]
+
+
+def marked(page: str) -> dict[tuple[str, str, int], str]:
+    """data-cell -> class of every marked cell of every SVG on the page."""
+    out = {}
+    for svg in svgs(page):
+        for r in svg.iter(f"{SVG}rect"):
+            if "data-cell" in r.attrib:
+                row, col, i = r.attrib["data-cell"].split("|")
+                out[row, col, int(i)] = r.attrib["class"]
+    return out
+
+
+def cell_of(name: str) -> tuple[str, str, int]:
+    """The grid cell of a tensor name, read by these regexes (independently of report.grid)."""
+    if m := EXPERT.match(name):
+        return m[1], m[2], int(m[3])
+    if m := LAYER.match(name):
+        return m[1], m[2], -1
+    return OUTSIDE, name.rpartition(".")[0], -1
+
+
+def html_of(directory: Path) -> str:
+    return render_html(audit_source(LocalSource(directory)))
+
+
+def test_clean_page_is_html5_with_wellformed_svg_and_no_network(tiny_dir: Path) -> None:
+    page = html_of(tiny_dir)
+    strict_parse(page)
+    drawn = svgs(page)
+    assert len(drawn) >= 3  # the grid, the tensors outside the layers, the parameter bars
+    assert marked(page) == {}
+    assert "<script" not in page.lower() and "<link" not in page.lower() and " src=" not in page
+    assert set(re.findall(r"https?://[^\s\"'<>)]+", page)) == {"http://www.w3.org/2000/svg"}  # a namespace only
+    assert "prefers-color-scheme:dark" in page and "@media print" in page
+    assert 'class="verdict pass">PASS<' in page
+
+
+def faulty_tiny(directory: Path) -> tuple[Path, dict[tuple[str, str, int], str]]:
+    """The tiny checkpoint with a missing norm gain (layer 1), an expert weight of the wrong shape (layer 2,
+    expert 3) and its third shard absent (layer 3, the final norm, the head); the cells each should mark."""
+    shards = tiny_shards()
+    gone = "model.layers.1.self_attn.kv_a_layernorm.weight"
+    bent = "model.layers.2.mlp.experts.3.gate_proj.weight"
+    del shards[S2][gone]
+    shards[S2][bent] = np.ascontiguousarray(shards[S2][bent][:-1])
+    lost = list(shards[S3])
+    write_tiny(directory, shards)
+    os.remove(directory / S3)
+    want = {cell_of(gone): "e", cell_of(bent): "e"}
+    want.update((cell_of(n), "abs") for n in lost)
+    return directory, want
+
+
+def test_grid_marks_exactly_the_injected_faults(tmp_path: Path) -> None:
+    d, want = faulty_tiny(tmp_path / "ckpt")
+    page = html_of(d)
+    strict_parse(page)
+    assert marked(page) == want
+    assert ("3", "mlp.experts", 7) in want and (OUTSIDE, "lm_head", -1) in want  # the absent shard's cells
+    assert 'class="verdict partial">PARTIAL: 1 of 3 shards absent<' in page
+
+
+HOSTILE = ('model.layers.1.mlp.<script>alert(1)</script>.weight', 'x"><img src=y onerror=alert(2)>.weight',
+           "evil.\x1b[2J\x00\u202e\ufffe.weight")
+
+
+def test_hostile_tensor_names_are_escaped(tmp_path: Path) -> None:
+    shards = tiny_shards()
+    for name in HOSTILE:
+        shards[S1][name] = np.zeros((2,), dtype=np.float32)
+    d = write_tiny(tmp_path / "ckpt", shards)
+    report = audit_source(LocalSource(d))
+    assert {f.tensor for f in report.findings} >= set(HOSTILE)  # each named by a finding
+    page = render_html(report)
+    strict_parse(page)
+    svgs(page)  # XML forbids the control characters: they are written as visible escapes
+    doc = html5lib.parse(page, namespaceHTMLElements=False)
+    assert not doc.findall(".//script") and not doc.findall(".//img")
+    assert "<script>alert" not in page and "<img" not in page and "\x1b" not in page and "\u202e" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "\\x1b[2J\\x00\\u202e\\ufffe" in page
+
+
+def test_cli_audit_html_keeps_the_exit_code(tmp_path: Path) -> None:
+    d, _ = faulty_tiny(tmp_path / "ckpt")
+    out = tmp_path / "report.html"
+    r = runner.invoke(app, ["audit", str(d), "--no-progress", "--format", "html", "-o", str(out)])
+    assert r.exit_code == 1 and r.stdout == ""
+    strict_parse(out.read_text())
+
+
+def test_cli_verify_html_draws_weight_health(tmp_path: Path) -> None:
+    shards = tiny_shards()
+    name = "model.layers.2.mlp.experts.5.up_proj.weight"
+    shards[S2][name].view(np.uint8)[3, 4] = 0x7F  # an FP8 NaN code
+    d = write_tiny(tmp_path / "ckpt", shards)
+    out = tmp_path / "verify.html"
+    r = runner.invoke(app, ["verify", str(d), "--no-progress", "-j", "1", "--format", "html", "-o", str(out)])
+    assert r.exit_code == 1, r.output
+    page = out.read_text()
+    strict_parse(page)
+    assert marked(page) == {("2", "mlp.experts", 5): "e"}
+    assert "FP8_NAN per layer (values)" in page and "FP8_NAN per expert (values)" in page
+    assert "layer 2: 1" in page and "expert 5: 1" in page  # the small multiples' bars, by their titles
+    files = re.findall(r'class="i"><title>([^<:]+): unreferenced', page)  # hashed, no reference to compare with
+    assert sorted(files) == sorted(p.name for p in d.iterdir())
+    bad = runner.invoke(app, ["verify", str(d), "--no-progress", "--json", "--format", "html"])
+    assert bad.exit_code == 2 and "contradicts" in bad.output
+
+
+@pytest.mark.slow
+def test_full_scale_faulty_replica_page(replica_copy: Path) -> None:
+    """Kimi-K2 (61 layers x 384 experts) with a shard absent and three faults in another: the page stays
+    under 2 MB, and marks the faults' cells and every cell of the absent shard, nothing else."""
+    shards = replica_shards()
+    absent = next(s for s, ts in shards.items() if any(t.name.startswith("model.layers.30.mlp.experts.") for t in ts))
+    os.remove(replica_copy / absent)
+    victim = next(s for s, ts in shards.items() if any(t.name == "model.layers.5.mlp.experts.17.down_proj.weight"
+                                                       for t in ts))
+    gone = {"model.layers.5.mlp.experts.17.down_proj.weight", "model.layers.5.mlp.experts.200.up_proj.weight"}
+    gone &= {t.name for t in shards[victim]}
+    write_shard(replica_copy / (victim + ".new"), [t for t in shards[victim] if t.name not in gone], seed=5,
+                fill_small=False)
+    os.replace(replica_copy / (victim + ".new"), replica_copy / victim)
+    page = html_of(replica_copy)
+    assert len(page.encode()) <= 2_000_000
+    strict_parse(page)
+    want = {cell_of(t.name): "abs" for t in shards[absent]}
+    want.update((cell_of(n), "e") for n in gone)
+    got = marked(page)
+    assert {k: v for k, v in got.items() if v != "i"} == want
+    # info: the rotary buffers the release stores (BUFFER_SHAPE), one a layer
+    assert {k[1] for k, v in got.items() if v == "i"} == {"self_attn.rotary_emb"}
+
+
+def png_pixels_vary(png: bytes) -> bool:
+    """Not a blank image: the decompressed scanlines hold many byte values, none taking nearly all."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, data = 8, b""
+    while pos < len(png):
+        (n,) = struct.unpack(">I", png[pos:pos + 4])
+        if png[pos + 4:pos + 8] == b"IDAT":
+            data += png[pos + 8:pos + 8 + n]
+        pos += 12 + n
+    raw = zlib.decompress(data)
+    counts = np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)
+    return int((counts > 0).sum()) > 32 and counts.max() < 0.97 * len(raw)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no `chromium` binary: the page is not rendered by a browser here "
+                    "(apt-get install chromium to run this test)")
+def test_chromium_renders_the_page(tmp_path: Path) -> None:
+    d, _ = faulty_tiny(tmp_path / "ckpt")
+    page = tmp_path / "report.html"
+    page.write_text(html_of(d), encoding="utf-8")
+    png = tmp_path / "shot.png"
+    assert CHROMIUM is not None
+    run = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                          "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}",
+                          "--window-size=1000,900", f"--screenshot={png}", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line or "net::ERR" in line]
+    assert console == []
+    assert png_pixels_vary(png.read_bytes())
+
+
+def test_tiny_config_is_the_one_drawn(tiny_dir: Path) -> None:
+    """The grid's rows and strips come from the layout: 4 layers, 8 experts a MoE layer, none in the dense one."""
+    page = html_of(tiny_dir)
+    assert f"mlp.experts ×{TINY_CONFIG['n_routed_experts']}" in page
+    for layer in range(1, TINY_CONFIG["num_hidden_layers"]):
+        assert f"layer {layer} · mlp.experts.{{0-7}}: 8 cells" in page
+    assert "layer 0 · mlp.experts" not in page
+
+
+def test_parameters_per_component_derived_and_found(tiny_dir: Path, tmp_path: Path) -> None:
+    """The bars' figures (checks.stats ComponentRow): derived = found on a clean checkpoint, summing to the
+    parameter total; a missing gain is found short by exactly its width in its own component."""
+    clean = audit_source(LocalSource(tiny_dir)).stats
+    assert clean.components and all(c.derived == c.found for c in clean.components)
+    assert sum(c.found for c in clean.components) == clean.parameters
+    shards = tiny_shards()
+    del shards[S2]["model.layers.1.self_attn.kv_a_layernorm.weight"]
+    stats = audit_source(LocalSource(write_tiny(tmp_path / "ckpt", shards))).stats
+    short = {(c.block, c.component): c.derived - c.found for c in stats.components if c.derived != c.found}
+    assert short == {("moe", "self_attn.kv_a_layernorm.weight"): TINY_CONFIG["kv_lora_rank"]}
+    assert sum(c.found for c in stats.components) == stats.parameters
+
+
+def test_api_to_html(tiny_dir: Path) -> None:
+    import kimi_audit
+
+    page = kimi_audit.audit(str(tiny_dir)).to_html()
+    strict_parse(page)
+    assert page == html_of(tiny_dir)
+
+
+def test_a_finding_on_a_whole_layer_marks_its_row(tmp_path: Path) -> None:
+    """MTP_ABSENT names the layer (`model.layers.4`), not a tensor: every cell of that row, and no other."""
+    config = {**TINY_CONFIG, "num_nextn_predict_layers": 1}
+    d = write_tiny(tmp_path / "ckpt", tiny_shards(), config)
+    report = audit_source(LocalSource(d))
+    assert [f.code for f in report.findings] == ["MTP_ABSENT"]
+    page = render_html(report)
+    strict_parse(page)
+    got = marked(page)
+    assert {k[0] for k in got} == {"4"} and set(got.values()) == {"w"}
+    assert len(got) == 15 - 1 + 8 + 6  # the MoE layer's parts (the experts as 8 cells) and the MTP head's 6
+
+
+def test_params_html_draws_the_accounting_tree(tmp_path: Path) -> None:
+    shards = tiny_shards()
+    del shards[S2]["model.layers.1.self_attn.kv_a_layernorm.weight"]
+    d = write_tiny(tmp_path / "ckpt", shards)
+    out = tmp_path / "params.html"
+    r = runner.invoke(app, ["params", str(d), "--no-progress", "--format", "html", "-o", str(out)])
+    assert r.exit_code == 1 and r.stdout == ""  # a node mismatches, as the table says
+    page = out.read_text()
+    strict_parse(page)
+    svgs(page)
+    assert 'class="verdict fail">MISMATCH<' in page
+    assert "Key-value latent RMSNorm (kv_a_layernorm): found 192" in page  # 3 MoE blocks x 96, one missing
+    table = runner.invoke(app, ["params", str(d), "--no-progress", "-o", str(tmp_path / "params.txt")])
+    assert table.exit_code == 1 and "kv_a_layernorm" in (tmp_path / "params.txt").read_text()
+
+
+def test_long_names_are_clipped(tmp_path: Path) -> None:
+    """A 100,000-character tensor name costs the page a few hundred characters, as in the JSON report."""
+    shards = tiny_shards()
+    name = "model.layers.1." + "a" * 100_000 + ".weight"
+    shards[S1][name] = np.zeros((2,), dtype=np.float32)
+    d = write_tiny(tmp_path / "ckpt", shards)
+    page = html_of(d)
+    strict_parse(page)
+    assert "a" * 150 in page and "a" * 401 not in page  # named, clipped
+    assert len(page) < len(html_of(write_tiny(tmp_path / "clean", tiny_shards()))) + 5_000

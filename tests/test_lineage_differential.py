@@ -1,0 +1,404 @@
+"""deepseek_v4 and kimi_linear against transformers 5.25, an independent implementation of both (issue 23,
+items 2 and 4).
+
+1. The full-size expected layout, in the release's spelling, against the state_dict of a meta-device model
+   built from the same config: each of our names is renamed by transformers' own checkpoint conversion mapping
+   (what `from_pretrained` applies to the release's files) and must land on a tensor of its state_dict with
+   the same shape, or on one of the tensors it fuses (routed experts, KDA convolutions) with the fused shape;
+   no state_dict tensor is left over.
+2. Tiny models written by transformers' own `save_pretrained`, sharded, audit clean in transformers' spelling
+   (one LAYOUT_DIALECT info), and again once renamed to the release's spelling; the audit's parameter total is
+   `sum(p.numel() for p in model.parameters())` plus the routing biases, which transformers holds as buffers and
+   the layout counts as parameters, as DeepSeek's and Moonshot's published totals do for DeepSeek-V3/Kimi-K2.
+3. Faults of each new kind, each named once: a missing routing bias, hash table, KDA forget-gate bias or expert,
+   a hyper-connection or KDA convolution of the wrong shape, an absent shard, a mixture of spellings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, DeepseekV4Config, KimiLinearConfig, PreTrainedModel
+from transformers.conversion_mapping import get_model_conversion_mapping
+from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+from transformers.utils import logging as hf_logging
+from typer.testing import CliRunner
+
+from kimi_audit.checks.audit import AuditReport, audit_source
+from kimi_audit.cli import app
+from kimi_audit.constants import INDEX_FILE
+from kimi_audit.errors import ConfigError
+from kimi_audit.findings import Finding, Severity
+from kimi_audit.model.config import ModelConfig, model_config_from_dict
+from kimi_audit.model.kinds import BUFFER
+from kimi_audit.model.layout import expected_layout
+from kimi_audit.sources import LocalSource
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quiet_transformers() -> Iterator[None]:
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    yield
+    hf_logging.enable_progress_bar()
+    hf_logging.set_verbosity(verbosity)
+
+
+# --- 1. the full-size layout is transformers' state_dict ------------------------------------------------------
+
+FULL = {"deepseek_v4": DeepseekV4Config, "kimi_linear": KimiLinearConfig}
+"""Full-size configs: transformers 5.25's defaults, documented as DeepSeek-V4-Flash(-Base)'s and
+Kimi-Linear-48B-A3B-Instruct's dimensions (configuration_deepseek_v4.py, configuration_kimi_linear.py)."""
+
+FUSED = {
+    "experts": r"\.experts\.\*\.w[123]\.weight",
+    "conv": r"self_attn\.[qkv]_conv1d\.weight",
+}
+"""What transformers holds fused, by the converter source pattern that fuses it: each MoE layer's experts as
+3-D `mlp.experts.gate_up_proj` [E, 2I, H] (w1 then w3) and `mlp.experts.down_proj` [E, H, I]; a KDA layer's
+q/k/v short convolutions as one `self_attn.conv1d.weight` [3D, 1, K] (Concatenate dim 0). The layout keeps
+the release's per-expert and per-projection tensors."""
+
+
+def fused_shape(parts: list[tuple[str, tuple[int, ...]]]) -> tuple[int, ...]:
+    """The shape transformers fuses these (name, shape) of ours into."""
+    if ".experts." not in parts[0][0]:  # KDA convolutions: concatenated along dim 0
+        shapes = [s for _, s in parts]
+        assert len({s[1:] for s in shapes}) == 1
+        return (sum(s[0] for s in shapes), *shapes[0][1:])
+    by: dict[str, list[tuple[int, ...]]] = {}
+    for n, s in parts:
+        by.setdefault(re.sub(r".*\.experts\.\d+\.(w\d)\.weight$", r"\1", n), []).append(s)
+    if "w2" in by:  # down_proj: the experts stacked
+        (shape,) = set(by["w2"])
+        return (len(by["w2"]), *shape)
+    (g,), (u,) = set(by["w1"]), set(by["w3"])  # gate_up_proj: stacked, w1 and w3 concatenated
+    assert g == u and len(by["w1"]) == len(by["w3"])
+    return (len(by["w1"]), g[0] + u[0], g[1])
+
+
+def against_state_dict(cfg: ModelConfig, model: PreTrainedModel) -> tuple[dict[str, int], dict[str, Any]]:
+    """Our names by how they reach transformers' state_dict (`same`: one to one, or a FUSED kind), and what is
+    left unexplained (must be empty)."""
+    theirs = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    counts = {"same": 0, **{k: 0 for k in FUSED}}
+    unexplained: dict[str, Any] = {}
+    fused: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+    for t in expected_layout(cfg).values():
+        key, pattern = rename_source_key(t.name, renamings, converters, "model", theirs)
+        if pattern is None:
+            counts["same"] += 1
+            if theirs.get(key) != t.shape:
+                unexplained[f"ours:{t.name}"] = (key, t.shape, theirs.get(key))
+            continue
+        kind = next(k for k, p in FUSED.items() if re.search(p, pattern) or re.fullmatch(p, pattern))
+        counts[kind] += 1
+        fused.setdefault(key, []).append((t.name, t.shape))
+    for key, parts in fused.items():
+        if theirs.get(key) != fused_shape(parts):
+            unexplained[f"fused:{key}"] = (fused_shape(parts), theirs.get(key))
+    reached = {rename_source_key(t, renamings, converters, "model", theirs)[0] for t in expected_layout(cfg)}
+    unexplained.update({f"theirs:{k}": s for k, s in theirs.items() if k not in reached})
+    return counts, unexplained
+
+
+def full_size(model_type: str) -> tuple[ModelConfig, PreTrainedModel]:
+    config = FULL[model_type]()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return model_config_from_dict(config.to_dict()), model
+
+
+def router_biases(cfg: ModelConfig) -> int:
+    """Elements of the routing biases the layout counts as parameters (transformers: buffers)."""
+    return sum(t.numel for t in expected_layout(cfg).values()
+               if t.name.endswith(("ffn.gate.bias", "gate.e_score_correction_bias")))
+
+
+def test_deepseek_v4_flash_layout_is_transformers_state_dict() -> None:
+    cfg, model = full_size("deepseek_v4")
+    assert cfg.dialect == "" and len(cfg.layer_kinds) == 43
+    counts, unexplained = against_state_dict(cfg, model)
+    assert unexplained == {}
+    # 43 MoE layers × 256 experts × 3 projections fused; everything else one to one under another name
+    assert counts == {"same": counts["same"], "experts": 43 * 256 * 3, "conv": 0}
+    layout = expected_layout(cfg)
+    tables = [t for t in layout.values() if t.kind == BUFFER]
+    assert {t.name for t in tables} == {f"layers.{i}.ffn.gate.tid2eid" for i in range(3)}  # 3 hash-routed layers
+    # parameters: transformers' parameters plus the 40 routing biases it holds as buffers; the hash tables
+    # (I64 token -> expert ids) are buffers on both sides
+    params = sum(t.logical for t in layout.values())
+    assert router_biases(cfg) == 40 * 256
+    assert params == sum(p.numel() for p in model.parameters()) + router_biases(cfg)
+    assert params + sum(t.numel for t in tables) == sum(v.numel() for v in model.state_dict().values())
+    assert 280e9 < params < 290e9  # "~284 B total" (family.md, unconfirmed): a snapshot, not a published figure
+
+
+def test_kimi_linear_layout_is_transformers_state_dict() -> None:
+    cfg, model = full_size("kimi_linear")
+    counts, unexplained = against_state_dict(cfg, model)
+    assert unexplained == {}
+    kinds = cfg.layer_kinds
+    kda, moe = sum(k.endswith("_kda") for k in kinds), sum(k.startswith("moe_") for k in kinds)
+    assert (len(kinds), kda, moe) == (27, 21, 26)  # transformers' default schedule: MLA every 4th layer from 4
+    assert counts == {"same": counts["same"], "experts": moe * 256 * 3, "conv": kda * 3}
+    params = sum(t.logical for t in expected_layout(cfg).values())
+    assert params == sum(p.numel() for p in model.parameters()) + router_biases(cfg)
+    assert params == sum(v.numel() for v in model.state_dict().values())
+
+
+V4_ATTENTION = {"sliding_attention": "swa", "compressed_sparse_attention": "csa", "heavily_compressed_attention": "hca"}
+
+
+@pytest.mark.parametrize("keys", [
+    {},
+    {"num_hidden_layers": 7, "num_hash_layers": 2, "compress_ratios": [0, 4, 128, 4, 128, 4, 0, 4]},
+    {"num_hidden_layers": 5, "mlp_layer_types": ["hash_moe", "moe", "hash_moe", "moe", "moe"],
+     "compress_rate_csa": 8, "compress_rate_hca": 64},
+], ids=["defaults", "legacy-ratios", "explicit"])
+def test_deepseek_v4_schedule_is_read_as_transformers_reads_it(keys: dict[str, Any]) -> None:
+    """Legacy keys (DeepSeek's `compress_ratios`, one more than the layers with the MTP layer's, and
+    `num_hash_layers`, `compress_rate_*`) fold in as DeepseekV4Config.__post_init__ folds them."""
+    theirs = DeepseekV4Config(**keys)
+    cfg = model_config_from_dict({"model_type": "deepseek_v4", **keys})
+    want = tuple(f"{'moe_hash' if m == 'hash_moe' else 'moe'}_{V4_ATTENTION[a]}"
+                 for m, a in zip(theirs.mlp_layer_types, theirs.layer_types))
+    assert cfg.layer_kinds == want
+    assert (cfg.dim("csa_rate"), cfg.dim("hca_rate")) == tuple(theirs.compress_rates[k] for k in (
+        "compressed_sparse_attention", "heavily_compressed_attention"))
+
+
+@pytest.mark.parametrize("keys", [
+    {},
+    {"num_hidden_layers": 6, "first_k_dense_replace": 2, "num_experts": 8,
+     "linear_attn_config": {"full_attn_layers": [3, 6], "kda_layers": [1, 2, 4, 5], "head_dim": 64, "num_heads": 4,
+                            "short_conv_kernel_size": 3}},
+], ids=["defaults", "moonshot-keys"])
+def test_kimi_linear_schedule_is_read_as_transformers_reads_it(keys: dict[str, Any]) -> None:
+    """Moonshot's `linear_attn_config` (1-indexed layer lists) and `first_k_dense_replace`, as KimiLinearConfig."""
+    theirs = KimiLinearConfig(**keys)
+    cfg = model_config_from_dict({"model_type": "kimi_linear", **keys})
+    want = tuple(f"{'moe' if m == 'sparse' else 'dense'}_{'mla' if a == 'full_attention' else 'kda'}"
+                 for m, a in zip(theirs.mlp_layer_types, theirs.layer_types))
+    assert cfg.layer_kinds == want
+    assert (cfg.dim("linear_head_dim"), cfg.dim("linear_num_heads"), cfg.dim("linear_conv_kernel_dim"),
+            cfg.n_routed_experts) == (theirs.linear_head_dim, theirs.linear_num_heads, theirs.linear_conv_kernel_dim,
+                                      theirs.num_local_experts)
+
+
+@pytest.mark.parametrize(("model_type", "keys", "match"), [
+    ("deepseek_v4", {"num_hidden_layers": 3, "layer_types": ["sliding_attention"]}, "layer_types"),
+    ("deepseek_v4", {"compress_ratios": [0, 3]}, "compress_ratios"),
+    ("deepseek_v4", {"o_groups": 7}, "o_groups"),
+    ("kimi_linear", {"num_hidden_layers": 2, "linear_attn_config": {"full_attn_layers": [1], "kda_layers": [3]}},
+     "kda_layers"),
+    ("kimi_linear", {"hidden_size": -1}, "hidden_size"),
+])
+def test_a_bad_lineage_config_is_a_config_error(model_type: str, keys: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        model_config_from_dict({"model_type": model_type, **keys})
+
+
+# --- 2. tiny models written by save_pretrained --------------------------------------------------------------
+
+TINY: dict[str, dict[str, Any]] = {
+    "deepseek_v4": {
+        "vocab_size": 64, "hidden_size": 32, "moe_intermediate_size": 16, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "head_dim": 16, "q_lora_rank": 24, "num_experts_per_tok": 2,
+        "n_routed_experts": 4, "o_groups": 2, "o_lora_rank": 8, "index_n_heads": 2, "index_head_dim": 8,
+        "hc_mult": 2, "sliding_window": 8, "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
+        "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                        "compressed_sparse_attention"]},
+    "kimi_linear": {
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 16,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 16,
+        "q_lora_rank": 12, "qk_rope_head_dim": 4, "v_head_dim": 8, "qk_nope_head_dim": 8,
+        "num_experts_per_tok": 2, "num_local_experts": 4, "n_shared_experts": 2, "linear_head_dim": 8,
+        "linear_num_heads": 4, "linear_conv_kernel_dim": 4, "pad_token_id": 0, "bos_token_id": 1,
+        "eos_token_id": 2, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]},
+}
+"""Every layer kind of each: V4 SWA (hash-routed), CSA (with the indexer) and HCA; Kimi-Linear a dense and MoE
+MLP, KDA and MLA (with a query latent) layers, two shared experts."""
+
+SHARD = "20KB"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int]]:
+    """model_type -> (its tiny save_pretrained checkpoint, sum of its parameters' numel)."""
+    out = {}
+    for model_type, keys in TINY.items():
+        torch.manual_seed(0)
+        config = FULL[model_type](**keys)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        d = tmp_path_factory.mktemp(model_type)
+        model.save_pretrained(d, max_shard_size=SHARD)
+        assert len(list(d.glob("*.safetensors"))) >= 2 and (d / INDEX_FILE).is_file()
+        out[model_type] = d, sum(p.numel() for p in model.parameters())
+    return out
+
+
+def audit(path: Path) -> AuditReport:
+    return audit_source(LocalSource(path))
+
+
+def by_severity(report: AuditReport, severity: Severity) -> list[Finding]:
+    return [f for f in report.findings if f.severity is severity]
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_save_pretrained_audits_clean(saved: dict[str, tuple[Path, int]], model_type: str) -> None:
+    d, numel = saved[model_type]
+    report = audit(d)
+    assert by_severity(report, Severity.ERROR) == [] and by_severity(report, Severity.WARNING) == []
+    assert [(f.code, f.actual) for f in report.findings] == [("LAYOUT_DIALECT", "transformers")]
+    cfg = model_config_from_dict(json.loads((d / "config.json").read_text()))
+    assert report.stats.parameters == numel + router_biases(cfg)
+    assert report.stats.tensors == len(expected_layout(cfg))
+
+
+Shards = dict[str, dict[str, torch.Tensor]]
+
+RELEASE_SPELLING: dict[str, list[tuple[str, str]]] = {
+    "deepseek_v4": [(r"^model\.embed_tokens\.", "embed."), (r"^model\.hc_head\.hc_", "hc_head_"),
+                    (r"^model\.", "")],
+    "kimi_linear": [(r"\.block_sparse_moe\.(gate|up|down)_proj\.", r".mlp.\1_proj.")],
+}
+"""transformers' spelling back to the release's (the conversion mapping's renames that save_pretrained
+reverses, read once more)."""
+
+
+def rewrite(src: Path, dst: Path, change: Callable[[Shards], None], drop: str | None = None) -> None:
+    """A copy of `src` with `change` applied to its shards (and the shard `drop` deleted), its index kept true."""
+    shutil.copytree(src, dst)
+    index = json.loads((dst / INDEX_FILE).read_text())
+    shards: Shards = {f: load_file(dst / f) for f in sorted(set(index["weight_map"].values()))}
+    change(shards)
+    index["weight_map"] = {n: f for f, ts in shards.items() for n in sorted(ts)}
+    index["metadata"]["total_size"] = sum(t.numel() * t.element_size() for ts in shards.values() for t in ts.values())
+    index["metadata"].pop("total_parameters", None)
+    for f, tensors in shards.items():
+        save_file(tensors, dst / f, metadata={"format": "pt"})
+    if drop is not None:
+        (dst / drop).unlink()
+    (dst / INDEX_FILE).write_text(json.dumps(index, indent=2))
+
+
+def respell(model_type: str, only: str | None = None) -> Callable[[Shards], None]:
+    def change(shards: Shards) -> None:
+        for f, ts in shards.items():
+            renamed = {}
+            for n, t in ts.items():
+                if only is None or n == only:
+                    for pattern, to in RELEASE_SPELLING[model_type]:
+                        n = re.sub(pattern, to, n)
+                renamed[n] = t
+            shards[f] = renamed
+    return change
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_params_agrees_with_the_audit(saved: dict[str, tuple[Path, int]], model_type: str) -> None:
+    """`params` reads the same tree: the derived total matches the stored one, exit 0 as the audit's."""
+    r = CliRunner().invoke(app, ["params", str(saved[model_type][0])], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "MATCH" in r.stdout and "✗" not in r.stdout
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_release_spelling_audits_clean(saved: dict[str, tuple[Path, int]], tmp_path: Path, model_type: str) -> None:
+    rewrite(saved[model_type][0], tmp_path / "release", respell(model_type))
+    report = audit(tmp_path / "release")
+    assert report.findings == ()
+
+
+def test_v4_mtp_module_is_one_info(saved: dict[str, tuple[Path, int]], tmp_path: Path) -> None:
+    """The release's `mtp.N.*` (described by no source read): one TENSORS_UNDESCRIBED, not an error each;
+    anything else unknown stays an error."""
+    def change(shards: Shards) -> None:
+        respell("deepseek_v4")(shards)
+        first = next(iter(shards.values()))
+        for name in ("mtp.0.e_proj.weight", "mtp.0.enorm.weight", "mtp.0.attn.wq_a.weight"):
+            first[name] = torch.zeros(4, 4)
+        first["layers.1.ffn.extra.weight"] = torch.zeros(2)
+    rewrite(saved["deepseek_v4"][0], tmp_path / "mtp", change)
+    report = audit(tmp_path / "mtp")
+    assert [(f.code, f.severity.value, f.covers) for f in report.findings if f.code != "TENSOR_UNEXPECTED"] == [
+        ("TENSORS_UNDESCRIBED", "info", 3)]
+    assert [f.tensor for f in report.findings if f.code == "TENSOR_UNEXPECTED"] == ["layers.1.ffn.extra.weight"]
+
+
+def test_a_mixture_of_spellings_is_findings(saved: dict[str, tuple[Path, int]], tmp_path: Path) -> None:
+    rewrite(saved["deepseek_v4"][0], tmp_path / "mixed", respell("deepseek_v4", only="model.embed_tokens.weight"))
+    report = audit(tmp_path / "mixed")
+    got = {(f.code, f.tensor) for f in by_severity(report, Severity.ERROR)}
+    assert got == {("TENSOR_MISSING", "model.embed_tokens.weight"), ("TENSOR_UNEXPECTED", "embed.weight")}
+
+
+def holding(shards: Shards, name: str) -> dict[str, torch.Tensor]:
+    return next(t for t in shards.values() if name in t)
+
+
+def remove(name: str) -> Callable[[Shards], None]:
+    def change(s: Shards) -> None:
+        del holding(s, name)[name]
+    return change
+
+
+def reshape(name: str) -> Callable[[Shards], None]:
+    def change(s: Shards) -> None:
+        shard = holding(s, name)
+        shard[name] = shard[name][:-1].contiguous()
+    return change
+
+
+L = "model.layers."
+FAULTS: dict[str, tuple[str, Callable[[Shards], None], tuple[str, str]]] = {
+    "v4-router-bias-missing": ("deepseek_v4", remove(f"{L}1.ffn.gate.bias"),
+                               ("TENSOR_MISSING", f"{L}1.ffn.gate.bias")),
+    "v4-hash-table-missing": ("deepseek_v4", remove(f"{L}0.ffn.gate.tid2eid"),
+                              ("TENSOR_MISSING", f"{L}0.ffn.gate.tid2eid")),
+    "v4-indexer-missing": ("deepseek_v4", remove(f"{L}3.attn.indexer.wq_b.weight"),
+                           ("TENSOR_MISSING", f"{L}3.attn.indexer.wq_b.weight")),
+    "v4-hyper-connection-shape": ("deepseek_v4", reshape(f"{L}2.hc_ffn_fn"), ("SHAPE_MISMATCH", f"{L}2.hc_ffn_fn")),
+    "v4-compressor-shape": ("deepseek_v4", reshape(f"{L}2.attn.compressor.ape"),
+                            ("SHAPE_MISMATCH", f"{L}2.attn.compressor.ape")),
+    "kda-conv-shape": ("kimi_linear", reshape(f"{L}0.self_attn.k_conv1d.weight"),
+                       ("SHAPE_MISMATCH", f"{L}0.self_attn.k_conv1d.weight")),
+    "kda-dt-bias-missing": ("kimi_linear", remove(f"{L}2.self_attn.dt_bias"),
+                            ("TENSOR_MISSING", f"{L}2.self_attn.dt_bias")),
+    "kimi-linear-expert-missing": ("kimi_linear", remove(f"{L}3.block_sparse_moe.experts.1.w3.weight"),
+                                   ("TENSOR_MISSING", f"{L}3.block_sparse_moe.experts.1.w3.weight")),
+    "mla-latent-norm-missing": ("kimi_linear", remove(f"{L}1.self_attn.q_a_layernorm.weight"),
+                                ("TENSOR_MISSING", f"{L}1.self_attn.q_a_layernorm.weight")),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_each_fault_is_named_once(saved: dict[str, tuple[Path, int]], tmp_path: Path, fault: str) -> None:
+    model_type, change, want = FAULTS[fault]
+    rewrite(saved[model_type][0], tmp_path / fault, change)
+    report = audit(tmp_path / fault)
+    assert [(f.code, f.tensor) for f in by_severity(report, Severity.ERROR)] == [want]
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_an_absent_shard_is_one_finding(saved: dict[str, tuple[Path, int]], tmp_path: Path, model_type: str) -> None:
+    src = saved[model_type][0]
+    shard = sorted(src.glob("*.safetensors"))[1].name
+    rewrite(src, tmp_path / "absent", lambda s: None, drop=shard)
+    errors = by_severity(audit(tmp_path / "absent"), Severity.ERROR)
+    assert [(f.code, f.shard) for f in errors] == [("INDEX_SHARD_ABSENT", shard)] and errors[0].covers
