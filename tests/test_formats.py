@@ -7,6 +7,7 @@ and FP4 experts against transformers 5.25's dequantization and DeepSeek's formul
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -424,3 +425,81 @@ def test_v4_stored_tensors_are_what_transformers_allocates() -> None:
         s1.dtype, (experts, 2 * inter, s1.shape[1]))
     assert (dt[moe.down_proj.dtype], tuple(moe.down_proj.shape)) == (w2.dtype, (experts, *w2.shape))
     assert (dt[moe.down_proj_scale_inv.dtype], tuple(moe.down_proj_scale_inv.shape)) == (s2.dtype, (experts, *s2.shape))
+
+
+# ------------------------------------------------------------------ DeepSeek-V4 end to end, on its module tree
+
+
+V4_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [32, 32],
+          "activation_scheme": "dynamic", "expert_dtype": "fp4"}
+"""V4.1's spelling: 32 x 32 blocks, expert_dtype inside quantization_config."""
+
+
+def e8m0_block_quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 e4m3 codes and F8_E8M0 scales of a weight, per block: the scale the power of two at or above
+    amax / 448 (DeepSeek's ue8m0 cast)."""
+    out, inp = w.shape
+    rows, cols = -(-out // block[0]), -(-inp // block[1])
+    pad = torch.nn.functional.pad(w.float(), (0, cols * block[1] - inp, 0, rows * block[0] - out))
+    g = pad.reshape(rows, block[0], cols, block[1])
+    amax = g.abs().amax((1, 3)).clamp(min=1e-12)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+    q = (g / scale[:, None, :, None]).reshape(pad.shape)[:out, :inp].to(torch.float8_e4m3fn)
+    return q, scale.to(torch.float8_e8m0fnu)
+
+
+def test_v4_release_in_deepseeks_fp8_and_fp4_audits_clean_and_dequantizes_as_transformers(tmp_path: Path) -> None:
+    """A tiny DeepSeek-V4 saved by transformers, in the release's names, its Linear weights stored as the plan
+    says (FP8 with F8_E8M0 `.scale` per 32 x 32 block, routed experts FP4 I8 pairs with `.scale` per 32 inputs):
+    audits with no finding, counts the BF16 model's parameters, and `tensor --dequant` of an expert gives
+    transformers' own dequantization (Fp8Dequantize) of the same bytes."""
+    from transformers import AutoModelForCausalLM, DeepseekV4Config
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    from kimi_audit.model.layout import expected_layout
+    from test_lineage_differential import RELEASE_SPELLING, TINY
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(DeepseekV4Config(**TINY["deepseek_v4"]), dtype=torch.bfloat16)
+    saved = tmp_path / "saved"
+    model.save_pretrained(saved)
+    numel = sum(p.numel() for p in model.parameters())
+    raw = json.loads((saved / "config.json").read_text())
+    raw["quantization_config"] = V4_FP8
+    cfg = model_config_from_dict(raw)
+    layout = expected_layout(cfg)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in saved.glob("*.safetensors"):
+        for n, t in load_file(str(f)).items():
+            for pattern, to in RELEASE_SPELLING["deepseek_v4"]:
+                n = re.sub(pattern, to, n)
+            tensors[n] = t
+    gen = torch.Generator().manual_seed(1)
+    for name in list(tensors):
+        e = layout.get(name)
+        if e is None or e.dtype not in ("F8_E4M3", "I8"):
+            continue
+        module, w = name[: -len(".weight")], tensors.pop(name)
+        if e.dtype == "F8_E4M3":
+            tensors[name], tensors[module + ".scale"] = e8m0_block_quantize(w, (32, 32))
+        else:
+            tensors[name] = torch.randint(-128, 128, e.shape, generator=gen, dtype=torch.int8)
+            shape = layout[module + ".scale"].shape
+            tensors[module + ".scale"] = torch.randint(118, 127, shape, generator=gen, dtype=torch.uint8).view(
+                torch.float8_e8m0fnu)
+    d = tmp_path / "release"
+    d.mkdir()
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    (d / "config.json").write_text(json.dumps(raw))
+    assert set(tensors) == set(layout) and all(str(tensors[n].shape) == str(torch.Size(e.shape))
+                                               for n, e in layout.items())
+    doc = run_json("audit", str(d), "--values", "--no-progress")
+    assert [f["code"] for f in doc["findings"]] == ["VALUES_CHECKED"], doc["findings"]
+    assert run_json("params", str(d))["total"]["found"] == numel + sum(
+        e.numel for e in layout.values() if e.name.endswith("ffn.gate.bias"))  # transformers' buffers
+    expert = next(n for n in layout if ".experts.1.w2.weight" in n)[: -len(".weight")]
+    doc = run_json("tensor", str(d), expert, "--dequant")
+    ref = Fp8Dequantize(None)._dequantize_one(tensors[expert + ".weight"], tensors[expert + ".scale"],
+                                               torch.bfloat16).double()
+    assert doc["scheme"] == Fp4Experts.key and doc["dequantized"]["min"] == float(ref.min())
+    assert doc["dequantized"]["max"] == float(ref.max()) and doc["ok"]
