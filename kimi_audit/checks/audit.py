@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kimi_audit.checks.index import index_findings, index_total_parameters_findings
+from kimi_audit.checks.index import TRANSFORMERS_BUFFERS, index_findings, index_total_parameters_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
@@ -22,7 +22,6 @@ from kimi_audit.model.arch.registry import dialects
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.kinds import ROUTER_BIAS, role_of
 from kimi_audit.model.layout import layer_block
 from kimi_audit.sources.base import Source
 
@@ -146,8 +145,9 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
     if index is not None and index.total_parameters is not None and cfg.layout_supported \
             and cfg.quant_unsupported is None and all(shard in ckpt.headers for shard in index.shards):
         specs, spec_of = expected.specs, expected.spec_of  # the parameters of the tensors found (MTP_ABSENT apart)
-        parameters = sum(specs[spec_of[p]].logical for p in aligned.positions if p is not None)
-        buffers = sum(math.prod(s) for n, s in zip(actual.names, actual.shapes) if role_of(n) == ROUTER_BIAS)
+        found = [specs[spec_of[p]] for p in aligned.positions if p is not None]
+        parameters = sum(s.logical for s in found)
+        buffers = sum(s.logical for s in found if s.component in TRANSFORMERS_BUFFERS)
         all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes)),
                                                             parameters - buffers))
     all_findings = fold_quantization(attribute(all_findings, ckpt, cov), expected)

@@ -181,11 +181,10 @@ def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Schem
         return module, Fp8Block(), t.shape[0], t.shape[1]  # no usable config: DeepSeek's blocks
     scheme = scheme_of(cfg, module)
     main = scheme.stored(1, 1)[0]
-    if isinstance(scheme, Unquantized):
-        if fp8:
-            return module, Fp8Block(fp8_block(cfg.quant)), t.shape[0], t.shape[1]
-        if role == WEIGHT:
-            return None
+    if fp8 and main.dtype != FP8_DTYPE:  # FP8 weights the config does not describe as such: DeepSeek's blocks
+        return module, Fp8Block(fp8_block(cfg.quant)), t.shape[0], t.shape[1]
+    if role == WEIGHT and (isinstance(scheme, Unquantized) or t.dtype != main.dtype):
+        return None  # a plain tensor under a quantized module's name: its own dtype is what the layout checks
     if module + main.suffix != name:
         raise KimiAuditError(f"{name}: config.json does not describe {module} as stored in {t.dtype} "
                              f"{name[len(module) + 1:]} ({scheme.describe()})")
