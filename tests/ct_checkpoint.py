@@ -109,7 +109,6 @@ def build(d: Path, name: str, seed: int = 0, config: dict[str, Any] | None = Non
     fmt, scheme = preset_scheme(name)
     base = {k: v for k, v in (config or TINY_CONFIG).items() if k != "quantization_config"}
     plain = expected_layout(model_config_from_dict(base))  # every Linear module as a BF16 weight
-    from kimi_audit.model.layout import scheme_of  # noqa: F401  (the layout's own module list, below)
 
     gen = torch.Generator().manual_seed(seed)
     dt = {"BF16": torch.bfloat16, "F32": torch.float32}
