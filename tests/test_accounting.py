@@ -211,7 +211,8 @@ def test_params_cli_json_and_exit_codes(tiny_dir, tmp_path):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["schema"] == "kimi-audit/params/1"
-    assert doc["total"] == {"derived": doc["tree"]["found"], "found": doc["tree"]["found"], "mismatch": False}
+    assert doc["total"] == {"derived": doc["tree"]["found"], "found": doc["tree"]["found"], "mismatch": False,
+                            "complete": True, "incomplete": None}
     assert [c["key"] for c in doc["tree"]["children"]] == ["embedding", "blocks", "norm", "lm_head"]
     assert all("children" not in c for c in doc["tree"]["children"])  # --depth 1
     assert sum(r["found"] for r in doc["by_dtype"]) == doc["total"]["found"]

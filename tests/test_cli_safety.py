@@ -163,7 +163,7 @@ def _subclasses(cls: type) -> list[type]:
 
 
 def test_every_error_class_has_its_own_stable_code():
-    import kimi_audit.model.quant
+    import kimi_audit.model.quant.scheme
     import kimi_audit.numerics.dtypes
     import kimi_audit.numerics.tensor_io
     import kimi_audit.sources.hub_errors  # noqa: F401

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kimi_audit.model.quant import PackQuantized
+from kimi_audit.model.quant.compressed.pack import PackQuantized
 from kimi_audit.numerics.dtypes import NumericsError
 from kimi_audit.numerics.int4 import dequantize_group, packed_words, unpack_int4
 from kimi_audit.replica.models import replica_model
@@ -329,7 +329,7 @@ def poke(d: Path, name: str, values: np.ndarray, start_elem: int = 0) -> None:
 def test_tiny_int4_checkpoint_audits_clean(int4_dir: Path) -> None:
     doc = run_json("audit", str(int4_dir), "--values", "--no-progress")
     assert [f["code"] for f in doc["findings"]] == ["VALUES_CHECKED"], doc["findings"]
-    assert "72 INT4 group scales, 72 weight_shapes" in doc["findings"][0]["message"]
+    assert "72 weight scales, 72 weight_shapes" in doc["findings"][0]["message"]
     # the summary is the plan's: the scheme's own fields, no phantom FP8 block
     assert doc["model"]["quantization"] == {"method": "compressed-tensors", "format": "pack-quantized", "bits": 4,
                                             "group_size": 32, "strategy": "group", "symmetric": True}

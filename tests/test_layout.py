@@ -12,7 +12,7 @@ from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.config import model_config_from_dict, parse_config_bytes, pinned_config_bytes
 from kimi_audit.model.kinds import BUFFER, PARAMETER, SCALE
 from kimi_audit.model.layout import expected_layout
-from kimi_audit.model.quant import Fp8Block
+from kimi_audit.model.quant.deepseek import Fp8Block
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,12 @@ import pytest
 from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
 from kimi_audit.model.kinds import PACKED, PARAMETER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
-from kimi_audit.model.quant import (
-    Fp8Block,
-    PackQuantized,
-    QuantPlan,
-    Scheme,
-    Unquantized,
-    UnsupportedQuantization,
-    quant_plan,
-)
+from kimi_audit.model.quant.compressed.fp4 import Mxfp4PackQuantized, Nvfp4PackQuantized
+from kimi_audit.model.quant.compressed.naive import FloatQuantized, IntQuantized
+from kimi_audit.model.quant.compressed.pack import PackQuantized
+from kimi_audit.model.quant.deepseek import Fp8Block
+from kimi_audit.model.quant.dispatch import quant_plan
+from kimi_audit.model.quant.scheme import QuantPlan, Scheme, Unquantized, UnsupportedQuantization
 from kimi_audit.replica.models import replica_model
 
 DATA = Path(__file__).parent / "data"
@@ -50,7 +47,12 @@ def layout(raw: dict) -> ExpectedLayout:
 
 
 def test_every_scheme_registers_under_its_method_and_format() -> None:
-    assert Scheme.registry == {("fp8", None): Fp8Block, ("compressed-tensors", "pack-quantized"): PackQuantized}
+    assert Scheme.registry == {
+        ("fp8", None): Fp8Block, ("compressed-tensors", "pack-quantized"): PackQuantized,
+        ("compressed-tensors", "float-quantized"): FloatQuantized,
+        ("compressed-tensors", "int-quantized"): IntQuantized,
+        ("compressed-tensors", "nvfp4-pack-quantized"): Nvfp4PackQuantized,
+        ("compressed-tensors", "mxfp4-pack-quantized"): Mxfp4PackQuantized}
 
 
 def test_quant_plan_dispatches_through_the_registry() -> None:
@@ -61,7 +63,7 @@ def test_quant_plan_dispatches_through_the_registry() -> None:
         formats = (("probe-method", "probe-format"),)
 
         @classmethod
-        def plan(cls, q: dict, plain: Unquantized) -> QuantPlan:
+        def plan(cls, q: dict, plain: Unquantized, config: dict) -> QuantPlan:
             return QuantPlan(cls(dtype="F16"), plain)
 
     try:
@@ -71,8 +73,8 @@ def test_quant_plan_dispatches_through_the_registry() -> None:
         del Scheme.registry[("probe-method", "probe-format")]
     with pytest.raises(UnsupportedQuantization, match="quant_method 'probe-method'"):
         quant_plan({"quant_method": "probe-method", "format": "probe-format"}, "BF16")
-    with pytest.raises(UnsupportedQuantization, match="compressed-tensors format 'float-quantized'"):
-        quant_plan({"quant_method": "compressed-tensors", "format": "float-quantized"}, "BF16")
+    with pytest.raises(UnsupportedQuantization, match="compressed-tensors format 'marlin-24'"):
+        quant_plan({"quant_method": "compressed-tensors", "format": "marlin-24"}, "BF16")
 
 
 def test_the_summary_gives_each_schemes_own_fields() -> None:
@@ -115,7 +117,7 @@ def test_the_columnwise_mask_is_scheme_for_module_by_module(ignore: list[str]) -
     assert isinstance(plan, QuantPlan)
     names = [f"model.layers.{layer}.mlp.experts.{e}.{p}" for layer in (1, 3, 12, 19, 20) for e in (0, 5, 17)
              for p in ("gate_proj", "up_proj")] + ["lm_head", "model.layers.1.eh_proj"]
-    assert plan.quantized_mask(names) == tuple(plan.scheme_for(n) is plan.quantized for n in names)
+    assert plan.choices(names) == tuple(-1 if plan.scheme_for(n) is plan.plain else 0 for n in names)
 
 
 def test_thinking_layout_totals_equal_instructs() -> None:

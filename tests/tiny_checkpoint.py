@@ -18,7 +18,8 @@ from safetensors import TensorSpec, serialize_file
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.kinds import BUFFER, SCALE
 from kimi_audit.model.layout import expected_layout
-from kimi_audit.model.quant import FP8_DTYPE, SCALE_SUFFIX
+from kimi_audit.model.quant.deepseek import SCALE_SUFFIX
+from kimi_audit.model.quant.scheme import FP8_DTYPE
 
 TINY_CONFIG = {
     "architectures": ["DeepseekV3ForCausalLM"],

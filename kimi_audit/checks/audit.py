@@ -5,11 +5,12 @@ The report is data (findings, statistics, the verdict); report/ renders it, the 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kimi_audit.checks.index import index_findings
+from kimi_audit.checks.index import TRANSFORMERS_BUFFERS, index_findings, index_total_parameters_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
@@ -129,6 +130,16 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
     else:
         all_findings.append(layout_unsupported(ckpt))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards))
+    index = ckpt.index
+    if index is not None and index.total_parameters is not None and cfg.layout_supported \
+            and cfg.quant_unsupported is None and all(shard in ckpt.headers for shard in index.shards):
+        specs, spec_of = expected.specs, expected.spec_of  # the parameters of the tensors found (MTP_ABSENT apart)
+        found = [specs[spec_of[p]] for p in aligned.positions if p is not None]
+        parameters = sum(s.logical for s in found)
+        buffers = sum(s.logical for s in found if s.component in TRANSFORMERS_BUFFERS)
+        all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes)),
+                                                            parameters - buffers))
+    all_findings = fold_quantization(attribute(all_findings, ckpt, cov), expected)
     all_findings = fold_quantization(fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected)
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)

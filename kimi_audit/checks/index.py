@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kimi_audit.constants import INDEX_FILE
-from kimi_audit.findings import Finding, error, warning
+from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.format.index import IndexFile
 from kimi_audit.format.table import TensorTable
@@ -47,3 +47,27 @@ def index_total_size_findings(index: IndexFile, headers: dict[str, ShardHeader])
                                f"the shards' tensor payloads sum to {payload:,}",
                                expected=payload, actual=index.total_size))
     return out
+
+
+TRANSFORMERS_BUFFERS = frozenset(("mlp.gate.e_score_correction_bias", "ffn.gate.bias",
+                                  "block_sparse_moe.gate.e_score_correction_bias"))
+"""Router biases transformers registers as buffers (DeepseekV3's and Kimi-Linear's correction bias, DeepSeek-V4's
+routing bias): its save_pretrained's total_parameters (num_parameters()) leaves them out."""
+
+
+def index_total_parameters_findings(index: IndexFile | None, parameters: int, stored_elements: int,
+                                    without_buffers: int | None = None) -> list[Finding]:
+    """metadata.total_parameters against the parameters of the tensors found (packed words standing for the out x
+    in parameters of their module, quantization metadata not counted), or `without_buffers`, that count less the
+    router biases transformers keeps as buffers (its save writes num_parameters()): an info where it counts the
+    stored elements instead (llmcompressor's: compressed words and scales), a warning where it is neither."""
+    if index is None or index.total_parameters is None or index.total_parameters in (parameters, without_buffers):
+        return []
+    given = index.total_parameters
+    if given == stored_elements:
+        return [info("INDEX_TOTAL_PARAMETERS", f"{INDEX_FILE} metadata.total_parameters is {given:,}: the stored "
+                     f"elements (packed words, scales and metadata counted as they are stored); the model has "
+                     f"{parameters:,} parameters", expected=parameters, actual=given)]
+    return [warning("INDEX_TOTAL_PARAMETERS", f"{INDEX_FILE} metadata.total_parameters is {given:,}; the model "
+                    f"has {parameters:,} parameters ({stored_elements:,} stored elements)",
+                    expected=parameters, actual=given)]

@@ -10,7 +10,7 @@ from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.table import TensorTable
 from kimi_audit.model.kinds import BUFFER, METADATA_SUFFIXES, PACKED, PARAMETER, ROTARY_BUFFER, SCALE, role_of
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor
-from kimi_audit.model.quant import SCALE_SUFFIX
+from kimi_audit.model.quant.deepseek import SCALE_SUFFIX
 
 MISMATCH_CODES = {
     PARAMETER: ("DTYPE_MISMATCH", "SHAPE_MISMATCH"),

@@ -6,10 +6,13 @@ from collections import Counter
 from typing import Any
 
 from kimi_audit.findings import Finding, error, warning
+from kimi_audit.model.quant.dispatch import implemented
 from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 
 EXPECTED = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(DEEPSEEK_FP8_BLOCK)}
 """The family's FP8 settings (DeepSeek-V3's): what QUANT_CONFIG compares an fp8 quantization_config with."""
+V4_1_BLOCK = (32, 32)
+"""DeepSeek-V4.1's FP8 block, accepted for model_type deepseek_v4."""
 
 
 def quantization_findings(
@@ -20,9 +23,9 @@ def quantization_findings(
     q = config_raw.get("quantization_config")
     if unsupported is not None:
         return [error("QUANT_UNSUPPORTED", f"quantization_config: {unsupported} is not a scheme kimi-audit "
-                      "implements (fp8, compressed-tensors pack-quantized): the tensors of Linear modules are not "
-                      "checked; the format, index and other checks still ran", tensor="quantization_config",
-                      actual=unsupported)]
+                      f"implements ({implemented()}): the tensors of Linear modules are not checked and the parameter "
+                      "total is incomplete; the format, index and other checks still ran",
+                      tensor="quantization_config", actual=unsupported)]
     if q is None:
         fp8 = sum(n for dtype, n in (stored or {}).items() if dtype.startswith("F8_"))
         if not fp8:
@@ -33,9 +36,10 @@ def quantization_findings(
     out: list[Finding] = []
     if not isinstance(q, dict) or q.get("quant_method") != "fp8":
         return out  # compressed-tensors: what its plan implements was decided when the config was read
+    v41_block = config_raw.get("model_type") == "deepseek_v4" and q.get("weight_block_size") == list(V4_1_BLOCK)
     for key, want in EXPECTED.items():
         got = q.get(key)
-        if got != want:
+        if got != want and not (key == "weight_block_size" and v41_block):
             out.append(error("QUANT_CONFIG", f"quantization_config.{key} is {got!r}, expected {want!r} "
                              "(block-wise FP8 e4m3 with 128x128 scales)", tensor=f"quantization_config.{key}",
                              expected=want, actual=got))

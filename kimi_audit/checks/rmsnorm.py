@@ -20,7 +20,8 @@ import numpy as np
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.layout import scheme_of
-from kimi_audit.model.quant import FP8_DTYPE, Fp8Block, fp8_block
+from kimi_audit.model.quant.deepseek import Fp8Block
+from kimi_audit.model.quant.scheme import FP8_DTYPE, fp8_block
 from kimi_audit.numerics.kernels import (
     TensorStats,
     bfloat16,

@@ -42,6 +42,7 @@ GAIN = "gain"
 ROUTER_BIAS = "router_bias"
 SCALE = "scale"
 GROUP_SCALE = "group_scale"
+GLOBAL_SCALE = "global_scale"
 WEIGHT_SHAPE = "weight_shape"
 VALUES = "values"
 """Any other tensor (check_values: NaN and Inf only)."""
@@ -68,14 +69,19 @@ Job = tuple[str, int, int, int, list[TensorInfo]]
 """One coalesced read: (shard, data_start, begin, end, members), offsets relative to the data buffer."""
 
 
-VALUE_KINDS = {kinds.BLOCK_SCALE: SCALE, kinds.GROUP_SCALE: GROUP_SCALE, kinds.WEIGHT_SHAPE: WEIGHT_SHAPE,
-               kinds.ROUTER_BIAS: ROUTER_BIAS, kinds.GAIN: GAIN}
+VALUE_KINDS = {kinds.BLOCK_SCALE: SCALE, kinds.V4_SCALE: SCALE, kinds.GROUP_SCALE: GROUP_SCALE,
+               kinds.GLOBAL_SCALE: GLOBAL_SCALE, kinds.WEIGHT_SHAPE: WEIGHT_SHAPE, kinds.ROUTER_BIAS: ROUTER_BIAS,
+               kinds.GAIN: GAIN}
 """The roles (model.kinds) of the small tensors this pass reads, and the class it checks each as."""
 
 
-def value_kind(name: str) -> str | None:
-    """Which small tensor class a name belongs to, or None for everything else."""
-    return VALUE_KINDS.get(kinds.role_of(name))
+def value_kind(name: str, dtype: str) -> str | None:
+    """Which small tensor class a name (of that dtype) belongs to, or None for everything else. A `.scale` is
+    DeepSeek-V4's scale only as F8_E8M0 (transformers' dialects name other tensors so: `attn_hc.scale`)."""
+    role = kinds.role_of(name)
+    if role == kinds.V4_SCALE and dtype != "F8_E8M0":
+        return None
+    return VALUE_KINDS.get(role)
 
 
 def small_tensors(headers: dict[str, ShardHeader]) -> list[tuple[str, TensorInfo, str]]:
@@ -84,7 +90,7 @@ def small_tensors(headers: dict[str, ShardHeader]) -> list[tuple[str, TensorInfo
     for shard, header in headers.items():
         mine = []
         for name, t in header.tensors.items():
-            kind = value_kind(name)
+            kind = value_kind(name, t.dtype)
             if kind is not None:
                 mine.append((shard, t, kind))
         mine.sort(key=lambda r: r[1].begin)
@@ -123,14 +129,28 @@ def read_tensors(
             yield t, data[t.begin - g0 : t.end - g0]
 
 
+SCALE_KINDS = (SCALE, GROUP_SCALE, GLOBAL_SCALE)
+
+
+def scale_values(values: np.ndarray, dtype: str) -> np.ndarray:
+    """A scale tensor's values: U8 scales are E8M0 exponents (compressed-tensors' MX formats store them so; 0xFF
+    is NaN), every other dtype decodes as it is."""
+    if dtype != "U8":
+        return values
+    from kimi_audit.numerics.fp4 import e8m0_to_float32
+
+    return e8m0_to_float32(values)
+
+
 def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = False,
                  expected_shape: tuple[int, ...] | None = None, shard: str | None = None) -> list[Finding]:
     """What is wrong with one tensor's values, as findings (`actual`: how many values or tensors).
 
-    `kind` is a small-tensor class (GAIN, ROUTER_BIAS, SCALE, GROUP_SCALE, WEIGHT_SHAPE) or VALUES (any other
-    tensor: NaN and Inf only; integer tensors hold neither). `ue8m0`: FP8 block scales must be powers of two
-    (a warning in UE8M0_WARN_ONLY's scales); `expected_shape`: what a `weight_shape` must hold. The one value
-    check of the `audit --values` pass and the `tensor` command."""
+    `kind` is a small-tensor class (GAIN, ROUTER_BIAS, SCALE, GROUP_SCALE, GLOBAL_SCALE, WEIGHT_SHAPE) or VALUES
+    (any other tensor: NaN and Inf only; integer tensors hold neither). Scales must be finite and > 0 (U8
+    scales are read as E8M0 exponents, F8_E4M3 and F8_E8M0 ones decoded: their NaN codes are NaN). `ue8m0`: FP8
+    block scales must be powers of two (a warning in UE8M0_WARN_ONLY's scales); `expected_shape`: what a
+    `weight_shape` must hold. The one value check of the `audit --values` pass and the `tensor` command."""
     import numpy as np
 
     from kimi_audit.numerics.dtypes import to_float32
@@ -142,6 +162,8 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
                           f"config implies {list(expected_shape)}", tensor=name, shard=shard, actual=1,
                           expected=list(expected_shape))]
         return []
+    if kind in SCALE_KINDS and values.dtype == np.uint8:
+        values = scale_values(values, "U8")
     flat = values.reshape(-1)
     if flat.dtype.kind in "iub":
         return []
@@ -152,7 +174,7 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
         f = to_float32(flat[i : i + VALUES_CHUNK])
         nan += int(np.count_nonzero(np.isnan(f)))
         inf += int(np.count_nonzero(np.isinf(f)))
-        if kind in (SCALE, GROUP_SCALE):
+        if kind in SCALE_KINDS:
             bad += int(np.count_nonzero(f <= 0))  # NaN compares False: counted above
             if ue8m0 and kind == SCALE:
                 mant, exp = np.frexp(f)  # f == 0.5 * 2**exp exactly for a power of two; E8M0: 2**-127 .. 2**127
@@ -170,7 +192,7 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
     if inf:
         out.append(error("VALUE_INF", f"{name}: {inf:,} of {n:,} values are ±Inf", actual=inf,
                          expected=_expected("VALUE_INF"), **where))
-    what = "block" if kind == SCALE else "group"
+    what = {SCALE: "block", GLOBAL_SCALE: "global"}.get(kind, "group")
     if bad:
         out.append(error("SCALE_NOT_POSITIVE", f"{name}: {bad:,} of {n:,} {what} scales are ≤ 0 "
                          "(dequantized weights would be zero or sign-flipped)", actual=bad,
@@ -244,7 +266,7 @@ def value_findings(
     totals: dict[tuple[str, Severity], int] = {}
     findings: list[Finding] = []
     checked = 0
-    checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0, GROUP_SCALE: 0, WEIGHT_SHAPE: 0}
+    checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0, GROUP_SCALE: 0, GLOBAL_SCALE: 0, WEIGHT_SHAPE: 0}
     shapes = weight_shapes or {}
     fetched_bytes = 0
     workers = max(1, min(source.parallel_reads, 32))
@@ -289,8 +311,9 @@ def value_findings(
         "VALUES_CHECKED",
         f"values pass: {checked:,} small tensors checked ({counts[GAIN]:,} gains, "
         f"{counts[ROUTER_BIAS]:,} router biases, {counts[SCALE]:,} FP8 scales"
-        + (f", {counts[GROUP_SCALE]:,} INT4 group scales, {counts[WEIGHT_SHAPE]:,} weight_shapes"
-           if counts[GROUP_SCALE] or counts[WEIGHT_SHAPE] else "") + "), "
+        + (f", {counts[GROUP_SCALE]:,} weight scales, {counts[WEIGHT_SHAPE]:,} weight_shapes"
+           if counts[GROUP_SCALE] or counts[WEIGHT_SHAPE] else "")
+        + (f", {counts[GLOBAL_SCALE]:,} global scales" if counts[GLOBAL_SCALE] else "") + "), "
         f"{fetched_bytes:,} bytes fetched in {len(jobs):,} reads"
         + (f"; {len(absent):,} not present (sparse holes)" if absent else ""),
         actual=checked,
@@ -354,7 +377,7 @@ def audit_with_values(source: Source, progress: ProgressFn | None = None,
     ckpt = load_checkpoint(source, progress)
     report = audit_checkpoint(ckpt)
     plan = ckpt.config.quant
-    ue8m0 = plan is not None and plan.quantized.power_of_two_scales
+    ue8m0 = plan is not None and any(s.power_of_two_scales for s in plan.schemes)
     extra = value_findings(source, ckpt.headers, values_progress, ue8m0=ue8m0,
                            weight_shapes=packed_shapes(ckpt.expected))
     return dataclasses.replace(report, findings=tuple(report.findings) + tuple(extra), values_checked=True)

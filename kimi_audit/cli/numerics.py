@@ -21,9 +21,10 @@ from kimi_audit.findings import Severity, error
 from kimi_audit.format.header import TensorInfo
 from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.kinds import PACKED_WEIGHT, WEIGHT, module_name, role_of
+from kimi_audit.model.kinds import PACKED_WEIGHT, PARAMETER, WEIGHT, module_name, role_of
 from kimi_audit.model.layout import expected_layout, layer_block, scheme_of
-from kimi_audit.model.quant import FP8_DTYPE, Fp8Block, Scheme, fp8_block
+from kimi_audit.model.quant.deepseek import Fp8Block
+from kimi_audit.model.quant.scheme import FP8_DTYPE, Scheme, Unquantized, fp8_block
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher, check_memory
 from kimi_audit.report.tensor import json_text, render_rmsnorm, render_tensor
 from kimi_audit.sources import open_source
@@ -160,32 +161,37 @@ def _resolve(fetch: TensorFetcher, name: str) -> str:
 
 
 def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Scheme, int | None, int | None] | None:
-    """(module, scheme, out, in) for a quantized module's weight (an FP8 `weight`, packed `weight_packed` words),
-    else None. The scheme is the one the config's plan gives the module (FP8 weights it does not describe as
-    such: DeepSeek's blocks); out x in comes from the layout config.json implies (None for a packed module the
-    layout lacks: then from weight_shape)."""
+    """(module, scheme, out, in) for a quantized module's stored weight (the first tensor its scheme stores: an FP8
+    or INT8 `weight`, packed `weight_packed` words, DeepSeek-V4's FP4 `weight` bytes), else None. The scheme is the
+    one the config's plan gives the module (FP8 weights it does not describe as such: DeepSeek's blocks); out x in
+    comes from the layout config.json implies (None for a packed module the layout lacks: then from
+    weight_shape)."""
     role = role_of(name)
     fp8 = role == WEIGHT and t.dtype == FP8_DTYPE and len(t.shape) == 2
-    if not fp8 and role != PACKED_WEIGHT:
+    if role not in (WEIGHT, PACKED_WEIGHT):
         return None
     module = module_name(name)
     try:
         _, cfg = load_config(src)
     except KimiAuditError:
+        if not fp8 and role != PACKED_WEIGHT:
+            return None
         if not fp8:
             raise
         return module, Fp8Block(), t.shape[0], t.shape[1]  # no usable config: DeepSeek's blocks
     scheme = scheme_of(cfg, module)
     main = scheme.stored(1, 1)[0]
-    if fp8:
-        if main.dtype != FP8_DTYPE:
-            scheme = Fp8Block(fp8_block(cfg.quant))
-        return module, scheme, t.shape[0], t.shape[1]
+    if fp8 and main.dtype != FP8_DTYPE:  # FP8 weights the config does not describe as such: DeepSeek's blocks
+        return module, Fp8Block(fp8_block(cfg.quant)), t.shape[0], t.shape[1]
+    if role == WEIGHT and (isinstance(scheme, Unquantized) or t.dtype != main.dtype):
+        return None  # a plain tensor under a quantized module's name: its own dtype is what the layout checks
     if module + main.suffix != name:
-        raise KimiAuditError(f"{name}: config.json does not describe {module} as stored in packed words "
-                             f"({scheme.describe()})")
+        raise KimiAuditError(f"{name}: config.json does not describe {module} as stored in {t.dtype} "
+                             f"{name[len(module) + 1:]} ({scheme.describe()})")
     e = expected_layout(cfg).get(name)
     if e is None or not e.shape[0]:
+        if main.kind == PARAMETER and len(t.shape) == 2:
+            return module, scheme, t.shape[0], t.shape[1]
         return module, scheme, None, None
     return module, scheme, e.shape[0], e.logical // e.shape[0]
 
@@ -197,21 +203,32 @@ def tensor(
     name: str = typer.Argument(..., help="Tensor name (model.layers.0.self_attn.q_a_layernorm.weight) or Linear "
                                          "module name (model.layers.5.mlp.experts.7.gate_proj)."),
     revision: str | None = typer.Option(None, "--revision", "-r", help="Hub revision."),
-    dequant: bool = typer.Option(False, "--dequant", help="For an FP8 or INT4 weight: statistics of the "
-                                 "dequantized values (FP8: bf16 block dequant; INT4: compressed-tensors' own)."),
+    dequant: bool = typer.Option(False, "--dequant", help="For a quantized weight (FP8, INT4/INT8, NVFP4, MXFP4, "
+                                 "DeepSeek-V4 FP4): statistics of the dequantized values, computed as the format's "
+                                 "writer decompresses them."),
     max_bytes: int = typer.Option(DEFAULT_MAX_TENSOR_BYTES, "--max-bytes", min=1,
                                   help="Refuse to fetch a tensor larger than this."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
 ) -> None:
     """Fetch one tensor by byte range and print its value statistics (and its scales').
 
-    A module name stands for its stored weight: `.weight`, or `.weight_packed` for compressed-tensors INT4.
+    A module name stands for its stored weight: `.weight`, or `.weight_packed` for compressed-tensors' packed
+    formats.
     Fails (exit 1) on NaN/Inf values, scales that are not finite and > 0, a quantization tensor absent, or an
     INT4 weight_shape that disagrees with the config's [out, in].
     """
     import numpy as np
 
-    from kimi_audit.checks.values import GROUP_SCALE, SCALE, VALUES, WEIGHT_SHAPE, check_values, value_kind
+    from kimi_audit.checks.values import (
+        GLOBAL_SCALE,
+        GROUP_SCALE,
+        SCALE,
+        VALUES,
+        WEIGHT_SHAPE,
+        check_values,
+        scale_values,
+        value_kind,
+    )
     from kimi_audit.numerics.dtypes import NumericsError
     from kimi_audit.numerics.kernels import tensor_stats
 
@@ -220,7 +237,7 @@ def tensor(
     name = _resolve(fetch, name)
     arr, t, shard = fetch.read(name, max_bytes)
     st = tensor_stats(arr, dtype=t.dtype)
-    findings = check_values(name, value_kind(name) or VALUES, arr, shard=shard)
+    findings = check_values(name, value_kind(name, t.dtype) or VALUES, arr, shard=shard)
     scale_st = deq_st = None
     scale_name: str | None = None
     weight_shape: list[int] | None = None
@@ -240,9 +257,10 @@ def tensor(
                 continue
             a, ti, s_shard = fetch.read(full, max_bytes)
             stored[s.suffix] = a
-            what = value_kind(full)
-            if what in (SCALE, GROUP_SCALE):
-                scale_name, scale_st = full, tensor_stats(a, dtype=ti.dtype)
+            what = value_kind(full, ti.dtype)
+            if what in (SCALE, GROUP_SCALE, GLOBAL_SCALE):
+                if scale_name is None and what != GLOBAL_SCALE:
+                    scale_name, scale_st = full, tensor_stats(scale_values(a, ti.dtype), dtype=ti.dtype)
                 findings += check_values(full, what, a, shard=s_shard)
             elif what == WEIGHT_SHAPE:
                 weight_shape = [int(v) for v in a.reshape(-1)]

@@ -1,4 +1,5 @@
-"""model.safetensors.index.json: `{"metadata": {"total_size": N}, "weight_map": {tensor: shard}}`."""
+"""model.safetensors.index.json: `{"metadata": {"total_size": N}, "weight_map": {tensor: shard}}` (llmcompressor
+also writes `metadata.total_parameters`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class IndexFile:
     weight_map: dict[str, str] = field(default_factory=dict)
     """Entries whose shard name is safe to open; unsafe ones are reported and dropped."""
     findings: tuple[Finding, ...] = ()
+    total_parameters: int | None = None
+    """`metadata.total_parameters` where it is a count (llmcompressor writes it; checks.index compares it)."""
 
     @property
     def shards(self) -> list[str]:
@@ -108,6 +111,8 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
         else:
             findings.append(error("INDEX_INVALID", f"{name}: metadata.total_size {ts!r} is not a byte count",
                                   shard=name))
+    tp = meta.get("total_parameters") if isinstance(meta, dict) else None
+    total_parameters = tp if type(tp) is int and tp >= 0 else None
     if raw.count(b":") != pairs:  # colons in names and values too: then look for duplicates properly
         findings.extend(_duplicates(raw.decode("utf-8"), name))
 
@@ -126,7 +131,7 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
             pass  # sort it out entry by entry below
         else:
             wm.update(zip(wm, map(canonical.__getitem__, wm.values())))  # in place: same keys, no new table
-            return IndexFile(total_size, wm, tuple(findings))
+            return IndexFile(total_size, wm, tuple(findings), total_parameters)
 
     weight_map = {}
     unsafe: dict[str, str] = {}
@@ -153,7 +158,7 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
         weight_map[tensor] = shard
     for shard, why in unsafe.items():
         findings.append(error("INDEX_UNSAFE_PATH", f"{name}: refused to open {why}", shard=str(shard)[:200]))
-    return IndexFile(total_size, weight_map, tuple(findings))
+    return IndexFile(total_size, weight_map, tuple(findings), total_parameters)
 
 
 def _too_many(n: int) -> str:

@@ -12,7 +12,8 @@ from typing import Any
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.lineage import LINEAGE_BASE, LINEAGE_READERS, Read
-from kimi_audit.model.quant import QuantPlan, UnsupportedQuantization, quant_plan
+from kimi_audit.model.quant.dispatch import quant_plan
+from kimi_audit.model.quant.scheme import QuantPlan, UnsupportedQuantization
 
 TORCH_DTYPE_TO_SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
@@ -306,7 +307,7 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     raw_quant = cfg.get("quantization_config")
     plan, unsupported = None, None
     try:
-        plan = quant_plan(raw_quant, dtype)
+        plan = quant_plan(raw_quant, dtype, cfg)
     except UnsupportedQuantization as e:
         unsupported = str(e)
     v32 = cfg.get("model_type") in INDEXER_TYPES
@@ -366,7 +367,7 @@ def _lineage(cfg: dict[str, Any], reader: Callable[[dict[str, Any]], Read]) -> M
     dtype = _weights_dtype(cfg)
     plan, unsupported = None, None
     try:
-        plan = quant_plan(cfg.get("quantization_config"), dtype)
+        plan = quant_plan(cfg.get("quantization_config"), dtype, cfg)
     except UnsupportedQuantization as e:
         unsupported = str(e)
     fields, dims, kinds = reader(cfg)

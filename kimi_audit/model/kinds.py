@@ -19,7 +19,11 @@ PACKED = "packed"
 BLOCK_SCALE = "block_scale"
 """`.weight_scale_inv`: an FP8 block scale (DeepSeek)."""
 GROUP_SCALE = "group_scale"
-"""`.weight_scale`: a compressed-tensors scale (INT4 groups)."""
+"""`.weight_scale`: a compressed-tensors scale (INT4 / FP4 groups, FP8 blocks or channels)."""
+GLOBAL_SCALE = "global_scale"
+"""`.weight_global_scale`: NVFP4's one F32 scale of the whole weight."""
+V4_SCALE = "v4_scale"
+"""`.scale`: DeepSeek-V4's FP8 block scale or FP4 expert scale (a scale only where F8_E8M0: see SCALE_ROLES)."""
 WEIGHT_SHAPE = "weight_shape"
 ZERO_POINT = "zero_point"
 GROUP_INDEX = "group_index"
@@ -35,6 +39,9 @@ OTHER = "other"
 SUFFIX_ROLES: tuple[tuple[str, str], ...] = (
     (".weight_scale_inv", BLOCK_SCALE),
     (".weight_scale", GROUP_SCALE),
+    (".weight_global_scale", GLOBAL_SCALE),
+    (".input_global_scale", INPUT_SCALE),
+    (".scale", V4_SCALE),
     (".weight_shape", WEIGHT_SHAPE),
     (".weight_zero_point", ZERO_POINT),
     (".weight_g_idx", GROUP_INDEX),
@@ -47,11 +54,13 @@ SUFFIX_ROLES: tuple[tuple[str, str], ...] = (
 )
 """Suffix -> role, the first that matches wins."""
 
-KIND_OF_ROLE = {BLOCK_SCALE: SCALE, GROUP_SCALE: SCALE, WEIGHT_SHAPE: SCALE, ZERO_POINT: SCALE,
-                GROUP_INDEX: SCALE, INPUT_SCALE: SCALE, PACKED_WEIGHT: PACKED, ROTARY_BUFFER: BUFFER}
+KIND_OF_ROLE = {BLOCK_SCALE: SCALE, GROUP_SCALE: SCALE, GLOBAL_SCALE: SCALE, V4_SCALE: SCALE, WEIGHT_SHAPE: SCALE,
+                ZERO_POINT: SCALE, GROUP_INDEX: SCALE, INPUT_SCALE: SCALE, PACKED_WEIGHT: PACKED, ROTARY_BUFFER: BUFFER}
 METADATA_SUFFIXES = tuple(s for s, r in SUFFIX_ROLES if KIND_OF_ROLE.get(r) == SCALE)
 """Every quantization-metadata suffix."""
-SCALE_ROLES = frozenset((BLOCK_SCALE, GROUP_SCALE))
+SCALE_ROLES = frozenset((BLOCK_SCALE, GROUP_SCALE, GLOBAL_SCALE))
+"""Roles whose tensors are scales whatever their dtype. A `.scale` (V4_SCALE) is one only as F8_E8M0: transformers'
+dialects name other tensors so too (DeepSeek-V4's `attn_hc.scale`, norm gains elsewhere)."""
 
 
 def role_of(name: str) -> str:

@@ -16,7 +16,7 @@ from kimi_audit.model.arch.registry import describe
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP, Buffer, Group, Node, Param, indexed, product
 from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.kinds import BUFFER, PARAMETER, SCALE
-from kimi_audit.model.quant import Scheme, Unquantized
+from kimi_audit.model.quant.scheme import Scheme, Unquantized
 
 
 class ExpectedTensor(NamedTuple):
@@ -208,16 +208,16 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
     # (the 139,644 names of Kimi-K2 are made by map, at C speed: no bytecode per tensor). Where the
     # quantization plan picks schemes by module name (an ignore list), each layer's choices are part of
     # the template's key.
-    templates: dict[tuple[str, tuple[bool, ...]], tuple[list[str], list[int], list[int], list[int]]] = {}
+    templates: dict[tuple[str, tuple[int, ...]], tuple[list[str], list[int], list[int], list[int]]] = {}
     modules: dict[str, list[str]] = {}
     by_name = cfg.quant is not None and cfg.quant.by_name
     for layer in range(cfg.total_layers):
         block = layer_block(cfg, layer)
         prefix = f"{cfg.layer_prefix}{layer}."
-        choices: tuple[bool, ...] = ()
+        choices: tuple[int, ...] = ()
         if by_name and block in modules:
             assert cfg.quant is not None
-            choices = cfg.quant.quantized_mask(list(map(prefix.__add__, modules[block])))
+            choices = cfg.quant.choices(list(map(prefix.__add__, modules[block])))
         template = templates.get((block, choices))
         if template is None:
             seen: list[str] = []
@@ -225,7 +225,7 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
             modules.setdefault(block, seen)
             if by_name and not choices:
                 assert cfg.quant is not None
-                choices = cfg.quant.quantized_mask(list(map(prefix.__add__, seen)))
+                choices = cfg.quant.choices(list(map(prefix.__add__, seen)))
             meta = [k for k, t in enumerate(rows) if t.owner]
             template = templates[block, choices] = ([t.name for t in rows], [spec(t) for t in rows], meta,
                                                     [k - rows[k].owner for k in meta])

@@ -3,7 +3,9 @@
 Hashing is the cost of `verify` (sha256 at ~1.8 GB/s a core); these kernels must cost a few percent of it,
 so they run on spans of a few hundred KB just hashed (still in the core's cache) and FP8 bytes are never
 decoded: a NaN of F8_E4M3 is the byte 0x7F or 0xFF, ±448 (the largest finite value, where block
-quantization puts each block's maximum) is 0x7E or 0xFE. `find` on the buffer is memchr (tens of GB/s):
+quantization puts each block's maximum) is 0x7E or 0xFE. Byte-coded scales are checked on their codes too: an
+E8M0 scale (DeepSeek-V4's F8_E8M0, MXFP4's U8 exponents) is NaN at 0xFF, an F8_E4M3 scale (NVFP4's) at
+0x7F / 0xFF and not positive at 0x00, 0x80 or a set sign bit. `find` on the buffer is memchr (tens of GB/s):
 it screens for NaNs, and counts the ±448 bytes by stepping from one to the next (a real checkpoint holds
 about two per 128×128 block), with one numpy pass instead where they are dense. An all-zero block is
 screened for a run of 0x00 bytes as wide as the narrowest block (memchr for a zero, then a look at its
@@ -135,6 +137,23 @@ class Scanner:
         has_value = np.logical_or.reduceat(nonzero, np.arange(0, cols, block[1]))
         empty = np.flatnonzero(~has_value)
         return int(empty.size), int(empty[0]) if empty.size else -1
+
+    # ---------------------------------------------------------------- byte-coded scales
+
+    def e8m0(self, a: int, b: int) -> tuple[int, int]:
+        """(NaN codes, the first one's offset or -1) among E8M0 scales (F8_E8M0, or MX formats' U8 exponents) in
+        buf[a:b]: 0xFF is NaN; every other code is a positive power of two."""
+        return self.count(b"\xff", a, b)
+
+    def fp8_scales(self, a: int, b: int) -> tuple[int, int, int, int]:
+        """(NaN codes, first or -1, scales <= 0, first or -1) among F8_E4M3 scales (NVFP4's) in buf[a:b]: NaN is
+        0x7F / 0xFF; zero is 0x00 / 0x80, and a set sign bit is negative."""
+        import numpy as np
+
+        u = self.u8[a:b]
+        nan = np.flatnonzero((u & 0x7F) == 0x7F)
+        bad = np.flatnonzero(((u & 0x7F) == 0) | ((u & 0x80) != 0) & ((u & 0x7F) != 0x7F))
+        return (int(nan.size), int(nan[0]) if nan.size else -1, int(bad.size), int(bad[0]) if bad.size else -1)
 
     # ---------------------------------------------------------------- BF16 / F16 / F32
 

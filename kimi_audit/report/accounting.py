@@ -64,6 +64,8 @@ def render_params(acc: Accounting, console: Console, depth: int | None = None) -
         add(tree, c, 1)
     console.print(Text(title, style="bold"))
     console.print(tree)
+    if acc.incomplete is not None:
+        console.print(Text(f"incomplete: {acc.incomplete}", style="bold red"))
 
     console.print(_dtype_table("Parameters by dtype (metadata excluded)", acc.dtypes))
     console.print(_dtype_table("Stored elements by dtype (all tensors)", acc.stored))
@@ -173,7 +175,8 @@ def accounting_dict(acc: Accounting, depth: int | None = None) -> dict[str, obje
         "schema": "kimi-audit/params/1",
         "source": acc.source,
         "revision": acc.revision,
-        "total": {"derived": acc.derived, "found": acc.found, "mismatch": acc.mismatch},
+        "total": {"derived": acc.derived, "found": acc.found, "mismatch": acc.mismatch,
+                  "complete": acc.incomplete is None, "incomplete": acc.incomplete},
         "tree": node(acc.root, 0),
         "by_dtype": _rows(acc.dtypes),
         "stored_by_dtype": _rows(acc.stored),

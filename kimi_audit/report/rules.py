@@ -127,6 +127,11 @@ RULES: dict[str, Rule] = {
                               "Loading by the index fails on this tensor.", INDEX_HELP),
     "INDEX_TOTAL_SIZE": Rule("warning", "`metadata.total_size` ≠ sum of tensor payloads",
                            "The index's metadata.total_size disagrees with the shards' payload bytes.", INDEX_HELP),
+    "INDEX_TOTAL_PARAMETERS": Rule("info", "`metadata.total_parameters` ≠ the model's parameters",
+                                   "The index's metadata.total_parameters (llmcompressor writes it) is not the "
+                                   "parameter count: an info where it counts the stored elements (packed words and "
+                                   "scales), a warning where it is neither.",
+                                   "Loaders ignore it; recompute it as the parameters of the unquantized model."),
     "PICKLE_NOT_INSPECTED": Rule("warning", "a `.bin`/`.pt`/… pickle file: never unpickled, not inspected",
                                "Pickle files can run code when loaded; the audit does not open them.",
                                "Delete pickle weights from a safetensors release, or load them only if trusted."),

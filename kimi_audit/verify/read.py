@@ -35,6 +35,10 @@ MAX_UNIT = CHUNK
 FP8 = "fp8"
 FLOAT = "float"
 SCALE = "scale"
+E8M0_SCALE = "e8m0_scale"
+"""DeepSeek-V4's F8_E8M0 scales and compressed-tensors' MXFP4 U8 exponents: 0xFF is NaN."""
+FP8_SCALE = "fp8_scale"
+"""NVFP4's F8_E4M3 group scales: NaN codes, and scales that are not positive."""
 SCAN_DTYPES = {"BF16", "F16", "F32"}
 
 ProgressHook = Callable[[int], None]
@@ -50,7 +54,8 @@ class TensorPlan(NamedTuple):
     begin: int
     end: int
     kind: str | None
-    """FP8, FLOAT, SCALE, or None (hashed only)."""
+    """FP8, FLOAT, SCALE, E8M0_SCALE, FP8_SCALE, or None (hashed only: integer and packed FP4 tensors, whose every
+    code is a value)."""
     block: tuple[int, int] | None = None
     """FP8 2-D weights: the quantization block, for the all-zero block check."""
 
@@ -111,13 +116,14 @@ class FileResult:
 
 
 def tensor_kind(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
+    scale = role_of(name) in SCALE_ROLES
     if dtype == "F8_E4M3":
-        return FP8
+        return FP8_SCALE if scale else FP8
+    if dtype == "F8_E8M0" or (dtype == "U8" and scale):
+        return E8M0_SCALE
     if dtype not in SCAN_DTYPES:
         return None
-    if role_of(name) in SCALE_ROLES:
-        return SCALE
-    return FLOAT
+    return SCALE if scale else FLOAT
 
 
 def unit_of(t: TensorPlan) -> int:
@@ -280,6 +286,17 @@ class _State:
                 self.saturated[t.name] = self.saturated.get(t.name, 0) + sat
             if t.block is not None and t.name in self.zero_check:
                 self._zero_blocks(scanner, t, t.block, a, b, base)
+            return
+        if t.kind == E8M0_SCALE:
+            nan, first = scanner.e8m0(a - base, b - base)
+            if nan:
+                self._add(t, "VALUE_NAN", nan, a - t.begin + first)
+            return
+        if t.kind == FP8_SCALE:
+            nan, first, bad, bad_first = scanner.fp8_scales(a - base, b - base)
+            for code, n, at in (("VALUE_NAN", nan, first), ("SCALE_NOT_POSITIVE", bad, bad_first)):
+                if n:
+                    self._add(t, code, n, a - t.begin + at)
             return
         size = {"BF16": 2, "F16": 2, "F32": 4}[t.dtype]
         a -= (a - t.begin) % size  # a span may end mid-element: the element is checked with the next span

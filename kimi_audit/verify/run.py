@@ -27,7 +27,7 @@ from kimi_audit.constants import SAFETENSORS_SUFFIX
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error
 from kimi_audit.model.checkpoint import Checkpoint, load_checkpoint
-from kimi_audit.model.quant import fp8_block
+from kimi_audit.model.quant.scheme import fp8_block
 from kimi_audit.numerics.tensor_io import data_holes
 from kimi_audit.sources.base import Source
 from kimi_audit.sources.hub import HubSource

@@ -67,8 +67,11 @@ def build_accounting(cfg: ModelConfig, actual: Located, expected: Mapping[str, E
     root = b.model()
     act = _activation(cfg, root)
     comps = compare_published(root.derived, act.per_token) if published_applies(cfg) else ()
+    incomplete = None if cfg.quant_unsupported is None else (
+        f"quantization_config: {cfg.quant_unsupported} is not a scheme kimi-audit implements: the Linear modules "
+        "stored that way are not counted, so the found total is incomplete")
     return Accounting(root, b.excluded(), root.by_dtype, act, comps, source, revision,
-                      stored=b.stored_totals(root), mtp=_mtp(root))
+                      stored=b.stored_totals(root), mtp=_mtp(root), incomplete=incomplete)
 
 
 def accounting_of_checkpoint(ckpt) -> Accounting:  # type: ignore[no-untyped-def]

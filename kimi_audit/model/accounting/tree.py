@@ -231,6 +231,9 @@ class Accounting:
     quantization metadata and buffers."""
     mtp: MtpSummary | None = None
     """The MTP layers against the main model; None when the config has none."""
+    incomplete: str | None = None
+    """Why the found total is not the checkpoint's (quantization_config names a format no scheme implements: its
+    Linear modules' tensors are not counted); None when it is."""
 
     @property
     def derived(self) -> int:

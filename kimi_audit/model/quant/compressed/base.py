@@ -1,0 +1,157 @@
+"""What compressed-tensors' formats share (scale dtypes and shapes, strategies, the CompressedTensors base) and
+the plan of a config's groups (compressed_tensors_plan). The formats are pack.py, naive.py and fp4.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kimi_audit.errors import ConfigError
+from kimi_audit.model.quant.scheme import FP8_DTYPE, QuantPlan, Scheme, Unquantized, UnsupportedQuantization
+from kimi_audit.numerics.grid import ceil_div, scale_grid
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+__all__ = ["METHOD", "CompressedTensors", "compressed_tensors_plan"]
+
+METHOD = "compressed-tensors"
+TORCH_DTYPES = {"torch.bfloat16": "BF16", "torch.float16": "F16", "torch.float32": "F32",
+                "torch.float8_e4m3fn": FP8_DTYPE, "torch.uint8": "U8"}
+"""`scale_dtype` as compressed-tensors serializes it -> the safetensors dtype."""
+LINEAR = "Linear"
+MIXED = "mixed-precision"
+"""The config's `format` when each config group names its own."""
+
+
+def scale_dtype_of(weights: Mapping[str, Any], default: str) -> str:
+    v = weights.get("scale_dtype")
+    if v is None:
+        return default
+    dtype = TORCH_DTYPES.get(v) if isinstance(v, str) else None
+    if dtype is None:
+        raise UnsupportedQuantization(f"compressed-tensors scale_dtype {v!r}")
+    return dtype
+
+
+def static(activations: Any) -> bool:
+    """Activations quantized with a stored scale (`dynamic` false or 'local')."""
+    return isinstance(activations, dict) and activations.get("dynamic") is not True
+
+
+def scale_shape(strategy: str, out: int, inp: int, group: int, block: tuple[int, int]) -> tuple[int, ...]:
+    if strategy in ("group", "tensor_group"):
+        return (out, ceil_div(inp, group))
+    if strategy == "channel":
+        return (out, 1)
+    if strategy == "block":
+        return scale_grid((out, inp), block)
+    return (1,)
+
+
+def scales_2d(scale: np.ndarray, out: int) -> np.ndarray:
+    """A per-tensor scale [1] as [out, 1] (one group spanning the inputs)."""
+    import numpy as np
+
+    return np.broadcast_to(scale.reshape(1, 1), (out, 1)) if scale.ndim == 1 else scale
+
+
+@dataclass(frozen=True)
+class CompressedTensors(Scheme):
+    """A compressed-tensors format: built per config group (`from_group`), planned together."""
+
+    @classmethod
+    def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any]) -> QuantPlan:
+        return compressed_tensors_plan(q, plain)
+
+    @classmethod
+    def from_group(cls, weights: dict[str, Any], group: dict[str, Any], plain: Unquantized) -> Scheme:
+        """The scheme of one config group (UnsupportedQuantization for settings the class does not read)."""
+        raise NotImplementedError
+
+
+def strategy_of(weights: Mapping[str, Any], fmt: str, allowed: tuple[str, ...]) -> str:
+    strategy = weights.get("strategy")
+    if strategy not in allowed:
+        raise UnsupportedQuantization(f"compressed-tensors {fmt} strategy {strategy!r} (only {', '.join(allowed)})")
+    return str(strategy)
+
+
+def group_size_of(weights: Mapping[str, Any], strategy: str, fmt: str) -> int:
+    if strategy not in ("group", "tensor_group"):
+        return 0
+    g = weights.get("group_size")
+    if type(g) is not int or g <= 0:
+        raise UnsupportedQuantization(f"compressed-tensors {fmt} group_size {g!r}")
+    return g
+
+
+def _matchers(entries: Any, what: str) -> tuple[set[str], list[str], bool]:
+    """(exact names, `re:` patterns, whether the class target `Linear` is among them) of targets or ignore."""
+    names: set[str] = set()
+    patterns: list[str] = []
+    linear = False
+    for entry in entries or []:
+        if not isinstance(entry, str):
+            raise ConfigError(f"config.json quantization_config {what} holds {entry!r}, not a string")
+        if entry == LINEAR:
+            linear = True
+        elif entry.startswith("re:"):
+            patterns.append(entry[3:])
+        else:
+            names.add(entry)
+    return names, patterns, linear
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(f"config.json quantization_config holds an invalid regex {pattern!r}: {e}") from None
+
+
+def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized) -> QuantPlan:
+    """The plan of a compressed-tensors quantization_config: each config group's scheme (by the group's
+    `format`, else the config's) for its targets, `ignore` left plain."""
+
+    top = q.get("format")
+    if top is not None and top != MIXED and (METHOD, top) not in Scheme.registry:
+        raise UnsupportedQuantization(f"{METHOD} format {top!r}")
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise UnsupportedQuantization("compressed-tensors without config_groups")
+    every: Scheme | None = None
+    exact: dict[str, Scheme] = {}
+    patterns: dict[str, Scheme] = {}
+    summaries: list[tuple[Scheme, dict[str, Any]]] = []
+    for name, group in groups.items():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if not isinstance(group, dict) or not isinstance(weights, dict):
+            raise UnsupportedQuantization(f"compressed-tensors config group {name!r} without weights")
+        fmt = group.get("format") or q.get("format")
+        cls = Scheme.registry.get((METHOD, fmt)) if isinstance(fmt, str) else None
+        if cls is None or not issubclass(cls, CompressedTensors):
+            raise UnsupportedQuantization(f"{METHOD} format {fmt!r}")
+        scheme = cls.from_group(weights, group, plain)
+        names, regexes, linear = _matchers(group.get("targets"), "targets")
+        if not (names or regexes or linear):
+            raise UnsupportedQuantization(f"compressed-tensors targets {group.get('targets')!r}")
+        for n in names:  # a target written twice: the later group's, as compressed-tensors' target_to_scheme
+            exact[n] = scheme
+        for p in regexes:
+            patterns[p] = scheme
+        if linear:
+            every = scheme
+        summaries.append((scheme, {"targets": list(group.get("targets") or [])}))
+    ig_names, ig_patterns, ig_linear = _matchers(q.get("ignore"), "ignore")
+    if ig_linear:
+        every = None
+    ignore_re = _compile("|".join(f"(?:{p})" for p in ig_patterns)) if ig_patterns else None
+    plan = QuantPlan(every, plain, exact, tuple((_compile(p), patterns[p]) for p in sorted(patterns)),
+                     frozenset(ig_names), ignore_re, by_name=True)
+    groups_out = tuple(next(g for t, g in summaries if t is s) for s in plan.schemes)
+    return dataclasses.replace(plan, groups=groups_out)

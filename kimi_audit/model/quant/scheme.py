@@ -1,0 +1,242 @@
+"""What every quantization scheme is: which tensors store one Linear module, and what they count for.
+
+Each scheme is one small class registered under the (quant_method, format) pairs it reads
+(`Scheme.registry`, filled by `__init_subclass__`, as gguf-py registers one class per quantization type);
+model.quant.scheme looks the config's pair up there, so a new format is one new class and nothing else. The
+layout asks the checkpoint's QuantPlan, per Linear module, for its scheme, and the scheme for the tensors that
+store the module's weight [out, in]; the accounting, `explain`, `tensor --dequant` and the values pass ask the
+same scheme.
+
+What a tensor counts for: a PARAMETER's elements are parameters; a PACKED tensor stands for the out x in
+logical parameters of its module; SCALE tensors (scales, global scales, shapes, zero points, group indices,
+input scales) are quantization metadata, never counted. The first stored tensor is the module's weight; every
+SCALE tensor after it describes it.
+
+QuantPlan, at the end, is which scheme stores each Linear module (model.quant.dispatch.quant_plan makes it): one
+scheme for every Linear module (compressed-tensors' `Linear` target, DeepSeek's FP8), schemes for modules by exact
+name and by `re:` pattern (compressed-tensors' other targets, DeepSeek-V4's FP4 experts), and what stays
+unquantized (`ignore`, and the modules a format leaves plain by convention). Precedence is compressed-tensors'
+(match_targets): an exact name, then a pattern (in sorted order), then the class target; `ignore` before all.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import neg, or_
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from kimi_audit.errors import ConfigError
+from kimi_audit.model.kinds import PARAMETER
+from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["FP8_DTYPE", "QuantPlan", "Scheme", "Stored", "Unquantized", "UnsupportedQuantization", "fp8_block",
+           "stored_weight"]
+
+FP8_DTYPE = "F8_E4M3"
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One tensor a module's weight is stored in, named relative to the module."""
+
+    suffix: str
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str
+    logical: int = 0
+    """Parameters this tensor counts for: numel for a PARAMETER, out x in for PACKED words, else 0."""
+
+
+class UnsupportedQuantization(ConfigError):
+    """quantization_config names a method or format no Scheme implements (QUANT_UNSUPPORTED)."""
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """How one Linear module's weight [out, in] is stored.
+
+    A subclass that names `formats` (the (quant_method, format) pairs of quantization_config it reads; format
+    None where the method has no `format` key) is registered under them. A method-level class (DeepSeek's
+    `fp8`) answers `plan()` for the whole config; compressed-tensors' classes are built per config group by
+    `from_group()` (model.quant.compressed)."""
+
+    key: ClassVar[str] = ""
+    formats: ClassVar[tuple[tuple[str, str | None], ...]] = ()
+    dequant_bytes_per_value: ClassVar[int] = 2
+    """Memory `dequantize` needs per weight value (its result, and what it computes on)."""
+    registry: ClassVar[dict[tuple[str, str | None], type[Scheme]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for pair in cls.formats:
+            Scheme.registry[pair] = cls
+
+    @classmethod
+    def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any]) -> QuantPlan:
+        """The plan of a quantization_config this class is registered for (`config`: the whole config.json,
+        for settings written outside quantization_config). UnsupportedQuantization for settings it does not
+        implement, ConfigError for malformed ones."""
+        raise NotImplementedError
+
+    def summary(self) -> dict[str, Any]:
+        """The scheme's settings as plain data (`model.quantization` in `audit --json`)."""
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        """A short name of how the weight is stored (`FP8`, `INT4`, `NVFP4`, `BF16`)."""
+        raise NotImplementedError
+
+    @property
+    def param_dtype(self) -> str:
+        """The parameters' dtype where the stored weight packs them into another (`INT4` in I32 words, `FP4` in
+        bytes); "" where the weight tensor holds them as they are."""
+        return ""
+
+    @property
+    def power_of_two_scales(self) -> bool:
+        """Every block scale is meant to be an exact power of two (the values pass checks SCALE_NOT_UE8M0)."""
+        return False
+
+    def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
+        """The module's weight [out, in] from its stored tensors (decoded, keyed by the suffixes of
+        `stored`), computed as the scheme's reference code does (kimi_audit.numerics, imported here)."""
+        raise NotImplementedError
+
+
+def stored_weight(tensors: Mapping[str, np.ndarray], suffix: str, out: int, inp: int) -> np.ndarray:
+    """The stored weight [out, in] (NumericsError naming another shape)."""
+    from kimi_audit.numerics.dtypes import NumericsError
+
+    w = tensors[suffix]
+    if w.shape != (out, inp):
+        raise NumericsError(f"{suffix[1:]} has shape {list(w.shape)}, the module is {[out, inp]}")
+    return w
+
+
+def packed_rows(tensors: Mapping[str, np.ndarray], suffix: str, out: int) -> np.ndarray:
+    """A packed weight, which must have `out` rows."""
+    from kimi_audit.numerics.dtypes import NumericsError
+
+    w = tensors[suffix]
+    if w.ndim != 2 or w.shape[0] != out:
+        raise NumericsError(f"{suffix[1:]} has shape {list(w.shape)}, the module has {out} outputs")
+    return w
+
+
+@dataclass(frozen=True)
+class Unquantized(Scheme):
+    key: ClassVar[str] = "none"
+    dtype: str = "BF16"
+
+    def summary(self) -> dict[str, Any]:
+        return {"method": None, "dtype": self.dtype}
+
+    @property
+    def name(self) -> str:
+        return self.dtype
+
+    def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
+        return (Stored(".weight", self.dtype, (out, inp), PARAMETER, out * inp),)
+
+    def describe(self) -> str:
+        return f"{self.dtype}, not quantized"
+
+    def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
+        return stored_weight(tensors, ".weight", out, inp)
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """Which scheme stores each Linear module (by its full name, e.g. `model.layers.3.self_attn.q_a_proj`)."""
+
+    every: Scheme | None
+    """The scheme of every Linear module no other entry names (None: those stay plain)."""
+    plain: Unquantized
+    exact: Mapping[str, Scheme] = field(default_factory=dict)
+    patterns: tuple[tuple[re.Pattern[str], Scheme], ...] = ()
+    """`re:` targets, matched (re.match, as compressed-tensors) against module names, in sorted order."""
+    ignore_names: frozenset[str] = frozenset()
+    ignore_re: re.Pattern[str] | None = None
+    """compressed-tensors `re:` entries of `ignore`, matched (re.match) against module names."""
+    keep_plain: tuple[str, ...] = ()
+    """Module-name suffixes a format leaves unquantized by convention (FP8: the MTP layer's projections)."""
+    by_name: bool = False
+    """Whether the choice depends on the layer's index (an ignore list, a target naming modules): then every
+    layer is asked."""
+    groups: tuple[dict[str, Any], ...] = ()
+    """Each scheme's targets as written (summary of a plan with several schemes)."""
+
+    @property
+    def schemes(self) -> tuple[Scheme, ...]:
+        """Every quantized scheme of the plan, each once (the one for every Linear module first)."""
+        out = [] if self.every is None else [self.every]
+        for s in (*self.exact.values(), *(s for _, s in self.patterns)):
+            if s not in out:
+                out.append(s)
+        return tuple(out)
+
+    @property
+    def quantized(self) -> Scheme:
+        """The plan's main scheme (the first of `schemes`)."""
+        return self.schemes[0]
+
+    def summary(self) -> dict[str, Any]:
+        """The quantized modules' scheme as plain data (`model.quantization` in `audit --json`); a plan of
+        several schemes lists each with its targets under `groups`."""
+        schemes = self.schemes
+        if len(schemes) == 1:
+            return schemes[0].summary()
+        first = schemes[0].summary()
+        return {"method": first.get("method"), "groups": [
+            dict(s.summary(), **g) for s, g in zip(schemes, self.groups)] if self.groups else
+            [s.summary() for s in schemes]}
+
+    def scheme_for(self, module: str) -> Scheme:
+        if module in self.ignore_names or (self.ignore_re is not None and self.ignore_re.match(module)):
+            return self.plain
+        if module.endswith(self.keep_plain):
+            return self.plain
+        if self.exact:
+            s = self.exact.get(module)
+            if s is not None:
+                return s
+        for pattern, s in self.patterns:
+            if pattern.match(module):
+                return s
+        return self.every if self.every is not None else self.plain
+
+    def choices(self, modules: list[str]) -> tuple[int, ...]:
+        """Which scheme each module gets (its index in `schemes`, -1: plain), for every module of a layer at
+        once; builtin speed where one scheme stores every Linear module."""
+        if self.exact or self.patterns or self.every is None:
+            schemes = self.schemes
+            return tuple(-1 if s is self.plain else schemes.index(s) for s in map(self.scheme_for, modules))
+        plain = map(str.endswith, modules, repeat(self.keep_plain))
+        if self.ignore_names:
+            plain = map(or_, plain, map(self.ignore_names.__contains__, modules))
+        if self.ignore_re is not None:
+            plain = map(or_, plain, map(bool, map(self.ignore_re.match, modules)))
+        return tuple(map(neg, plain))
+
+
+def fp8_block(plan: QuantPlan | None) -> tuple[int, int]:
+    """The block of FP8 weights' scales: the plan's, else Fp8Block's default (FP8 weights a config does not
+    describe are read as DeepSeek's)."""
+    for scheme in () if plan is None else plan.schemes:
+        block = getattr(scheme, "block", None)
+        if isinstance(block, tuple) and len(block) == 2:
+            return block
+    return DEEPSEEK_FP8_BLOCK
