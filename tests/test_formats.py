@@ -6,9 +6,11 @@ and FP4 experts against transformers 5.25's dequantization and DeepSeek's formul
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -448,13 +450,27 @@ def e8m0_block_quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.
     return q, scale.to(torch.float8_e8m0fnu)
 
 
-def test_v4_release_in_deepseeks_fp8_and_fp4_audits_clean_and_dequantizes_as_transformers(tmp_path: Path) -> None:
-    """A tiny DeepSeek-V4 saved by transformers, in the release's names, its Linear weights stored as the plan
-    says (FP8 with F8_E8M0 `.scale` per 32 x 32 block, routed experts FP4 I8 pairs with `.scale` per 32 inputs):
-    audits with no finding, counts the BF16 model's parameters, and `tensor --dequant` of an expert gives
-    transformers' own dequantization (Fp8Dequantize) of the same bytes."""
+@dataclass
+class V4Release:
+    """A tiny DeepSeek-V4 checkpoint in the release's names (tests/test_lineage_differential.RELEASE_SPELLING),
+    stored as `quant` says: FP8 Linear weights with an F8_E8M0 `.scale` per block, routed experts FP4 (I8 pairs,
+    F8_E8M0 `.scale` per 32 inputs) when expert_dtype is fp4."""
+
+    path: Path
+    tensors: dict[str, torch.Tensor]
+    shapes: dict[str, tuple[int, int]]
+    """Each quantized module's logical [out, in]."""
+    layout: dict[str, Any]
+    numel: int
+    """The BF16 model's parameters."""
+    config: dict[str, Any]
+
+
+def write_v4_release(tmp_path: Path, quant: dict[str, Any] = V4_FP8, top: dict[str, Any] | None = None,
+                     drop: str | None = None) -> V4Release:
+    """The tiny V4 saved by transformers, respelled as the release and quantized as `quant` (+ `top`-level config
+    keys, e.g. V4's `expert_dtype`), with the tensor `drop` left out."""
     from transformers import AutoModelForCausalLM, DeepseekV4Config
-    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
 
     from kimi_audit.model.layout import expected_layout
     from test_lineage_differential import RELEASE_SPELLING, TINY
@@ -465,34 +481,51 @@ def test_v4_release_in_deepseeks_fp8_and_fp4_audits_clean_and_dequantizes_as_tra
     model.save_pretrained(saved)
     numel = sum(p.numel() for p in model.parameters())
     raw = json.loads((saved / "config.json").read_text())
-    raw["quantization_config"] = V4_FP8
-    cfg = model_config_from_dict(raw)
-    layout = expected_layout(cfg)
+    raw["quantization_config"] = quant
+    raw.update(top or {})
+    layout = expected_layout(model_config_from_dict(raw))
     tensors: dict[str, torch.Tensor] = {}
     for f in saved.glob("*.safetensors"):
         for n, t in load_file(str(f)).items():
             for pattern, to in RELEASE_SPELLING["deepseek_v4"]:
                 n = re.sub(pattern, to, n)
             tensors[n] = t
+    block = tuple(quant["weight_block_size"])
     gen = torch.Generator().manual_seed(1)
+    shapes = {}
     for name in list(tensors):
         e = layout.get(name)
         if e is None or e.dtype not in ("F8_E4M3", "I8"):
             continue
         module, w = name[: -len(".weight")], tensors.pop(name)
+        shapes[module] = tuple(w.shape)
         if e.dtype == "F8_E4M3":
-            tensors[name], tensors[module + ".scale"] = e8m0_block_quantize(w, (32, 32))
+            tensors[name], tensors[module + ".scale"] = e8m0_block_quantize(w, block)
         else:
             tensors[name] = torch.randint(-128, 128, e.shape, generator=gen, dtype=torch.int8)
             shape = layout[module + ".scale"].shape
             tensors[module + ".scale"] = torch.randint(118, 127, shape, generator=gen, dtype=torch.uint8).view(
                 torch.float8_e8m0fnu)
+    assert set(tensors) == set(layout) and all(str(tensors[n].shape) == str(torch.Size(e.shape))
+                                               for n, e in layout.items())
+    if drop is not None:
+        del tensors[drop]
     d = tmp_path / "release"
     d.mkdir()
     save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
     (d / "config.json").write_text(json.dumps(raw))
-    assert set(tensors) == set(layout) and all(str(tensors[n].shape) == str(torch.Size(e.shape))
-                                               for n, e in layout.items())
+    return V4Release(d, tensors, shapes, layout, numel, raw)
+
+
+def test_v4_release_in_deepseeks_fp8_and_fp4_audits_clean_and_dequantizes_as_transformers(tmp_path: Path) -> None:
+    """A tiny DeepSeek-V4 saved by transformers, in the release's names, its Linear weights stored as the plan
+    says (FP8 with F8_E8M0 `.scale` per 32 x 32 block, routed experts FP4 I8 pairs with `.scale` per 32 inputs):
+    audits with no finding, counts the BF16 model's parameters, and `tensor --dequant` of an expert gives
+    transformers' own dequantization (Fp8Dequantize) of the same bytes."""
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    release = write_v4_release(tmp_path)
+    d, tensors, layout, numel = release.path, release.tensors, release.layout, release.numel
     doc = run_json("audit", str(d), "--values", "--no-progress")
     assert [f["code"] for f in doc["findings"]] == ["VALUES_CHECKED"], doc["findings"]
     assert run_json("params", str(d))["total"]["found"] == numel + sum(
@@ -503,3 +536,181 @@ def test_v4_release_in_deepseeks_fp8_and_fp4_audits_clean_and_dequantizes_as_tra
                                                torch.bfloat16).double()
     assert doc["scheme"] == Fp4Experts.key and doc["dequantized"]["min"] == float(ref.min())
     assert doc["dequantized"]["max"] == float(ref.max()) and doc["ok"]
+
+
+# ------------------------------------------------------------------ DeepSeek-V4 in transformers 5.25's loader
+
+V4_SPELLINGS = {"v4": (V4_QUANT, {"expert_dtype": "fp4"}), "v4.1": (V4_FP8, None)}
+"""V4: 128 x 128 blocks, `expert_dtype: fp4` at the top level (DeepseekV4Config moves it into the
+quantization config); V4.1: 32 x 32 blocks, expert_dtype inside quantization_config."""
+
+V4_LOAD_PATHS = ["dequantize", "fp8-modules"]
+"""How transformers loads a `quant_method: fp8` checkpoint. With no GPU (FineGrainedFP8HfQuantizer.
+validate_environment) it sets `dequantize=True`: Fp8Dequantize folds each `.scale` into its weight (the experts'
+before they are merged) and the model holds plain BF16 Linears. On a GPU of compute capability >= 8.9 it keeps
+the checkpoint quantized: FP8Linear (weight + weight_scale_inv) and FP8Experts (gate_up_proj / down_proj I8 and
+their *_scale_inv), the quantizer renaming `.scale` to `weight_scale_inv`. That path is loaded here on the CPU
+with the capability check answered as an H100's (loading only: no FP8 kernel runs)."""
+
+
+def load_v4(path: Path, how: str) -> tuple[Any, dict[str, Any]]:
+    from unittest import mock
+
+    from transformers import AutoModelForCausalLM
+
+    with contextlib.ExitStack() as stack:
+        if how == "fp8-modules":
+            stack.enter_context(mock.patch("torch.cuda.is_available", return_value=True))
+            stack.enter_context(mock.patch("torch.cuda.get_device_capability", return_value=(9, 0)))
+        model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, device_map="cpu")
+    return model, info
+
+
+def v4_expected_missing_and_unexpected(model: Any, checkpoint: set[str]) -> None:
+    """Every way transformers 5.25 drops a key from `missing_keys` / `unexpected_keys` before reporting them
+    (PreTrainedModel._adjust_missing_and_unexpected_keys, tie_weights), shown to drop nothing here:
+    - `_keys_to_ignore_on_load_missing`: none for DeepseekV4;
+    - tied weights (`lm_head.weight` to the embedding, whose absence tie_weights removes from missing_keys):
+      none, tie_word_embeddings is false in V4's config;
+    - `_keys_to_ignore_on_load_unexpected`: `mtp.*` (the release's multi-token-prediction module, which
+      transformers does not build), plus `rotary_emb.inv_freq` / `position_ids` patterns for old checkpoints:
+      no checkpoint key matches;
+    - non-persistent buffers are outside the state dict (neither expected nor missing): only the rotary
+      embeddings' inverse frequencies, which transformers computes from the config (rope_theta, compress_rope_theta).
+    The persistent buffers (hash routing's tid2eid, the routers' e_score_correction_bias) are in the state
+    dict, and loaded from the checkpoint's `gate.tid2eid` / `gate.bias`."""
+    assert not model._keys_to_ignore_on_load_missing
+    assert model.all_tied_weights_keys == {} and model.config.tie_word_embeddings is False
+    assert set(model._keys_to_ignore_on_load_unexpected) == {r"(^|\.)mtp\..*"}
+    patterns = [*model._keys_to_ignore_on_load_unexpected, r"rotary_emb\.inv_freq", r"(^|\.)position_ids$"]
+    assert [k for k in checkpoint if any(re.search(p, k) for p in patterns)] == []
+    state = model.state_dict()
+    transient = {n for n, _ in model.named_buffers() if n not in state}
+    assert transient and all(re.search(r"\.rotary_emb\.(main|compress)(_original)?_inv_freq$", n) for n in transient)
+    persistent = {n for n, _ in model.named_buffers() if n in state}
+    assert persistent and all(n.endswith((".gate.tid2eid", ".gate.e_score_correction_bias")) for n in persistent)
+
+
+@pytest.mark.parametrize("how", V4_LOAD_PATHS)
+@pytest.mark.parametrize("spelling", list(V4_SPELLINGS))
+def test_v4_release_loads_in_transformers_with_no_missing_or_unexpected_keys(tmp_path: Path, spelling: str,
+                                                                            how: str) -> None:
+    """transformers 5.25 loads a tiny DeepSeek-V4 in DeepSeek's own names (FP8 with F8_E8M0 `.scale`, FP4
+    routed experts): no missing, unexpected or mismatched key, on both load paths; the same directory audits
+    clean. Quantized, the model holds the checkpoint's bytes (`.scale` as weight_scale_inv, each expert's
+    w1 / w3 stacked into gate_up_proj); dequantized, it holds bit for bit kimi-audit's own dequantization of
+    every module (a twin checkpoint of those BF16 weights, loaded alike)."""
+    from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear
+
+    quant, top = V4_SPELLINGS[spelling]
+    release = write_v4_release(tmp_path, quant, top)
+    model, info = load_v4(release.path, how)
+    assert info == {"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(), "error_msgs": []}
+    v4_expected_missing_and_unexpected(model, set(release.tensors))
+    if how == "fp8-modules":  # V4's top-level expert_dtype reached the quantizer
+        assert model.config.quantization_config.expert_dtype == "fp4"
+    doc = run_json("audit", str(release.path), "--values", "--no-progress")
+    assert [f["code"] for f in doc["findings"]] == ["VALUES_CHECKED"], doc["findings"]
+
+    state = model.state_dict()
+    fp8 = [m for m in model.modules() if isinstance(m, FP8Linear)]  # FP8GroupedLinear (o_a_proj) too
+    experts = [m for m in model.modules() if isinstance(m, FP8Experts)]
+    routed = {m for m in release.shapes if ".experts." in m}
+    if how == "dequantize":
+        assert fp8 == [] and experts == []
+        assert all(t.dtype != torch.float8_e4m3fn and t.dtype != torch.int8 for t in state.values())
+        plan = quant_plan(release.config["quantization_config"], "BF16", release.config)
+        assert plan is not None
+        twin: dict[str, torch.Tensor] = {}
+        for name, t in release.tensors.items():
+            module = name.rsplit(".", 1)[0]
+            if module not in release.shapes:
+                twin[name] = t
+            elif name.endswith(".weight"):
+                stored = {".weight": to_np(t), ".scale": to_np(release.tensors[module + ".scale"])}
+                deq = plan.scheme_for(module).dequantize(stored, *release.shapes[module])
+                twin[name] = torch.from_numpy(np.ascontiguousarray(deq).view(np.int16)).view(torch.bfloat16)
+        d = tmp_path / "twin"
+        d.mkdir()
+        save_file(twin, str(d / "model.safetensors"), metadata={"format": "pt"})
+        (d / "config.json").write_text(json.dumps({k: v for k, v in release.config.items()
+                                                   if k not in ("quantization_config", "expert_dtype")}))
+        torch.manual_seed(7)  # another init than the first load's, for any key both left unloaded
+        reference, twin_info = load_v4(d, how)
+        assert twin_info["missing_keys"] == set() and twin_info["unexpected_keys"] == set()
+        ref = reference.state_dict()
+        assert set(ref) == set(state)
+        unequal = [n for n in state if not torch.equal(state[n].view(torch.uint8), ref[n].view(torch.uint8))]
+        assert unequal == []
+        return
+    # quantized: one FP8Linear per FP8 module, one FP8Experts per MoE layer, every scale loaded as the checkpoint's
+    assert len(fp8) == len(release.shapes) - len(routed)
+    assert len(experts) == release.config["num_hidden_layers"]
+    scales = [n for n in state if n.endswith("scale_inv")]
+    assert len(scales) == len(fp8) + 2 * len(experts)
+    assert all(state[n].dtype == torch.float8_e8m0fnu for n in scales)
+    t = release.tensors
+    for layer in range(release.config["num_hidden_layers"]):
+        for ours, theirs, parts in ((".weight", "", ("w1", "w3")), (".scale", "_scale_inv", ("w1", "w3")),
+                                    (".weight", "", ("w2",)), (".scale", "_scale_inv", ("w2",))):
+            stacked = torch.stack([torch.cat([t[f"layers.{layer}.ffn.experts.{e}.{w}{ours}"] for w in parts])
+                                   for e in range(release.config["n_routed_experts"])])
+            target = "gate_up_proj" if parts[0] == "w1" else "down_proj"
+            got = state[f"model.layers.{layer}.mlp.experts.{target}{theirs}"]
+            assert torch.equal(got.view(torch.uint8), stacked.view(torch.uint8))
+    wq_b = state["model.layers.2.self_attn.q_b_proj.weight_scale_inv"]
+    assert torch.equal(wq_b.view(torch.uint8), t["layers.2.attn.wq_b.scale"].view(torch.uint8))
+
+
+SILENT = "silent"
+V4_DROPPED: dict[str, dict[str, str]] = {
+    "layers.2.attn.wq_b.scale": {"dequantize": SILENT,
+                                 "fp8-modules": "missing model.layers.2.self_attn.q_b_proj.weight_scale_inv"},
+    "layers.1.attn.indexer.wq_b.weight": {
+        "dequantize": "missing model.layers.1.self_attn.compressor.indexer.q_b_proj.weight",
+        "fp8-modules": "raises NotImplementedError: \"normal_kernel_cpu\" not implemented for 'Float8_e4m3fn'"},
+    "layers.2.ffn.experts.1.w1.weight": {"dequantize": "raises RuntimeError: automatic conversion",
+                                         "fp8-modules": "raises RuntimeError: automatic conversion"},
+    "layers.3.ffn.gate.bias": {"dequantize": "missing model.layers.3.mlp.gate.e_score_correction_bias",
+                               "fp8-modules": "missing model.layers.3.mlp.gate.e_score_correction_bias"},
+    "layers.0.ffn.gate.tid2eid": {"dequantize": "missing model.layers.0.mlp.gate.tid2eid",
+                                  "fp8-modules": "missing model.layers.0.mlp.gate.tid2eid"},
+}
+"""A tensor left out of the release -> what transformers 5.25 does on each load path, as measured:
+- the missing key, reported (output_loading_info) and newly initialized;
+- a missing FP8 weight on the FP8 path: reported missing, then `_init_weights` fails to draw normal_ values
+  into a float8_e4m3fn parameter on the CPU (the error, from torch.nn.init);
+- one expert's w1 missing: the merge of 3 experts' w1 with 4 w3 (Concatenate) or 4 scales (Fp8Dequantize's
+  "weight/scale count mismatch") fails, and from_pretrained raises "issues during automatic conversion";
+- SILENT: a non-expert `.scale` missing on the dequantize path (the CPU default) is no missing key at all:
+  Fp8Dequantize.convert passes a weight with no sibling scale through as "stored unquantized", so the FP8
+  codes load cast to BF16, unscaled. Only the audit names it."""
+
+
+@pytest.mark.parametrize("how", V4_LOAD_PATHS)
+@pytest.mark.parametrize("dropped", list(V4_DROPPED))
+def test_v4_release_missing_a_tensor_in_transformers_and_the_audit(tmp_path: Path, dropped: str, how: str) -> None:
+    """The load check above can fail: the release without one tensor is, to transformers, what V4_DROPPED
+    says (a missing key, a load error, or, for a scale on the dequantize path, nothing), and to the audit
+    always one error naming that tensor."""
+    release = write_v4_release(tmp_path, V4_FP8, drop=dropped)
+    expect = V4_DROPPED[dropped][how]
+    if expect.startswith("raises"):
+        kind, match = expect.removeprefix("raises ").split(": ", 1)
+        with pytest.raises({"RuntimeError": RuntimeError, "NotImplementedError": NotImplementedError}[kind],
+                           match=re.escape(match)):
+            load_v4(release.path, how)
+    else:
+        model, info = load_v4(release.path, how)
+        missing = set() if expect == SILENT else {expect.removeprefix("missing ")}
+        assert info["missing_keys"] == missing and info["unexpected_keys"] == set() and not info["mismatched_keys"]
+        if expect == SILENT:
+            got = model.state_dict()["model.layers.2.self_attn.q_b_proj.weight"]
+            assert torch.equal(got, release.tensors["layers.2.attn.wq_b.weight"].to(torch.bfloat16))
+    doc = run_json("audit", str(release.path), "--no-progress", code=1)
+    errors = sorted((f["code"], f["tensor"]) for f in doc["findings"] if f["severity"] == "error")
+    module = dropped.removesuffix(".weight")
+    if module in release.shapes:  # its `.scale`, still stored, is an orphan (named as such, as in V3)
+        assert errors == [("SCALE_ORPHAN", module + ".scale"), ("TENSOR_MISSING", dropped)], doc["findings"]
+    else:
+        assert [t for _, t in errors] == [dropped], doc["findings"]
