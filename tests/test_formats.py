@@ -559,8 +559,11 @@ def load_v4(path: Path, how: str) -> tuple[Any, dict[str, Any]]:
     from transformers import AutoModelForCausalLM
 
     with contextlib.ExitStack() as stack:
-        if how == "fp8-modules":
-            stack.enter_context(mock.patch("torch.cuda.is_available", return_value=True))
+        gpu = how == "fp8-modules"  # the machine the quantizer's validate_environment sees, whatever this one is
+        stack.enter_context(mock.patch("torch.cuda.is_available", return_value=gpu))
+        stack.enter_context(mock.patch(
+            "transformers.quantizers.quantizer_finegrained_fp8.is_torch_xpu_available", return_value=False))
+        if gpu:
             stack.enter_context(mock.patch("torch.cuda.get_device_capability", return_value=(9, 0)))
         model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, device_map="cpu")
     return model, info
