@@ -312,7 +312,7 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
         unsupported = str(e)
     v32 = cfg.get("model_type") in INDEXER_TYPES
     indexer_types = cfg.get("indexer_types") or ()
-    if cfg.get("model_type") == "glm_moe_dsa" and not isinstance(indexer_types, list):
+    if cfg.get("model_type") == "glm_moe_dsa" and not isinstance(indexer_types, (list, tuple)):
         raise ConfigError(f"config.json indexer_types must be a list, got {type(indexer_types).__name__}")
     if cfg.get("model_type") == "glm_moe_dsa" and any(t != "full" for t in indexer_types):
         raise ConfigError("config.json indexer_types shares an indexer between layers ('shared'): this tool "
