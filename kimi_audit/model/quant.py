@@ -19,7 +19,6 @@ quantization metadata, never counted.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import METADATA_SUFFIXES, PACKED, PARAMETER, SCALE
+from kimi_audit.model.patterns import NamePatterns, compile_patterns
 from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK, ceil_div, scale_grid
 
 __all__ = ["FP8_DTYPE", "METADATA_SUFFIXES", "SCALE_SUFFIX", "Fp8Block", "PackQuantized", "QuantPlan", "Scheme",
@@ -270,8 +270,8 @@ class QuantPlan:
     quantized: Scheme
     plain: Unquantized
     ignore_names: frozenset[str] = frozenset()
-    ignore_re: re.Pattern[str] | None = None
-    """compressed-tensors `re:` entries of `ignore`, full-matched against module names."""
+    ignore_re: NamePatterns | None = None
+    """compressed-tensors `re:` entries of `ignore`, full-matched against module names (RE2, linear time)."""
     keep_plain: tuple[str, ...] = ()
     """Module-name suffixes a format leaves unquantized by convention (FP8: the MTP layer's projections)."""
     by_name: bool = field(default=False)
@@ -294,7 +294,7 @@ class QuantPlan:
         if self.ignore_names:
             plain = map(or_, plain, map(self.ignore_names.__contains__, modules))
         if self.ignore_re is not None:
-            plain = map(or_, plain, map(bool, map(self.ignore_re.fullmatch, modules)))
+            plain = map(or_, plain, map(self.ignore_re.fullmatch, modules))
         return tuple(map(not_, plain))
 
 
@@ -345,11 +345,8 @@ def _compressed_tensors(q: dict[str, Any], plain: Unquantized) -> QuantPlan:
     names, patterns = set(), []
     for entry in q.get("ignore") or []:
         if isinstance(entry, str) and entry.startswith("re:"):
-            patterns.append(f"(?:{entry[3:]})")
+            patterns.append(entry[3:])
         elif isinstance(entry, str):
             names.add(entry)
-    try:
-        ignore_re = re.compile("|".join(patterns)) if patterns else None
-    except re.error as e:
-        raise ConfigError(f"config.json quantization_config.ignore holds an invalid regex: {e}") from None
+    ignore_re = compile_patterns(patterns, "config.json quantization_config.ignore")
     return QuantPlan(scheme, plain, frozenset(names), ignore_re, by_name=True)

@@ -1,0 +1,77 @@
+"""Hostile input, the edges (issue 21, items 8, 10, 11, 13, 14): no hang on a config's regex, one finding per
+cause, no traceback when stdout is unusable, CI report files written even when the input is unusable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kimi_audit.cli import app
+from kimi_audit.errors import ConfigError
+from kimi_audit.model.patterns import compile_patterns
+from kimi_audit.model.quant import quant_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+THINKING_QUANT = json.loads((ROOT / "kimi_audit" / "data" / "kimi-k2-thinking.config.json").read_text())[
+    "quantization_config"]
+
+
+def invoke(*argv: str):  # type: ignore[no-untyped-def]
+    r = CliRunner().invoke(app, list(argv))
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)[:500]
+    assert "Traceback" not in r.output
+    return r
+
+
+def run_cli(*argv: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess[bytes]:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "kimi_audit", *argv], env=env, timeout=timeout,
+                          capture_output=kwargs.pop("capture_output", True), **kwargs)
+
+
+# --- item 8: a config's regex never backtracks -------------------------------------------------------
+
+EVIL_PATTERN = "re:(.|.)*X"
+"""Exponential for a backtracking engine: ~2^n steps for a module name of n characters that holds no X."""
+
+
+def test_a_catastrophic_ignore_pattern_is_matched_in_linear_time(tiny_copy: Path) -> None:
+    """The audit of a checkpoint whose compressed-tensors `ignore` holds `re:(.|.)*X` finishes (it matched
+    every ~40-character module name against it; Python's `re` takes ~2^40 steps per name, so the old code
+    never returned before the subprocess timeout)."""
+    cfg = json.loads((tiny_copy / "config.json").read_text())
+    cfg["quantization_config"] = dict(THINKING_QUANT, ignore=["lm_head", EVIL_PATTERN])
+    (tiny_copy / "config.json").write_text(json.dumps(cfg))
+    r = run_cli("audit", str(tiny_copy), "--json", "--no-progress", timeout=240)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    assert json.loads(r.stdout)["model"]["quantization"]["bits"] == 4
+
+
+def test_the_patterns_match_as_compressed_tensors_full_names() -> None:
+    plan = quant_plan(dict(THINKING_QUANT, ignore=["re:.*experts\\.1[0-9]\\..*", EVIL_PATTERN]), "BF16")
+    assert plan is not None
+    assert plan.scheme_for("model.layers.3.mlp.experts.12.up_proj") is plan.plain
+    assert plan.scheme_for("model.layers.3.mlp.experts.2.up_proj") is plan.quantized
+    assert plan.scheme_for("model.layers.3.mlp.experts.2.X") is plan.plain  # (.|.)*X, full match
+    assert plan.scheme_for("model.layers.3.mlp.experts.2.Xy") is plan.quantized
+
+
+@pytest.mark.parametrize("pattern", ["(a)\\1", "(?=a)b", "(?<!a)b", "(", "a{1001}" * 50])
+def test_a_pattern_re2_cannot_compile_is_a_config_error_naming_it(pattern: str) -> None:
+    """Back-references and look-around (a backtracking engine's features), syntax errors and programs over
+    RE2's memory bound are refused, with the pattern in the message: never a fallback to `re`."""
+    with pytest.raises(ConfigError, match="RE2") as e:
+        quant_plan(dict(THINKING_QUANT, ignore=["re:" + pattern]), "BF16")
+    assert e.value.code == "CONFIG_INVALID"
+    assert repr(pattern[:20])[1:-1] in str(e.value) or pattern[:20] in str(e.value)
+
+
+def test_no_patterns_no_program() -> None:
+    assert compile_patterns([], "x") is None
