@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,36 @@ def test_a_pattern_re2_cannot_compile_is_a_config_error_naming_it(pattern: str) 
 
 def test_no_patterns_no_program() -> None:
     assert compile_patterns([], "x") is None
+
+
+# --- item 10: one cause, one finding -----------------------------------------------------------------
+
+SHARD = "model-3-of-3.safetensors"
+
+
+def add_entries(ckpt: Path, entries: dict[str, dict]) -> None:  # type: ignore[type-arg]
+    """Append header entries (one byte of data each, at the end of the buffer) to the last shard, not to the
+    index."""
+    p = ckpt / SHARD
+    raw = p.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header, body = json.loads(raw[8:8 + n]), raw[8 + n:]
+    for i, (name, entry) in enumerate(entries.items()):
+        header[name] = {**entry, "data_offsets": [len(body) + i, len(body) + i + 1]}
+    text = json.dumps(header).encode()
+    p.write_bytes(struct.pack("<Q", len(text)) + text + body + b"\1" * len(entries))
+
+
+def test_an_invalid_entry_is_one_finding_not_also_unexpected_or_unindexed(tiny_copy: Path) -> None:
+    add_entries(tiny_copy, {"bad.0.weight": {"dtype": "XX", "shape": [1]},
+                            "bad.1.weight": {"dtype": "U8", "shape": [[1]]},
+                            "bad.2.weight": {"dtype": "U8", "shape": [1] * 65},
+                            "good.weight": {"dtype": "U8", "shape": [1]}})
+    r = invoke("audit", str(tiny_copy), "--json", "--no-progress")
+    by_tensor: dict[str, list[str]] = {}
+    for f in json.loads(r.output)["findings"]:
+        by_tensor.setdefault(f.get("tensor") or "", []).append(f["code"])
+    assert by_tensor["bad.0.weight"] == ["DTYPE_UNKNOWN"]
+    assert by_tensor["bad.1.weight"] == by_tensor["bad.2.weight"] == ["SHAPE_INVALID"]
+    # a valid entry stored where it does not belong is still both unexpected and missing from the index
+    assert sorted(by_tensor["good.weight"]) == ["INDEX_ENTRY_MISSING", "TENSOR_UNEXPECTED"]

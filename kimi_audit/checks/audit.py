@@ -136,10 +136,11 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         stored = Counter(actual.dtypes) if cfg.quant is None else None
         all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
         all_findings.extend(cov.extra)
-        all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything))
+        all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything,
+                                            cov.invalid))
     else:
         all_findings.append(layout_unsupported(ckpt))
-    all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards))
+    all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards, cov.invalid))
     all_findings = fold_quantization(fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected)
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)
