@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -109,3 +110,24 @@ def test_an_invalid_entry_is_one_finding_not_also_unexpected_or_unindexed(tiny_c
     assert by_tensor["bad.1.weight"] == by_tensor["bad.2.weight"] == ["SHAPE_INVALID"]
     # a valid entry stored where it does not belong is still both unexpected and missing from the index
     assert sorted(by_tensor["good.weight"]) == ["INDEX_ENTRY_MISSING", "TENSOR_UNEXPECTED"]
+
+
+# --- item 13: markdown autolinks ---------------------------------------------------------------------
+
+
+def test_markdown_does_not_autolink_urls_domains_or_addresses_in_names(tiny_copy: Path) -> None:
+    """GitHub's autolink extension links a bare `https://...`, `www....` or `a@b.c` in plain text: in a tensor
+    name (every message quotes it) they are shown, not linked."""
+    from kimi_audit.checks.audit import audit_source
+    from kimi_audit.report.markdown import render_markdown
+    from kimi_audit.sources.local import LocalSource
+
+    add_entries(tiny_copy, {"x.https://evil.example/p.weight": {"dtype": "U8", "shape": [1]},
+                            "y.www.evil.example.weight": {"dtype": "U8", "shape": [1]},
+                            "z.admin@evil.example.weight": {"dtype": "U8", "shape": [1]}})
+    md = render_markdown(audit_source(LocalSource(tiny_copy)))
+    prose = re.sub(r"`[^`\n]*`", "", md)  # code spans read no links
+    assert "evil" in prose
+    assert not re.search(r"[A-Za-z0-9]://", prose) and not re.search(r"(?i)(?<![a-z0-9])www\.", prose)
+    assert not re.search(r"(?<!\\)@", prose)
+    assert "https\\://evil.example" in prose and "www\\.evil" in prose and "admin\\@evil" in prose
