@@ -131,3 +131,30 @@ def test_markdown_does_not_autolink_urls_domains_or_addresses_in_names(tiny_copy
     assert not re.search(r"[A-Za-z0-9]://", prose) and not re.search(r"(?i)(?<![a-z0-9])www\.", prose)
     assert not re.search(r"(?<!\\)@", prose)
     assert "https\\://evil.example" in prose and "www\\.evil" in prose and "admin\\@evil" in prose
+
+
+# --- item 11: a stdout that cannot be written --------------------------------------------------------
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists() or sys.platform == "win32", reason="needs /dev/full and a shell")
+@pytest.mark.parametrize("redirect", [">&-", ">/dev/full"])
+@pytest.mark.parametrize("fmt", ["table", "json", "sarif"])
+def test_an_unwritable_stdout_is_one_line_and_exit_120(tiny_dir: Path, redirect: str, fmt: str) -> None:
+    """stdout closed (`>&-`: Python's sys.stdout is None) or on a full device: no AttributeError/OSError
+    traceback but one line on stderr and exit code 120, what Python exits with when stdout cannot be flushed."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    line = f'"{sys.executable}" -m kimi_audit audit "{tiny_dir}" --no-progress --format {fmt} {redirect}'
+    r = subprocess.run(["bash", "-c", line], env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 120, r.stderr[-2000:]
+    assert r.stderr.decode().splitlines() == [
+        "error: cannot write to stdout: " + ("it is closed" if redirect == ">&-" else "No space left on device")]
+
+
+def test_a_closed_pipe_is_still_141(tiny_dir: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "kimi_audit", "audit", str(tiny_dir), "--no-progress", "--json"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()
+    assert p.wait(timeout=120) == 141
+    assert b"Traceback" not in p.stderr.read()
