@@ -158,3 +158,48 @@ def test_a_closed_pipe_is_still_141(tiny_dir: Path) -> None:
     p.stdout.close()
     assert p.wait(timeout=120) == 141
     assert b"Traceback" not in p.stderr.read()
+
+
+# --- item 11: the memory pre-check honours every limit -----------------------------------------------
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS and /proc are Linux's")
+def test_the_memory_figure_honours_the_address_space_limit() -> None:
+    """Under `ulimit -v` (RLIMIT_AS) an allocation fails beyond the limit whatever MemAvailable says: the
+    figure the pre-check compares with is at most the limit."""
+    limit = 3 << 30
+    code = ("import resource; from kimi_audit.numerics.tensor_io import available_memory; "
+            f"resource.setrlimit(resource.RLIMIT_AS, ({limit}, resource.RLIM_INFINITY)); print(available_memory())")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, timeout=120, check=True)
+    assert 0 < int(r.stdout) <= limit
+
+
+def test_the_memory_figure_honours_cgroup_limits(tmp_path: Path) -> None:
+    from kimi_audit.numerics.tensor_io import cgroup_room
+
+    v2 = tmp_path / "v2"
+    (v2 / "job" / "step").mkdir(parents=True)
+    (v2 / "job" / "memory.max").write_text("1000000\n")
+    (v2 / "job" / "memory.current").write_text("400000\n")
+    (v2 / "job" / "step" / "memory.max").write_text("max\n")
+    (v2 / "job" / "step" / "memory.current").write_text("300000\n")
+    (tmp_path / "cgroup2").write_text("0::/job/step\n")
+    assert cgroup_room(str(v2), str(tmp_path / "cgroup2")) == 600_000  # the parent's limit binds
+    v1 = tmp_path / "v1"
+    (v1 / "memory" / "box").mkdir(parents=True)
+    (v1 / "memory" / "box" / "memory.limit_in_bytes").write_text("5000000\n")
+    (v1 / "memory" / "box" / "memory.usage_in_bytes").write_text("1000000\n")
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    (tmp_path / "cgroup1").write_text("5:cpu,cpuacct:/box\n4:memory:/box\n0::/\n")
+    assert cgroup_room(str(v1), str(tmp_path / "cgroup1")) == 4_000_000
+    (tmp_path / "none").write_text("0::/\n")
+    assert cgroup_room(str(v2), str(tmp_path / "none")) is None  # no limit anywhere: no figure
+
+
+def test_the_pre_check_refuses_what_the_cgroup_cannot_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kimi_audit.numerics import tensor_io
+
+    monkeypatch.setattr(tensor_io, "cgroup_room", lambda: 1 << 30)
+    with pytest.raises(tensor_io.NotEnoughMemoryError, match=r"1\.0 GiB available"):
+        tensor_io.check_memory(2 << 30, "dequantizing x")
