@@ -203,3 +203,28 @@ def test_the_pre_check_refuses_what_the_cgroup_cannot_hold(monkeypatch: pytest.M
     monkeypatch.setattr(tensor_io, "cgroup_room", lambda: 1 << 30)
     with pytest.raises(tensor_io.NotEnoughMemoryError, match=r"1\.0 GiB available"):
         tensor_io.check_memory(2 << 30, "dequantizing x")
+
+
+# --- item 14: CI reports ------------------------------------------------------------------------------
+
+
+def test_junit_has_the_same_testcases_whatever_the_findings(tiny_dir: Path) -> None:
+    """A stale --ignore (IGNORE_UNUSED) is listed in the suite's <system-out>, not as an undocumented extra
+    `other` testcase; and no finding code falls to `other`."""
+    import xml.etree.ElementTree as ET
+
+    def cases(*extra: str) -> tuple[list[str], str]:
+        r = invoke("audit", str(tiny_dir), "--no-progress", "--format", "junit", *extra)
+        suite = ET.fromstring(r.output).find("testsuite")
+        assert suite is not None
+        out = suite.find("system-out")
+        return [c.get("name") or "" for c in suite.iter("testcase")], (out.text or "") if out is not None else ""
+
+    plain, _ = cases()
+    stale, text = cases("--ignore", "SCALE_MISSING")
+    assert stale == plain and "other" not in stale
+    assert "IGNORE_UNUSED: --ignore SCALE_MISSING matched no finding" in text
+    from kimi_audit.report.junit import OTHER, SUITE_CODES, check_of
+    from kimi_audit.report.rules import RULES
+
+    assert [c for c in RULES if c not in SUITE_CODES and check_of(c) is OTHER] == []
