@@ -228,3 +228,48 @@ def test_junit_has_the_same_testcases_whatever_the_findings(tiny_dir: Path) -> N
     from kimi_audit.report.rules import RULES
 
     assert [c for c in RULES if c not in SUITE_CODES and check_of(c) is OTHER] == []
+
+
+@pytest.mark.parametrize("fmt", ["sarif", "junit", "json"])
+def test_an_unusable_input_still_leaves_the_ci_report(tiny_copy: Path, tmp_path: Path, fmt: str) -> None:
+    """Exit 2 (config.json not JSON) with --output: the file exists and holds the error in its format, so a
+    CI upload step does not fail on a missing file."""
+    import xml.etree.ElementTree as ET
+
+    (tiny_copy / "config.json").write_text("{")
+    out = tmp_path / f"report.{fmt}"
+    r = invoke("audit", str(tiny_copy), "--no-progress", "--format", fmt, "--output", str(out))
+    assert r.exit_code == 2
+    text = out.read_text()
+    if fmt == "sarif":
+        run = json.loads(text)["runs"][0]
+        assert run["results"] == [] and run["invocations"][0]["executionSuccessful"] is False
+        note = run["invocations"][0]["toolExecutionNotifications"][0]
+        assert note["descriptor"]["id"] == "CONFIG_INVALID" and "not valid JSON" in note["message"]["text"]
+    elif fmt == "junit":
+        suite = ET.fromstring(text).find("testsuite")
+        assert suite is not None and suite.get("errors") == "1"
+        error = suite.find("testcase/error")
+        assert error is not None and error.get("type") == "CONFIG_INVALID"
+    else:
+        assert json.loads(text) == {"error": {"code": "CONFIG_INVALID", "message": json.loads(
+            r.stdout.splitlines()[-1])["error"]["message"]}, "exit_code": 2}
+
+
+def test_an_unusable_input_on_stdout_is_a_sarif_document(tmp_path: Path) -> None:
+    r = invoke("audit", str(tmp_path / "absent"), "--no-progress", "--format", "sarif")
+    assert r.exit_code == 2
+    doc = json.loads(r.stdout)
+    assert doc["runs"][0]["invocations"][0]["toolExecutionNotifications"][0]["descriptor"]["id"] == "FILE_MISSING"
+
+
+def test_the_error_report_is_never_written_into_the_checkpoint(tiny_copy: Path) -> None:
+    (tiny_copy / "config.json").write_text("{")
+    out = tiny_copy / "report.sarif"
+    assert invoke("audit", str(tiny_copy), "--no-progress", "--format", "sarif", "-o", str(out)).exit_code == 2
+    assert not out.exists()
+    # and an --output that names an input is refused before anything is read or written
+    index = tiny_copy / "model.safetensors.index.json"
+    before = index.read_bytes()
+    assert invoke("audit", str(tiny_copy), "--no-progress", "--format", "sarif", "-o", str(index)).exit_code == 2
+    assert index.read_bytes() == before

@@ -27,6 +27,7 @@ from kimi_audit.checks.audit import AuditReport
 from kimi_audit.constants import VERSION
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.report.grouping import ignored_line
+from kimi_audit.text import clip
 
 MAX_LINES = 500
 """Findings listed per testcase; the rest are counted (the JSON report has them all)."""
@@ -199,5 +200,26 @@ def _hostname() -> str:
 
 def render_junit(report: AuditReport, **kw: object) -> str:
     root = junit_tree(report, **kw)  # type: ignore[arg-type]
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def render_junit_error(code: str, message: str, source: str, *, elapsed: float = 0.0,
+                       timestamp: datetime | None = None, hostname: str | None = None) -> str:
+    """The suite when the input could not be audited at all (exit 2): one `input` testcase in <error>, so a CI
+    step that reads the JUnit file finds one, and sees why nothing was checked."""
+    ts = (timestamp or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None, microsecond=0)
+    root = ET.Element("testsuites", name="kimi-audit", tests="1", failures="0", errors="1", skipped="0",
+                      time=f"{elapsed:.3f}")
+    suite = ET.SubElement(root, "testsuite", name=xml_safe(f"kimi-audit {clip(source)}"), tests="1", failures="0",
+                          errors="1", skipped="0", time=f"{elapsed:.3f}", timestamp=ts.isoformat(),
+                          hostname=hostname or _hostname(), id="0", package="kimi_audit")
+    props = ET.SubElement(suite, "properties")
+    for k, v in (("source", clip(source)), ("tool", f"kimi-audit {VERSION}")):
+        ET.SubElement(props, "property", name=k, value=xml_safe(v))
+    case = ET.SubElement(suite, "testcase", name="input", classname="kimi_audit.checkpoint", time="0")
+    ET.SubElement(case, "error", message=xml_safe(clip(message)), type=xml_safe(code)).text = xml_safe(clip(message))
+    ET.SubElement(suite, "system-out").text = "the input could not be audited: no check ran"
+    ET.SubElement(suite, "system-err")
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
