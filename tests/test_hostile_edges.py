@@ -273,3 +273,16 @@ def test_the_error_report_is_never_written_into_the_checkpoint(tiny_copy: Path) 
     before = index.read_bytes()
     assert invoke("audit", str(tiny_copy), "--no-progress", "--format", "sarif", "-o", str(index)).exit_code == 2
     assert index.read_bytes() == before
+
+
+def test_a_manifest_that_cannot_be_written_keeps_the_report(tiny_copy: Path, tmp_path: Path) -> None:
+    """verify --write-manifest into a directory that does not exist: the report of what was verified is still
+    printed, the failure is its MANIFEST_NOT_WRITTEN finding, exit 1 (before: exit 2 and no report)."""
+    target = tmp_path / "absent" / "manifest.json"
+    r = invoke("verify", str(tiny_copy), "--write-manifest", str(target), "--json", "--no-progress")
+    assert r.exit_code == 1, r.output[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["manifest_written"] is None and len(doc["files"]) >= 4
+    (finding,) = [f for f in doc["findings"] if f["code"] == "MANIFEST_NOT_WRITTEN"]
+    assert "cannot write the manifest" in finding["message"] and str(target) in finding["message"]
+    assert not target.exists()
