@@ -286,3 +286,21 @@ def test_a_manifest_that_cannot_be_written_keeps_the_report(tiny_copy: Path, tmp
     (finding,) = [f for f in doc["findings"] if f["code"] == "MANIFEST_NOT_WRITTEN"]
     assert "cannot write the manifest" in finding["message"] and str(target) in finding["message"]
     assert not target.exists()
+
+
+def test_the_api_progress_counts_headers_only_even_with_values(tiny_dir: Path) -> None:
+    """`progress` keeps one meaning, (shard, shards done, shards total), with values=True too; the values
+    phase reports to `values_progress` (shard, tensors done, tensors total)."""
+    import kimi_audit
+
+    shards = sorted(p.name for p in tiny_dir.glob("*.safetensors"))
+    only: list[tuple[str, int, int]] = []
+    kimi_audit.audit(tiny_dir, values=True, progress=lambda *a: only.append(a))
+    assert [t for _, _, t in only] == [len(shards)] * len(shards)  # before: tensor counts followed
+    headers: list[tuple[str, int, int]] = []
+    values: list[tuple[str, int, int]] = []
+    kimi_audit.audit(tiny_dir, values=True, progress=lambda *a: headers.append(a),
+                     values_progress=lambda *a: values.append(a))
+    assert sorted(s for s, _, _ in headers) == shards
+    assert [(d, t) for _, d, t in headers] == [(i, len(shards)) for i in range(1, len(shards) + 1)]
+    assert values and values[-1][1] == values[-1][2] > len(shards)
