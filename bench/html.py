@@ -50,7 +50,7 @@ def shard_holding(shards: dict[str, list], name: str) -> str:  # type: ignore[ty
 
 def build_faulty(directory: Path) -> Path:
     """The full-scale replica with FAULTS injected (the index still lists what the release holds)."""
-    from kimi_audit.model.replica import build_replica, replica_shards, write_shard
+    from kimi_audit.replica.build import build_replica, replica_shards, write_shard
 
     build_replica(directory)
     shards = replica_shards()

@@ -16,11 +16,11 @@ from pathlib import Path
 import html5lib
 import numpy as np
 import pytest
-from kimi_audit.model.replica import replica_shards, write_shard
 from typer.testing import CliRunner
 
 from kimi_audit.checks.audit import audit_source
 from kimi_audit.cli import app
+from kimi_audit.replica.build import replica_shards, write_shard
 from kimi_audit.report.html import render_html
 from kimi_audit.sources import LocalSource
 from tiny_checkpoint import TINY_CONFIG, tiny_shards, write_tiny
