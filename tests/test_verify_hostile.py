@@ -21,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from hub_fixtures import *  # noqa: F403
-from hub_fixtures import TINY_REPO
 from typer.testing import CliRunner
 
+from hub_repos import TINY_REPO
 from hub_server import FakeHub, Fault
 from kimi_audit.cli import app
 from kimi_audit.sources import LocalSource
