@@ -123,15 +123,18 @@ class AuditReport:
 
 def audit(
     source: str | os.PathLike[str], revision: str | None = None, *, values: bool = False,
-    progress: ProgressFn | None = None,
+    progress: ProgressFn | None = None, values_progress: ProgressFn | None = None,
 ) -> AuditReport:
     """Audit a checkpoint: a local directory (or .safetensors file), an HF cache snapshot, or a Hub repo id
     `owner/name[@revision]` (`revision` overrides the `@` part). `values=True` also reads every small
-    tensor (norm gains, router biases, quantization scales), as `audit --values` does. `progress` is
-    called with (shard, done, total) after each header is read."""
+    tensor (norm gains, router biases, quantization scales), as `audit --values` does.
+
+    `progress` is called with (shard, shards done, shards total) after each header is read, and only then,
+    with or without `values`; `values_progress`, with `values=True`, with (shard, tensors done, tensors total)
+    as the small tensors are checked. Each counts up to its own total: neither changes meaning mid-run."""
     src = open_source(os.fspath(source), revision)
     if values:
         from kimi_audit.checks.values import audit_with_values
 
-        return AuditReport(audit_with_values(src, progress, progress))
+        return AuditReport(audit_with_values(src, progress, values_progress))
     return AuditReport(checks_audit.audit_source(src, progress))

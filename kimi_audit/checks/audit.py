@@ -126,10 +126,11 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         stored = Counter(actual.dtypes) if cfg.quant is None else None
         all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
         all_findings.extend(cov.extra)
-        all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything, cfg.dtype))
+        all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything, cfg.dtype,
+                                            cov.invalid))
     else:
         all_findings.append(layout_unsupported(ckpt))
-    all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards))
+    all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards, cov.invalid))
     index = ckpt.index
     if index is not None and index.total_parameters is not None and cfg.layout_supported \
             and cfg.quant_unsupported is None and all(shard in ckpt.headers for shard in index.shards):
@@ -139,7 +140,6 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         buffers = sum(s.logical for s in found if s.component in TRANSFORMERS_BUFFERS)
         all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes)),
                                                             parameters - buffers))
-    all_findings = fold_quantization(attribute(all_findings, ckpt, cov), expected)
     all_findings = fold_quantization(fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected)
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)

@@ -10,9 +10,11 @@ from kimi_audit.format.table import TensorTable
 
 
 def index_findings(
-    actual: TensorTable, index: IndexFile | None, headers: dict[str, ShardHeader], unusable: set[str] | None = None
+    actual: TensorTable, index: IndexFile | None, headers: dict[str, ShardHeader], unusable: set[str] | None = None,
+    invalid: set[str] | frozenset[str] = frozenset(),
 ) -> list[Finding]:
-    """`unusable`: shards whose root finding already covers the tensors the index puts there."""
+    """`unusable`: shards whose root finding already covers the tensors the index puts there; `invalid`: names
+    whose header entry is invalid (their format finding is their one finding), not reported missing here."""
     if index is None:
         return []
     out: list[Finding] = []
@@ -21,6 +23,8 @@ def index_findings(
     if listed != actual.shards:  # one comparison at builtin speed; row by row only when it fails
         for name, shard, where in zip(actual.names, actual.shards, listed):
             if where is None:
+                if name in invalid:
+                    continue
                 out.append(error("INDEX_ENTRY_MISSING", f"{name} is in {shard} but not in {INDEX_FILE}: loaders "
                                  "will not find it", tensor=name, shard=shard))
             elif where != shard:

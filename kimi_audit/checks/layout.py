@@ -55,11 +55,13 @@ def align(actual: TensorTable, expected: ExpectedLayout) -> Alignment:
 def layout_findings(
     actual: TensorTable, expected: ExpectedLayout, aligned: Alignment | None = None,
     covered: set[int] | frozenset[int] = frozenset(), none_missing: bool = False, config_dtype: str = "",
+    invalid: set[str] | frozenset[str] = frozenset(),
 ) -> list[Finding]:
     """Every tensor against the layout: missing, unexpected, of the wrong dtype or shape, scales apart
     from their weights. `covered`: positions a root cause explains (checks.root_causes), not reported
     missing; `none_missing`: report nothing missing at all (no index and a shard unusable); `config_dtype`:
-    the weights' dtype config.json records (what explains a writer's float dtype, WRITER_DTYPE)."""
+    the weights' dtype config.json records (what explains a writer's float dtype, WRITER_DTYPE); `invalid`:
+    names whose header entry is invalid, named by their format finding and not again as unexpected."""
     out: list[Finding] = []
     if aligned is None:
         aligned = align(actual, expected)
@@ -71,6 +73,8 @@ def layout_findings(
     for row in aligned.odd:
         name, shard, p = actual.names[row], actual.shards[row], positions[row]
         if p is None:
+            if name in invalid:
+                continue
             out.extend(_unexpected(name, actual.dtypes[row], shard, actual, expected))
         elif p not in covered:  # (a payload size alone that differs is the format's SIZE_MISMATCH)
             out.extend(mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, expected.entry(p),

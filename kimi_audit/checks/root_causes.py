@@ -3,7 +3,9 @@
 - A shard the index names that could not be used (absent, unreadable, not read past the header budget,
   or whose header is unusable) covers the tensors the index puts there: they are not reported missing
   one by one, and the shard's own finding states their count.
-- A tensor whose header entry is malformed is named by the format finding, not again as missing.
+- A tensor whose header entry is malformed is named by the format finding, not again as missing; an entry
+  that is invalid (unknown dtype, invalid shape or offsets, not an object) is not also reported unexpected by
+  the layout nor missing from the index: one cause, one finding.
 - A declared multi-token-prediction layer of which no tensor is stored is one MTP_ABSENT warning.
 - A wrong or missing quantization_config is one QUANT_CONFIG error covering the per-tensor dtype and
   scale findings it explains.
@@ -24,6 +26,8 @@ from kimi_audit.model.config import ModelConfig
 from kimi_audit.model.layout import ExpectedLayout
 
 ROOT_SHARD_CODES = ("INDEX_SHARD_ABSENT", "SHARD_UNREADABLE")
+INVALID_ENTRY_CODES = frozenset(("TENSOR_ENTRY_INVALID", "DTYPE_UNKNOWN", "SHAPE_INVALID", "OFFSETS_INVALID"))
+"""Format findings that make a header entry unusable: the entry's one finding."""
 QUANT_COVERED = frozenset(("SCALE_MISSING", "SCALE_UNEXPECTED", "SCALE_SHAPE", "SCALE_DTYPE", "SCALE_ORPHAN"))
 
 
@@ -41,6 +45,8 @@ class Covered:
     """No index and some shard unusable: which tensors it held is unknown, so none is reported missing."""
     extra: list[Finding] = field(default_factory=list)
     """Root findings of their own (MTP_ABSENT)."""
+    invalid: set[str] = field(default_factory=set)
+    """Names whose header entry is invalid (INVALID_ENTRY_CODES): not also unexpected, nor missing from the index."""
 
 
 def usable_shards(ckpt: Checkpoint) -> set[str]:
@@ -68,8 +74,11 @@ def covered(ckpt: Checkpoint, expected: ExpectedLayout, positions: list[int | No
         out.everything = True
     for h in ckpt.headers.values():  # a malformed entry is named by its format finding
         for f in h.findings:
-            if f.severity is Severity.ERROR and f.tensor is not None and f.tensor in expected.position:
-                out.positions.add(expected.position[f.tensor])
+            if f.severity is Severity.ERROR and f.tensor is not None:
+                if f.tensor in expected.position:
+                    out.positions.add(expected.position[f.tensor])
+                if f.code in INVALID_ENTRY_CODES:
+                    out.invalid.add(f.tensor)
     _mtp(ckpt, expected, positions, out)
     return out
 

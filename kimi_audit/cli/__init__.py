@@ -39,7 +39,9 @@ def __getattr__(name: str) -> Any:
 
 
 def main() -> None:
-    """Run the app; a reader that closed stdout (`| head -1`) ends it quietly, exit code 141.
+    """Run the app; a reader that closed stdout (`| head -1`) ends it quietly, exit code 141; a stdout that
+    cannot be written (closed with `>&-`, `/dev/full`, an I/O error) ends it with one line on stderr, exit
+    code 120 (Python's own when it cannot flush stdout), never a traceback.
 
     Once the command has finished and its output is flushed, the process ends without tearing the
     interpreter down: freeing an audit's few hundred thousand objects one by one took ~0.1 s of a
@@ -54,8 +56,16 @@ def main() -> None:
         sys.stdout.flush()
         os._exit(0)
     gc.set_threshold(GC_THRESHOLD)
-    from kimi_audit.cli.application import EXIT_BROKEN_PIPE, app_for, silence_stdout
+    from kimi_audit.cli.application import (
+        EXIT_BROKEN_PIPE,
+        EXIT_STDOUT_FAILED,
+        StdoutError,
+        app_for,
+        checked_stdout,
+        silence_stdout,
+    )
 
+    checked_stdout()
     app = app_for(sys.argv[1:])  # only the invoked command's module (all of them for --help)
 
     code: int | str | None = 0
@@ -70,6 +80,9 @@ def main() -> None:
     except BrokenPipeError:
         silence_stdout()
         code = EXIT_BROKEN_PIPE
+    except StdoutError as e:
+        print(f"error: {e.strerror}", file=sys.stderr, flush=True)
+        code = EXIT_STDOUT_FAILED
     if isinstance(code, str):  # sys.exit("message") prints the message, as the interpreter would
         print(code, file=sys.stderr, flush=True)
         code = 1

@@ -2,14 +2,18 @@
 
 Each command is a thin shell: parse options, open a source, call the core, render. Errors that make
 the input unusable are KimiAuditError: one line on stderr (and, under --json, a JSON error on stdout),
-exit code 2. Findings exit 1. A closed stdout pipe exits 141, quietly.
+exit code 2. Findings exit 1. A closed stdout pipe exits 141, quietly; a stdout that cannot be written
+(closed with `>&-`, a full disk, `/dev/full`) exits 120 with one line on stderr, as Python itself exits when
+it cannot flush stdout.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import inspect
+import io
 import json
 import os
 import signal
@@ -17,7 +21,10 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 import typer
 from rich.console import Console
@@ -31,6 +38,48 @@ from kimi_audit.text import clip, printable
 
 # What a process killed by SIGPIPE reports in a shell (`git log | head -1` does the same).
 EXIT_BROKEN_PIPE = 141
+# What Python exits with when it cannot flush stdout at exit (`python -c 'print(1)' > /dev/full`).
+EXIT_STDOUT_FAILED = 120
+
+
+class StdoutError(OSError):
+    """stdout cannot be written (closed, full, an I/O error): not the reader going away (BrokenPipeError)."""
+
+
+class _StdoutFile(io.FileIO):
+    """File descriptor 1, whose write errors other than a broken pipe are StdoutError."""
+
+    def write(self, b: ReadableBuffer, /) -> int:
+        try:
+            return super().write(b)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutError(e.errno, f"cannot write to stdout: {e.strerror or e}") from None
+
+
+class _ClosedStdout(io.TextIOBase):
+    """sys.stdout when file descriptor 1 is closed (`>&-`; Python sets sys.stdout to None)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        raise StdoutError(errno.EBADF, "cannot write to stdout: it is closed")
+
+
+def checked_stdout() -> None:
+    """Replace sys.stdout (in the command line's own process) by one whose write failures are StdoutError,
+    so that main() can tell them from any other error: same encoding, errors and line buffering."""
+    old = sys.stdout
+    try:
+        raw = _StdoutFile(1, "w", closefd=False)
+    except (OSError, ValueError):
+        sys.stdout = _ClosedStdout()
+        return
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw), encoding=getattr(old, "encoding", None) or "utf-8",
+                                  errors=getattr(old, "errors", None) or "strict",
+                                  line_buffering=bool(getattr(old, "line_buffering", False)))
 
 
 def reflow(text: str | None) -> str | None:

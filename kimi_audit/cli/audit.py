@@ -67,7 +67,14 @@ def audit(
     """
     from kimi_audit.checks.gates import apply_gates, check_sha, parse_count
     from kimi_audit.checks.ignore import apply_ignores
-    from kimi_audit.cli.ci import deliver, refuse_output_over_input, resolve_fail_on, resolve_format, resolve_ignores
+    from kimi_audit.cli.ci import (
+        deliver,
+        errors_reported,
+        refuse_output_over_input,
+        resolve_fail_on,
+        resolve_format,
+        resolve_ignores,
+    )
 
     out_format, severity = resolve_format(fmt, as_json), resolve_fail_on(fail_on)
     ignore_rules = resolve_ignores(ignore)
@@ -75,9 +82,10 @@ def audit(
         if value is not None:
             validate(value)  # refuse a malformed gate before reading anything
     started = time.monotonic()
-    src = open_source(source, revision)
-    refuse_output_over_input(output, src)
-    with shard_progress("reading headers", progress) as update:
+    with errors_reported(out_format, output, source):  # exit 2 still leaves a JSON, SARIF or JUnit report
+        src = open_source(source, revision)
+    refuse_output_over_input(output, src)  # (outside: nothing is written over an input)
+    with errors_reported(out_format, output, source), shard_progress("reading headers", progress) as update:
         if values:
             from kimi_audit.checks.values import audit_with_values
             report = audit_with_values(src, update, update)

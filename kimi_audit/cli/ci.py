@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from rich.console import Console
@@ -15,6 +18,7 @@ from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Severity
 from kimi_audit.outputs import refuse_input, write_atomic
 from kimi_audit.sources.base import Source
+from kimi_audit.text import clip
 
 FORMATS = ("table", "json", "junit", "markdown", "sarif", "html")
 FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING}
@@ -94,6 +98,51 @@ def deliver(report: AuditReport, fmt: str, output: Path | None, fail_on: Severit
     if summary:
         from kimi_audit.report.markdown import render_markdown
         _write(Path(summary), render_markdown(report, fail_on), "a")
+
+
+@contextmanager
+def errors_reported(fmt: str, output: Path | None, source: str) -> Iterator[None]:
+    """An error that leaves the input unusable (exit 2) inside the block still leaves a report where the
+    report would have gone, so a CI step that uploads it finds a file: with --output, a JSON, SARIF or JUnit
+    document holding the error; on stdout, a SARIF or JUnit one (JSON's error object is user_errors').
+    Never written over the checkpoint: not when --output lies in SOURCE's directory (the block's error may be
+    that the source could not be listed, so its files are unknown)."""
+    try:
+        yield
+    except KimiAuditError as e:
+        text = error_document(e, fmt, source)
+        if text is not None and output is not None and not _within(output, source):
+            with suppress(KimiAuditError):  # the error the user sees is the one that made the input unusable
+                _write(output, text, "w")
+        elif text is not None and output is None and fmt != "json":
+            sys.stdout.write(text)
+        raise
+
+
+def error_document(e: KimiAuditError, fmt: str, source: str) -> str | None:
+    """The error as a report in `fmt` (json, sarif, junit), or None for a format read by people."""
+    if fmt == "json":
+        return json.dumps({"error": {"code": e.code, "message": clip(str(e))}, "exit_code": e.exit_code}) + "\n"
+    if fmt == "sarif":
+        from kimi_audit.report.sarif import render_sarif_error
+        return render_sarif_error(e.code, str(e), source, e.exit_code)
+    if fmt == "junit":
+        from kimi_audit.report.junit import render_junit_error
+        return render_junit_error(e.code, str(e), source)
+    return None
+
+
+def _within(output: Path, source: str) -> bool:
+    """Whether --output lies in the local checkpoint SOURCE names (its directory, or a file's folder)."""
+    try:
+        where = Path(source).resolve()
+        if not where.exists():
+            return False
+        root = where if where.is_dir() else where.parent
+        out = output.resolve()
+    except (OSError, RuntimeError, ValueError):
+        return True  # cannot tell: do not write
+    return out == root or root in out.parents
 
 
 def refuse_output_over_input(output: Path | None, source: Source) -> None:

@@ -116,8 +116,15 @@ MEMORY_CHECK_BYTES = 1 << 26
 
 
 def available_memory() -> int | None:
-    """Bytes a new allocation can get without swapping: MemAvailable (Linux), else the free physical
-    pages; None where neither is known (no check then)."""
+    """Bytes a new allocation can get: the least of the system's MemAvailable (Linux; else the free physical
+    pages), the room left under this process's address-space limit (RLIMIT_AS, `ulimit -v`) and the room left
+    in its memory cgroup (v2 memory.max, v1 memory.limit_in_bytes, this cgroup's and its ancestors'); None
+    where none is known (no check then)."""
+    figures = [f for f in (system_available(), address_space_room(), cgroup_room()) if f is not None]
+    return min(figures) if figures else None
+
+
+def system_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -128,6 +135,64 @@ def available_memory() -> int | None:
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
+        return None
+
+
+def address_space_room() -> int | None:
+    """RLIMIT_AS's soft limit less the address space this process already maps (/proc/self/statm)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return None
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        used = 0
+    return max(soft - used, 0)
+
+
+def cgroup_room(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> int | None:
+    """The least room (limit less usage) of the memory cgroups this process is in, up to the hierarchy's root:
+    v2 (`0::/path`: memory.max, memory.current) or v1 (`N:memory:/path` or `N:...,memory,...:/path`:
+    memory/memory.limit_in_bytes, memory.usage_in_bytes). None when no limit is set or readable."""
+    try:
+        with open(membership, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    rooms = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            base, limit_file, usage_file = root, "memory.max", "memory.current"
+        elif "memory" in parts[1].split(","):
+            base, limit_file = os.path.join(root, "memory"), "memory.limit_in_bytes"
+            usage_file = "memory.usage_in_bytes"
+        else:
+            continue
+        path = parts[2].strip("/")
+        while True:
+            here = os.path.join(base, path) if path else base
+            limit, usage = _read_int(os.path.join(here, limit_file)), _read_int(os.path.join(here, usage_file))
+            if limit is not None and limit < 1 << 62:  # "max", or v1's "no limit" (a page-rounded 2^63 - 1)
+                rooms.append(max(limit - (usage or 0), 0))
+            if not path:
+                break
+            path = os.path.dirname(path)
+    return min(rooms) if rooms else None
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):  # absent, unreadable, or "max"
         return None
 
 

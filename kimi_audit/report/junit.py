@@ -9,7 +9,9 @@ A check fails when it has a finding at or above `fail_on` (error by default; war
 `--fail-on warning`); lower-severity findings are listed in the testcase's <system-out>. A check that did
 not run (values without `--values`, release-gates without `--expect-params` / `--expect-revision`) is
 <skipped>. Findings accepted with `--ignore` are counted in the `ignored` property and listed in the
-suite's <system-out>.
+suite's <system-out>, with the --ignore rules that matched nothing (IGNORE_UNUSED: about the command line,
+not the checkpoint, so no testcase of its own). Every other finding code belongs to one of the checks
+(tests/test_reports_ci.py checks it): the testcases are always the same, whatever the findings.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from kimi_audit.checks.audit import AuditReport
 from kimi_audit.constants import VERSION
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.report.grouping import ignored_line
+from kimi_audit.text import clip
 
 MAX_LINES = 500
 """Findings listed per testcase; the rest are counted (the JSON report has them all)."""
@@ -64,6 +67,10 @@ CHECKS: tuple[Check, ...] = (
     Check("release-gates", "--expect-params / --expect-revision", lambda c: c.endswith("_GATE")),
 )
 OTHER = Check("other", "findings of other checks", lambda c: True)
+"""A code no check owns: none today (a test checks every code of report.rules); kept so that a new code
+without its check is still reported, never dropped."""
+SUITE_CODES = frozenset({"IGNORE_UNUSED"})
+"""Findings about the run, not the checkpoint: listed in the suite's <system-out>, in no testcase."""
 
 
 def not_run(check: str, report: AuditReport) -> str | None:
@@ -113,8 +120,10 @@ def _summary(findings: list[Finding]) -> str:
 def junit_tree(report: AuditReport, *, fail_on: Severity = Severity.ERROR, elapsed: float = 0.0,
                timestamp: datetime | None = None, hostname: str | None = None) -> ET.Element:
     by_check: dict[str, list[Finding]] = {}
+    suite_findings = [f for f in report.findings if f.code in SUITE_CODES]
     for f in report.findings:
-        by_check.setdefault(check_of(f.code).name, []).append(f)
+        if f.code not in SUITE_CODES:
+            by_check.setdefault(check_of(f.code).name, []).append(f)
     checks = list(CHECKS) + ([OTHER] if OTHER.name in by_check else [])
     ts = (timestamp or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None, microsecond=0)
 
@@ -163,6 +172,8 @@ def junit_tree(report: AuditReport, *, fail_on: Severity = Severity.ERROR, elaps
     suite.extend(cases)
     summary = (f"{s.tensors:,} tensors, {s.parameters:,} parameters (scales and buffers excluded), "
                f"{report.errors} errors, {report.warnings} warnings")
+    if suite_findings:
+        summary += "\n" + _lines(suite_findings)
     ignored = ignored_line(report)
     if ignored is not None:
         lines = [f"{finding_line(f)} (--ignore {xml_safe(by)})"
@@ -189,5 +200,26 @@ def _hostname() -> str:
 
 def render_junit(report: AuditReport, **kw: object) -> str:
     root = junit_tree(report, **kw)  # type: ignore[arg-type]
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def render_junit_error(code: str, message: str, source: str, *, elapsed: float = 0.0,
+                       timestamp: datetime | None = None, hostname: str | None = None) -> str:
+    """The suite when the input could not be audited at all (exit 2): one `input` testcase in <error>, so a CI
+    step that reads the JUnit file finds one, and sees why nothing was checked."""
+    ts = (timestamp or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None, microsecond=0)
+    root = ET.Element("testsuites", name="kimi-audit", tests="1", failures="0", errors="1", skipped="0",
+                      time=f"{elapsed:.3f}")
+    suite = ET.SubElement(root, "testsuite", name=xml_safe(f"kimi-audit {clip(source)}"), tests="1", failures="0",
+                          errors="1", skipped="0", time=f"{elapsed:.3f}", timestamp=ts.isoformat(),
+                          hostname=hostname or _hostname(), id="0", package="kimi_audit")
+    props = ET.SubElement(suite, "properties")
+    for k, v in (("source", clip(source)), ("tool", f"kimi-audit {VERSION}")):
+        ET.SubElement(props, "property", name=k, value=xml_safe(v))
+    case = ET.SubElement(suite, "testcase", name="input", classname="kimi_audit.checkpoint", time="0")
+    ET.SubElement(case, "error", message=xml_safe(clip(message)), type=xml_safe(code)).text = xml_safe(clip(message))
+    ET.SubElement(suite, "system-out").text = "the input could not be audited: no check ran"
+    ET.SubElement(suite, "system-err")
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -12,14 +12,18 @@ from kimi_audit.text import printable
 MAX_GROUPS = 50
 _MARKUP = re.compile(r"[|\[\]`*_~<>&]")
 _ENTITY = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+_AUTOLINK = re.compile(r"(?i)(?<=[a-z0-9]):(?=//)|(?<=www)(?<![a-z0-9]www)\.|@")
+"""What GitHub's autolink extension turns into a link in plain text (`https://x`, `www.x`, `a@b.c`): its
+punctuation is escaped, which renders as itself but is no longer a URL, domain or address."""
 
 
 def cell(text: object) -> str:
     """Untrusted text (names, messages) as a table cell that renders as the text itself: backslashes and
     markdown punctuation (pipes, link brackets, emphasis, backticks) escaped, HTML as entities, control and
-    bidi characters (U+202E) as their escapes, one line."""
+    bidi characters (U+202E) as their escapes, bare URLs, `www.` domains and e-mail addresses unlinked, one line."""
     s = printable(str(text).replace("\\", "\\\\"))
-    return _MARKUP.sub(lambda m: _ENTITY.get(m.group(), "\\" + m.group()), s)
+    s = _MARKUP.sub(lambda m: _ENTITY.get(m.group(), "\\" + m.group()), s)
+    return _AUTOLINK.sub(lambda m: "\\" + m.group(), s)
 
 
 def code(text: object) -> str:

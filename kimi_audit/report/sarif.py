@@ -21,6 +21,7 @@ from kimi_audit.constants import CONFIG_FILE, INDEX_FILE, VERSION
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.report.junit import check_of
 from kimi_audit.report.rules import RULES, rule
+from kimi_audit.text import clip
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 MAX_RESULTS = 5_000
@@ -148,3 +149,25 @@ def sarif_dict(report: AuditReport, fail_on: Severity = Severity.ERROR,
 
 def render_sarif(report: AuditReport, fail_on: Severity = Severity.ERROR) -> str:
     return json.dumps(sarif_dict(report, fail_on), indent=2, ensure_ascii=False) + "\n"
+
+
+def sarif_error_dict(code: str, message: str, source: str, exit_code: int = 2) -> dict[str, Any]:
+    """The run when the input could not be audited at all (exit 2): no results, the error as a tool execution
+    notification and `executionSuccessful: false`, so a CI upload step still finds a valid SARIF file."""
+    text = clip(message)
+    return {
+        "$schema": SCHEMA_URI,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "kimi-audit", "version": VERSION, "semanticVersion": VERSION, "rules": []}},
+            "invocations": [{"executionSuccessful": False, "exitCode": exit_code, "toolExecutionNotifications": [
+                {"level": "error", "message": {"text": text}, "descriptor": {"id": code}}]}],
+            "results": [],
+            "columnKind": "unicodeCodePoints",
+            "properties": {"source": clip(source), "verdict": "ERROR", "error": {"code": code, "message": text}},
+        }],
+    }
+
+
+def render_sarif_error(code: str, message: str, source: str, exit_code: int = 2) -> str:
+    return json.dumps(sarif_error_dict(code, message, source, exit_code), indent=2, ensure_ascii=False) + "\n"

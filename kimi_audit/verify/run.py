@@ -157,14 +157,20 @@ def _compare(p: Prepared, results: dict[str, FileResult], interrupted: bool) -> 
 
 def finish_manifest(report: VerifyReport, manifest: Manifest, path: Path) -> VerifyReport:
     """Write the manifest when every file was read whole and none differs from a reference; else a
-    MANIFEST_NOT_WRITTEN finding says why not."""
+    MANIFEST_NOT_WRITTEN finding says why not. A manifest that cannot be written (a read-only directory, a
+    full disk) is that finding too: the report of what was verified is kept, never discarded for it."""
     bad = [f for f in report.files if f.status in (MISMATCH, UNREADABLE, NOT_PRESENT, NOT_CHECKED)]
     if bad:
         finding = error("MANIFEST_NOT_WRITTEN", f"{path}: not written: {len(bad):,} file{'s' if len(bad) > 1 else ''}"
                         f" not read whole or differing from a reference (the first: {bad[0].name}, {bad[0].status}); "
                         "a manifest is written of a copy that verifies", actual=len(bad))
         return dataclasses.replace(report, findings=(*report.findings, finding))
-    write_manifest(manifest, path)
+    try:
+        write_manifest(manifest, path)
+    except KimiAuditError as e:
+        finding = error("MANIFEST_NOT_WRITTEN", f"{e}; the files were verified, the manifest is not written",
+                        actual=0)
+        return dataclasses.replace(report, findings=(*report.findings, finding))
     return dataclasses.replace(report, manifest_written=str(path))
 
 

@@ -13,13 +13,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import PACKED, PARAMETER, SCALE
+from kimi_audit.model.patterns import NamePatterns, compile_patterns
 from kimi_audit.model.quant.scheme import (
     FP8_DTYPE,
     QuantPlan,
@@ -43,7 +43,8 @@ V4_SCALE_SUFFIX = ".scale"
 """DeepSeek-V4's FP8 block scale and FP4 expert scale."""
 V4_MODEL_TYPES = ("deepseek_v4",)
 FP4_GROUP = 32
-ROUTED_EXPERTS = re.compile(r"(?:.*\.)?experts\.\d+\.")
+ROUTED_EXPERTS_PATTERN = r"(?:.*\.)?experts\.\d+\."
+ROUTED_EXPERTS = compile_patterns([ROUTED_EXPERTS_PATTERN], "DeepSeek-V4's routed experts")
 """A routed expert's projection (`...ffn.experts.7.w1`, `...mlp.experts.7.gate_proj`); not the shared experts."""
 
 
@@ -74,11 +75,12 @@ class Fp8Block(Scheme):
         if not v4:
             return QuantPlan(scheme, plain, keep_plain=keep_plain)
         expert_dtype = q.get("expert_dtype", config.get("expert_dtype"))
-        patterns: tuple[tuple[re.Pattern[str], Scheme], ...] = ()
+        patterns: tuple[tuple[NamePatterns, Scheme], ...] = ()
         groups: tuple[dict[str, Any], ...] = ()
         if expert_dtype == "fp4":
+            assert ROUTED_EXPERTS is not None
             patterns = ((ROUTED_EXPERTS, Fp4Experts()),)
-            groups = ({"targets": ["Linear"]}, {"targets": [f"re:{ROUTED_EXPERTS.pattern}"]})
+            groups = ({"targets": ["Linear"]}, {"targets": [f"re:{ROUTED_EXPERTS_PATTERN}"]})
         elif expert_dtype not in (None, "fp8"):
             raise ConfigError(f"config.json expert_dtype {expert_dtype!r} is not fp4 or fp8")
         return QuantPlan(scheme, plain, patterns=patterns, ignore_names=frozenset({"head"}), keep_plain=keep_plain,

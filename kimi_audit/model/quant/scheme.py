@@ -21,7 +21,6 @@ unquantized (`ignore`, and the modules a format leaves plain by convention). Pre
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import PARAMETER
+from kimi_audit.model.patterns import NamePatterns
 from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 
 if TYPE_CHECKING:
@@ -166,11 +166,12 @@ class QuantPlan:
     """The scheme of every Linear module no other entry names (None: those stay plain)."""
     plain: Unquantized
     exact: Mapping[str, Scheme] = field(default_factory=dict)
-    patterns: tuple[tuple[re.Pattern[str], Scheme], ...] = ()
-    """`re:` targets, matched (re.match, as compressed-tensors) against module names, in sorted order."""
+    patterns: tuple[tuple[NamePatterns, Scheme], ...] = ()
+    """`re:` targets, matched (from the start, as compressed-tensors) against module names, in sorted order;
+    compiled by RE2 (model.patterns: linear time, whatever config.json holds)."""
     ignore_names: frozenset[str] = frozenset()
-    ignore_re: re.Pattern[str] | None = None
-    """compressed-tensors `re:` entries of `ignore`, matched (re.match) against module names."""
+    ignore_re: NamePatterns | None = None
+    """compressed-tensors `re:` entries of `ignore`, matched the same way."""
     keep_plain: tuple[str, ...] = ()
     """Module-name suffixes a format leaves unquantized by convention (FP8: the MTP layer's projections)."""
     by_name: bool = False
@@ -228,7 +229,7 @@ class QuantPlan:
         if self.ignore_names:
             plain = map(or_, plain, map(self.ignore_names.__contains__, modules))
         if self.ignore_re is not None:
-            plain = map(or_, plain, map(bool, map(self.ignore_re.match, modules)))
+            plain = map(or_, plain, map(self.ignore_re.match, modules))
         return tuple(map(neg, plain))
 
 

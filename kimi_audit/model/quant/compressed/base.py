@@ -4,12 +4,12 @@ the plan of a config's groups (compressed_tensors_plan). The formats are pack.py
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kimi_audit.errors import ConfigError
+from kimi_audit.model.patterns import compile_patterns
 from kimi_audit.model.quant.scheme import FP8_DTYPE, QuantPlan, Scheme, Unquantized, UnsupportedQuantization
 from kimi_audit.numerics.grid import ceil_div, scale_grid
 
@@ -107,13 +107,6 @@ def _matchers(entries: Any, what: str) -> tuple[set[str], list[str], bool]:
     return names, patterns, linear
 
 
-def _compile(pattern: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern)
-    except re.error as e:
-        raise ConfigError(f"config.json quantization_config holds an invalid regex {pattern!r}: {e}") from None
-
-
 def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized) -> QuantPlan:
     """The plan of a compressed-tensors quantization_config: each config group's scheme (by the group's
     `format`, else the config's) for its targets, `ignore` left plain."""
@@ -150,8 +143,10 @@ def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized) -> QuantPlan:
     ig_names, ig_patterns, ig_linear = _matchers(q.get("ignore"), "ignore")
     if ig_linear:
         every = None
-    ignore_re = _compile("|".join(f"(?:{p})" for p in ig_patterns)) if ig_patterns else None
-    plan = QuantPlan(every, plain, exact, tuple((_compile(p), patterns[p]) for p in sorted(patterns)),
+    ignore_re = compile_patterns(ig_patterns, "config.json quantization_config.ignore")
+    targets = tuple((compile_patterns([p], "config.json quantization_config targets"), patterns[p])
+                    for p in sorted(patterns))
+    plan = QuantPlan(every, plain, exact, tuple((m, s) for m, s in targets if m is not None),
                      frozenset(ig_names), ignore_re, by_name=True)
     groups_out = tuple(next(g for t, g in summaries if t is s) for s in plan.schemes)
     return dataclasses.replace(plan, groups=groups_out)
