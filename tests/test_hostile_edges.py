@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from kimi_audit.cli import app
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.patterns import compile_patterns
-from kimi_audit.model.quant import quant_plan
+from kimi_audit.model.quant.dispatch import quant_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 THINKING_QUANT = json.loads((ROOT / "kimi_audit" / "data" / "kimi-k2-thinking.config.json").read_text())[
