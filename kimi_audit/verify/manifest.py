@@ -35,6 +35,7 @@ from typing import Any
 
 from kimi_audit.errors import KimiAuditError, ManifestError
 from kimi_audit.outputs import write_atomic
+from kimi_audit.sources.files import open_regular
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
@@ -116,7 +117,7 @@ def write_manifest(m: Manifest, path: Path) -> None:
 
 def read_manifest(path: Path) -> Manifest:
     try:
-        with open(path, "rb") as f:
+        with open(open_regular(path, str(path)), "rb") as f:  # a FIFO or device is refused, never waited on
             raw = f.read(MAX_MANIFEST_BYTES + 1)
     except OSError as e:
         raise ManifestError(f"cannot read the manifest {path}: {e.strerror or e}") from None
