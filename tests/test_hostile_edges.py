@@ -306,3 +306,19 @@ def test_the_api_progress_counts_headers_only_even_with_values(tiny_dir: Path) -
     assert sorted(s for s, _, _ in headers) == shards
     assert [(d, t) for _, d, t in headers] == [(i, len(shards)) for i in range(1, len(shards) + 1)]
     assert values and values[-1][1] == values[-1][2] > len(shards)
+
+
+@pytest.mark.parametrize("patterns", [[r".*self_attn.*"], [r"[^x]*q"], [r""], [r"model\.layers\.1[0-9]\."],
+                                      [r".*experts\.(1|2)\.", r"lm_head"], [r".*X"]])
+def test_matching_many_names_in_one_scan_equals_one_at_a_time(patterns: list[str]) -> None:
+    """The layout asks for every module of a layer at once (one RE2 scan over the names joined by newlines):
+    the answers equal re.match's, one name at a time, patterns that could cross a newline included."""
+    import re
+
+    names = [f"model.layers.{i}.{m}" for i in (0, 1, 12, 20) for m in
+             ("self_attn.q_a_proj", "mlp.experts.1.up_proj", "mlp.experts.2.down_projX", "mlp.gate_proj")]
+    names += ["lm_head", "q", "zz", "xq"]
+    compiled = compile_patterns(patterns, "test")
+    assert compiled is not None
+    want = [any(re.match(p, n) for p in patterns) for n in names]
+    assert compiled.match_many(names) == want == [compiled.match(n) for n in names]

@@ -9,8 +9,10 @@ linear in the name and whose compiled program is bounded in memory (`max_mem`); 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import re2
@@ -24,10 +26,11 @@ MAX_PATTERN_MEMORY = 8 << 20
 """Bytes RE2 may use for one compiled pattern set (its default); a larger program is refused."""
 
 
-def _options() -> Any:
+def _options(never_nl: bool = False) -> Any:
     options = re2.Options()
     options.max_mem = MAX_PATTERN_MEMORY
     options.log_errors = False
+    options.never_nl = never_nl  # no match crosses a newline, whatever the pattern: one line, one name
     return options
 
 
@@ -39,9 +42,22 @@ class NamePatterns:
     sources: tuple[str, ...]
     regex: Any
     """The RE2 program of the patterns' alternation."""
+    lines: Any = None
+    """The same anchored at each line's start and never crossing a newline: many names in one scan."""
 
     def match(self, name: str) -> bool:
         return self.regex.match(name) is not None
+
+    def match_many(self, names: Sequence[str]) -> list[bool]:
+        """`match` of each name (names hold no newline: module names), in one RE2 scan of the names joined by
+        newlines instead of a call per name (a call costs ~1 µs, and a layer of 384 experts has 1,152 names)."""
+        hits = [False] * len(names)
+        if not names:
+            return hits
+        starts = list(accumulate((len(n) + 1 for n in names[:-1]), initial=0))
+        for m in self.lines.finditer("\n".join(names)):
+            hits[bisect_right(starts, m.start()) - 1] = True
+        return hits
 
 
 def compile_patterns(patterns: Iterable[str], where: str) -> NamePatterns | None:
@@ -56,12 +72,14 @@ def compile_patterns(patterns: Iterable[str], where: str) -> NamePatterns | None
         except re2.error as e:
             raise ConfigError(f"{where} holds a pattern RE2 cannot compile, {clip(source, 80)!r}: "
                               f"{_reason(e)}") from None
+    alternation = "|".join(f"(?:{s})" for s in sources)
     try:
-        regex = re2.compile("|".join(f"(?:{s})" for s in sources), _options())
+        regex = re2.compile(alternation, _options())
+        lines = re2.compile(f"(?m)^(?:{alternation})", _options(never_nl=True))
     except re2.error as e:
         raise ConfigError(f"{where}: its {len(sources)} patterns together are over RE2's bound: "
                           f"{_reason(e)}") from None
-    return NamePatterns(sources, regex)
+    return NamePatterns(sources, regex, lines)
 
 
 def _reason(e: Exception) -> str:

@@ -229,7 +229,7 @@ class QuantPlan:
         if self.ignore_names:
             plain = map(or_, plain, map(self.ignore_names.__contains__, modules))
         if self.ignore_re is not None:
-            plain = map(or_, plain, map(self.ignore_re.match, modules))
+            plain = map(or_, plain, self.ignore_re.match_many(modules))
         return tuple(map(neg, plain))
 
 
