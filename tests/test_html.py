@@ -4,6 +4,7 @@ rendered by headless Chromium when a `chromium` binary is present."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -279,3 +280,52 @@ def test_long_names_are_clipped(tmp_path: Path) -> None:
     strict_parse(page)
     assert "a" * 150 in page and "a" * 401 not in page  # named, clipped
     assert len(page) < len(html_of(write_tiny(tmp_path / "clean", tiny_shards()))) + 5_000
+
+
+def multiples(page: str) -> dict[str, dict[str, str]]:
+    """Small multiple's title -> {layer / expert label: class} of its drawn bars (read off their <title>s)."""
+    out: dict[str, dict[str, str]] = {}
+    for svg in svgs(page):
+        head = svg.find(f"{SVG}text")
+        if head is None or head.text is None:
+            continue
+        bars = out.setdefault(head.text, {})
+        for r in svg.iter(f"{SVG}rect"):
+            t = r.find(f"{SVG}title")
+            if t is not None and t.text and (m := re.match(r"(?:layer|expert) (\w+):", t.text)):
+                bars[m[1]] = r.attrib["class"]
+    return out
+
+
+def test_verify_html_draws_saturation_share_and_scale_range_per_layer_and_expert(tmp_path: Path) -> None:
+    """±448 values planted in layer 2's expert 5 and a huge scale in layer 3's expert 1: the saturation share
+    and scale range small multiples mark exactly those layers and experts; the JSON holds the same figures."""
+    shards = tiny_shards()
+    sat = "model.layers.2.mlp.experts.5.up_proj.weight"
+    shards[S2][sat].view(np.uint8)[:] = 0x7E  # every value +448
+    big = "model.layers.3.mlp.experts.1.gate_proj.weight_scale_inv"
+    shards[S3][big][0, 0] = np.float32(1e30)
+    d = write_tiny(tmp_path / "ckpt", shards)
+    out = tmp_path / "verify.html"
+    r = runner.invoke(app, ["verify", str(d), "--no-progress", "-j", "1", "--format", "html", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    page = out.read_text()
+    strict_parse(page)
+    drawn = multiples(page)
+    flagged = {title: {k for k, c in bars.items() if c != "ok"} for title, bars in drawn.items()}
+    assert flagged["±448 share per layer"] == {"2"} and flagged["±448 share per expert"] == {"5"}
+    assert flagged["scale range per layer"] == {"3"} and flagged["scale range per expert"] == {"1"}
+    assert set(drawn["±448 share per layer"]) == {"0", "1", "2", "3"}
+    assert set(drawn["scale range per expert"]) == {str(i) for i in range(8)}
+    assert re.search(r"<title>layer 2: [\d,]+ of [\d,]+ FP8 values at ±448", page)
+    assert "<title>expert 1: scales " in page and re.search(r"<title>layer 3: scales \S+ to 1e\+30</title>", page)
+    doc = json.loads(runner.invoke(app, ["verify", str(d), "--no-progress", "-j", "1", "--json"]).stdout)
+    layers = {c["layer"]: c for c in doc["weight_health"]["layers"]}
+    experts = {c["expert"]: c for c in doc["weight_health"]["experts"]}
+    huge = float(np.float32(1e30))
+    assert layers["3"]["scale_max"] == huge and experts[1]["scale_max"] == huge
+    assert all(c["scale_max"] < 1 for k, c in layers.items() if k != "3")
+    n = shards[S2][sat].size
+    assert layers["2"]["saturated"] >= n and experts[5]["saturated"] >= n
+    assert all(c["saturated"] < n // 100 for k, c in layers.items() if k != "2")
+    assert len(doc["weight_health"]["experts"]) == 8

@@ -176,8 +176,9 @@ class Scanner:
         return (int(nan_at.size), int(nan_at[0]) if nan_at.size else -1,
                 int(inf_at.size), int(inf_at[0]) if inf_at.size else -1)
 
-    def scales(self, a: int, b: int, dtype: str) -> tuple[int, int, int, int, int, int]:
-        """`floats` plus (scales <= 0, first or -1): scales must be finite and > 0."""
+    def scales(self, a: int, b: int, dtype: str) -> tuple[int, int, int, int, int, int, float | None, float | None]:
+        """`floats` plus (scales <= 0, first or -1): scales must be finite and > 0; and the least and greatest
+        finite scale (None, None where there is none), for the report's scale ranges."""
         import numpy as np
 
         nan, nan_first, inf, inf_first = self.floats(a, b, dtype)
@@ -189,4 +190,6 @@ class Scanner:
         else:
             values = bits.view(np.float16)
         bad = np.flatnonzero(values <= 0)  # NaN compares False: counted as NaN only
-        return nan, nan_first, inf, inf_first, int(bad.size), int(bad[0]) if bad.size else -1
+        finite = values if not (nan or inf) else values[np.isfinite(values)]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (None, None)
+        return nan, nan_first, inf, inf_first, int(bad.size), int(bad[0]) if bad.size else -1, lo, hi

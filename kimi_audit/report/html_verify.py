@@ -1,23 +1,30 @@
-"""The parts of the HTML report only `verify` has: every file's hash status, and the weight-health findings
-(NaN codes, all-zero blocks, NaN/Inf, scales <= 0) drawn as small multiples per layer and per expert, with
-the FP8 saturation count. Read from verify's plain data and findings: nothing is computed here but sums of
-the counts the findings carry."""
+"""The parts of the HTML report only `verify` has: every file's hash status, and the weight-health figures
+drawn as small multiples per layer and per expert: the findings (NaN codes, all-zero blocks, NaN/Inf, scales
+<= 0), and from the report's per layer / per expert sums (VerifyReport.layers / .experts) the share of FP8
+values at ±448 and the range of the float scales. Nothing is computed here but sums of the counts the
+findings carry and the outliers among those figures (marked w: a share or a scale bound 100x off the median
+cell's; e: a scale <= 0)."""
 
 from __future__ import annotations
 
+import math
+from statistics import median
 from typing import Any
 
 from kimi_audit.findings import Finding
 from kimi_audit.model.layout import ExpectedLayout
 from kimi_audit.report.grid import Grid, locator
-from kimi_audit.report.svg import CW, RH, esc, multiples_svg, rect, section, svg_open
+from kimi_audit.report.svg import CHAR_W, CW, RH, esc, multiples_svg, rect, section, svg_open, text
 from kimi_audit.report.table import plural
+from kimi_audit.verify.read import CellHealth
 from kimi_audit.verify.result import ABSENT, MISMATCH, NOT_CHECKED, NOT_PRESENT, OK, UNREADABLE, UNREFERENCED
 
 HEALTH_CODES = ("FP8_NAN", "BLOCK_ALL_ZERO", "VALUE_NAN", "VALUE_INF", "SCALE_NOT_POSITIVE")
 STATUS_CLASS = {OK: "ok", UNREFERENCED: "i", NOT_CHECKED: "w", MISMATCH: "e", ABSENT: "e", NOT_PRESENT: "e",
                 UNREADABLE: "e"}
 MAX_FILE_ROWS = 40
+OUTLIER = 100.0
+"""A cell's saturation share or scale bound this many times off the median cell's is marked (class w)."""
 
 
 def files_section(files: list[dict[str, Any]]) -> str:
@@ -53,15 +60,95 @@ def _count(f: Finding) -> int:
     return f.actual if isinstance(f.actual, int) and not isinstance(f.actual, bool) else 1
 
 
-def health_section(findings: tuple[Finding, ...], grid: Grid | None, layout: ExpectedLayout | None) -> str:
-    """Per health code: the values (blocks) flagged, summed per layer and per expert index."""
+def _off(value: float, typical: float) -> bool:
+    return value > typical * OUTLIER or (typical > 0 and value < typical / OUTLIER)
+
+
+def share_svg(title: str, cells: list[tuple[str, CellHealth | None]], unit: str) -> str:
+    """One small multiple of the share of FP8 values at ±448: a bar per layer (expert), linear in the share."""
+    shares = [(label, c.saturated / c.fp8_values if c is not None and c.fp8_values else None) for label, c in cells]
+    typical = median([v for _, v in shares if v]) if any(v for _, v in shares) else 0.0
+    top = max((v for _, v in shares if v is not None), default=0.0) or 1.0
+    w = max(2.0, min(8.0, 480 / max(len(cells), 1)))
+    base = 60
+    out = [svg_open(max(w * len(cells) + 10, CHAR_W * len(title) + 6), 84, title), text(2, 10, title, "lab")]
+    for k, ((label, c), (_, v)) in enumerate(zip(cells, shares)):
+        if c is None or v is None:
+            continue
+        h = 44 * v / top
+        cls = "w" if typical and _off(v, typical) else "ok"
+        out.append(rect(5 + k * w, base - h, max(w - 0.5, 1), max(h, 0.5), cls,
+                        f"{unit} {label}: {c.saturated:,} of {c.fp8_values:,} FP8 values at ±448 ({100 * v:.4g}%)"))
+    if cells:
+        out.append(text(5, base + 12, cells[0][0], "lab"))
+        out.append(text(5 + len(cells) * w, base + 12, cells[-1][0], "lab", "end"))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def range_svg(title: str, cells: list[tuple[str, CellHealth | None]], unit: str) -> str:
+    """One small multiple of the float scales' range: a bar per layer (expert) from log10 of its least to its
+    greatest finite scale, on one log axis for all."""
+    ranged = [(label, c) for label, c in cells if c is not None and c.scale_min is not None and c.scale_max is not None]
+    logs = [math.log10(v) for _, c in ranged for v in (c.scale_min, c.scale_max) if v is not None and v > 0]
+    lo, hi = (min(logs), max(logs)) if logs else (0.0, 1.0)
+    span = (hi - lo) or 1.0
+    low = median([c.scale_min for _, c in ranged if c.scale_min is not None]) if ranged else 0.0
+    high = median([c.scale_max for _, c in ranged if c.scale_max is not None]) if ranged else 0.0
+    w = max(2.0, min(8.0, 480 / max(len(cells), 1)))
+    base = 60
+    out = [svg_open(max(w * len(cells) + 10, CHAR_W * len(title) + 6), 84, title), text(2, 10, title, "lab")]
+    for k, (label, c) in enumerate(cells):
+        if c is None or c.scale_min is None or c.scale_max is None:
+            continue
+        y0 = 44 * (math.log10(c.scale_min) - lo) / span if c.scale_min > 0 else 0.0
+        y1 = 44 * (math.log10(c.scale_max) - lo) / span if c.scale_max > 0 else 0.0
+        cls = "e" if c.scale_min <= 0 else "w" if _off(c.scale_min, low) or _off(c.scale_max, high) else "ok"
+        out.append(rect(5 + k * w, base - y1, max(w - 0.5, 1), max(y1 - y0, 1.0), cls,
+                        f"{unit} {label}: scales {c.scale_min:.4g} to {c.scale_max:.4g}"))
+    if cells:
+        out.append(text(5, base + 12, cells[0][0], "lab"))
+        out.append(text(5 + len(cells) * w, base + 12, cells[-1][0], "lab", "end"))
+        if logs:
+            out.append(text(w * len(cells) + 8, 10, f"1e{hi:.0f}", "lab", "end"))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def figures_charts(layers: tuple[CellHealth, ...], experts: tuple[CellHealth, ...], grid: Grid | None) -> list[str]:
+    """The saturation share and the scales' range per layer and per expert."""
+    by_layer = {c.row: c for c in layers}
+    rows = [r.key for r in grid.rows] if grid is not None else sorted((k for k in by_layer if k.isdigit()), key=int)
+    per_layer = [(k, by_layer.get(k)) for k in rows]
+    by_expert = {c.expert: c for c in experts}
+    n = max((c.strip for c in grid.columns), default=0) if grid is not None else max(by_expert, default=-1) + 1
+    per_expert = [(str(i), by_expert.get(i)) for i in range(n)] if by_expert else []
+    charts = []
+    if any(c is not None and c.fp8_values for _, c in per_layer):
+        charts.append("<figure>" + share_svg("±448 share per layer", per_layer, "layer")
+                      + (share_svg("±448 share per expert", per_expert, "expert") if per_expert else "")
+                      + '<figcaption class="mut">FP8 values at ±448 of those read</figcaption></figure>')
+    if any(c is not None and c.scale_min is not None for _, c in per_layer):
+        charts.append("<figure>" + range_svg("scale range per layer", per_layer, "layer")
+                      + (range_svg("scale range per expert", per_expert, "expert") if per_expert else "")
+                      + '<figcaption class="mut">least to greatest finite scale, log axis</figcaption></figure>')
+    return charts
+
+
+def health_section(findings: tuple[Finding, ...], grid: Grid | None, layout: ExpectedLayout | None,
+                   layer_health: tuple[CellHealth, ...] = (), expert_health: tuple[CellHealth, ...] = ()) -> str:
+    """Per health code: the values (blocks) flagged, summed per layer and per expert index; then the
+    saturation share and the scales' range per layer and per expert."""
     health = [f for f in findings if f.code in HEALTH_CODES]
     saturated = [f for f in findings if f.code == "FP8_SATURATED"]
     parts: list[str] = []
     if saturated:
         parts.append(f"<p>{esc(saturated[0].message)}</p>")
+    figures = figures_charts(layer_health, expert_health, grid)
     if not health:
         parts.append("<p>No NaN codes, all-zero blocks, NaN/Inf values or non-positive scales found.</p>")
+        if figures:
+            parts.append('<div class="multiples">' + "".join(figures) + "</div>")
         return section("health", "Weight health", *parts)
     where = locator(layout) if layout is not None else None
     layers = [r.key for r in grid.rows] if grid is not None else []
@@ -90,5 +177,5 @@ def health_section(findings: tuple[Finding, ...], grid: Grid | None, layout: Exp
                          if experts and by_expert else "")
                       + f'<figcaption class="mut">{plural(len(named), "tensor")} drawn'
                       + (f" of {total:,} with {esc(code)}" if total > len(named) else "") + "</figcaption></figure>")
-    parts.append('<div class="multiples">' + "".join(charts) + "</div>")
+    parts.append('<div class="multiples">' + "".join(charts + figures) + "</div>")
     return section("health", "Weight health", *parts)

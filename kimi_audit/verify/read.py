@@ -58,6 +58,29 @@ class TensorPlan(NamedTuple):
     code is a value)."""
     block: tuple[int, int] | None = None
     """FP8 2-D weights: the quantization block, for the all-zero block check."""
+    cell: tuple[str, int] | None = None
+    """FP8 weights and float scales: (layer row, expert index or -1), the grid cell whose weight-health figures
+    (CellHealth) the tensor adds to; None: not kept."""
+
+
+class CellHealth(NamedTuple):
+    """The weight-health figures of one (layer, expert) cell, summed over its tensors (FP8 weights: values and
+    ±448 values; float scales: the least and greatest finite one). Kept per cell, not per tensor: a full-scale
+    checkpoint has ~140k tensors but ~24k cells, and the report keeps only the sums per layer and per expert."""
+
+    row: str
+    expert: int
+    """-1: the layer's tensors outside the routed experts."""
+    fp8_values: int = 0
+    saturated: int = 0
+    scale_min: float | None = None
+    scale_max: float | None = None
+
+    def merge(self, other: CellHealth) -> CellHealth:
+        lo = [v for v in (self.scale_min, other.scale_min) if v is not None]
+        hi = [v for v in (self.scale_max, other.scale_max) if v is not None]
+        return self._replace(fp8_values=self.fp8_values + other.fp8_values, saturated=self.saturated + other.saturated,
+                             scale_min=min(lo) if lo else None, scale_max=max(hi) if hi else None)
 
 
 @dataclass(frozen=True)
@@ -111,6 +134,8 @@ class FileResult:
     holes: tuple[tuple[int, int], ...] = ()
     error: str | None = None
     changed: str | None = None
+    cells: tuple[CellHealth, ...] = ()
+    """Per (layer, expert) cell of the tensors planned with one: FP8 values, ±448 values, the scales' range."""
     """Why the bytes read are not the file as it is (appended, written, cut or replaced during the read):
     no sha256 then (FILE_CHANGED)."""
 
@@ -203,6 +228,10 @@ class _State:
         self.tensor_sha: dict[str, str] = {}
         self.counts: dict[tuple[str, str], list[int]] = {}
         self.saturated: dict[str, int] = {}
+        self.cells: dict[tuple[str, int], list[int]] = {}
+        """(row, expert) -> [FP8 values, ±448 values]."""
+        self.ranges: dict[tuple[str, int], tuple[float, float]] = {}
+        """(row, expert) -> (least finite float scale, greatest)."""
         self.zero_from: dict[str, int] = {}
         """FP8 weight -> where its all-zero block screen goes on from (bands before it are checked)."""
         self.zero_check = {t.name for t in task.tensors if t.block is not None and block_checked(t)}
@@ -284,6 +313,13 @@ class _State:
                 self._add(t, "FP8_NAN", nan, a - t.begin + first)
             if sat:
                 self.saturated[t.name] = self.saturated.get(t.name, 0) + sat
+            if t.cell is not None:
+                c = self.cells.get(t.cell)
+                if c is None:
+                    self.cells[t.cell] = [b - a, sat]
+                else:
+                    c[0] += b - a
+                    c[1] += sat
             if t.block is not None and t.name in self.zero_check:
                 self._zero_blocks(scanner, t, t.block, a, b, base)
             return
@@ -305,7 +341,10 @@ class _State:
             nan, nan_first, inf, inf_first = scanner.floats(a - base, b - base, t.dtype)
             bad, bad_first = 0, -1
         else:
-            nan, nan_first, inf, inf_first, bad, bad_first = scanner.scales(a - base, b - base, t.dtype)
+            nan, nan_first, inf, inf_first, bad, bad_first, lo, hi = scanner.scales(a - base, b - base, t.dtype)
+            if t.cell is not None and lo is not None and hi is not None:
+                r = self.ranges.get(t.cell)
+                self.ranges[t.cell] = (lo, hi) if r is None else (min(r[0], lo), max(r[1], hi))
         for code, n, first in (("VALUE_NAN", nan, nan_first), ("VALUE_INF", inf, inf_first),
                                ("SCALE_NOT_POSITIVE", bad, bad_first)):
             if n:
@@ -351,4 +390,9 @@ class _State:
             self.file_hash.hexdigest() if self.file_hash is not None and whole else None,
             self.bytes_read, time.monotonic() - started, self.tensor_sha if whole else {}, health,
             sum(self.saturated.values()), len(self.saturated), self.scanned, self.absent, self.task.holes, error,
-            changed)
+            changed, self._cells())
+
+    def _cells(self) -> tuple[CellHealth, ...]:
+        keys = list(self.cells) + [k for k in self.ranges if k not in self.cells]
+        return tuple(CellHealth(row, expert, *self.cells.get((row, expert), (0, 0)),
+                                *self.ranges.get((row, expert), (None, None))) for row, expert in keys)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kimi_audit.findings import Finding, Severity
+from kimi_audit.verify.read import CellHealth
 
 OK = "ok"
 MISMATCH = "mismatch"
@@ -49,6 +50,10 @@ class VerifyReport:
     tensors_scanned: int = 0
     interrupted: bool = False
     manifest_written: str | None = None
+    layers: tuple[CellHealth, ...] = ()
+    """Weight health per layer row (expert -1): FP8 values, ±448 values, the float scales' range."""
+    experts: tuple[CellHealth, ...] = ()
+    """The same per routed-expert index (row ''), summed over the layers."""
 
     @property
     def bytes_total(self) -> int:

@@ -18,7 +18,7 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +41,7 @@ from kimi_audit.verify.findings import (
 )
 from kimi_audit.verify.manifest import Manifest, ignored, write_manifest
 from kimi_audit.verify.pool import ProgressFn, default_workers, ignore_sigint, run_tasks
-from kimi_audit.verify.read import CHUNK, FileResult, FileTask, TensorPlan, tensor_kind
+from kimi_audit.verify.read import CHUNK, FP8, SCALE, CellHealth, FileResult, FileTask, TensorPlan, tensor_kind
 from kimi_audit.verify.references import Reference
 from kimi_audit.verify.result import (
     ABSENT,
@@ -146,9 +146,11 @@ def _compare(p: Prepared, results: dict[str, FileResult], interrupted: bool) -> 
     findings += health_findings([results[t.name] for t in tasks if t.name in results])
     workers = f"Ray at {options.ray_address}" if options.ray_address is not None else \
         f"{max(1, min(options.workers or default_workers(), len(tasks)))} processes"
+    layers, experts = weight_health(results[t.name] for t in tasks if t.name in results)
     report = VerifyReport(
         src.label, src.revision, tuple(r.where for r in target.references), rows, tuple(findings),
-        time.monotonic() - p.started, workers, sum(r.tensors_scanned for r in results.values()), interrupted)
+        time.monotonic() - p.started, workers, sum(r.tensors_scanned for r in results.values()), interrupted,
+        layers=layers, experts=experts)
     manifest = Manifest(_model_name(src), {r.name: r.sha256 for r in rows if r.sha256}, src.revision, src.label,
                         {n: r.tensor_sha256 for n, r in results.items() if r.tensor_sha256},
                         tuple(sorted(target.exclude)))
@@ -190,6 +192,7 @@ def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -
     if ckpt.index is not None:
         referenced |= set(ckpt.index.weight_map.values())
     outside = set(src.outside_links()) if root is not None else set()
+    cell_of = _cell_of(ckpt)
     for name in ckpt.files:
         if name in target.exclude or (ignored(name) and name not in referenced):
             continue
@@ -199,8 +202,9 @@ def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -
             start = header.data_start
             c = header.columns
             tensors = tuple(sorted(
-                (TensorPlan(n, d, s, start + b, start + e, tensor_kind(n, d, s), block)
-                 for n, d, s, b, e in zip(c.names, c.dtypes, c.shapes, c.begins, c.ends)),
+                (TensorPlan(n, d, s, start + b, start + e, kind, block, cell_of(n) if kind in (FP8, SCALE) else None)
+                 for n, d, s, b, e in zip(c.names, c.dtypes, c.shapes, c.begins, c.ends)
+                 for kind in (tensor_kind(n, d, s),)),
                 key=lambda t: t.begin))
         chunk = options.chunk or CHUNK
         if root is None:  # the Hub: streamed
@@ -230,6 +234,31 @@ def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -
         tasks.append(FileTask(name, size, path=os.path.realpath(path), tensors=tensors, holes=holes,
                               tensor_hashes=options.tensor_hashes, chunk=chunk))
     return tasks
+
+
+def _cell_of(ckpt: Checkpoint) -> Callable[[str], tuple[str, int]]:
+    """A tensor name -> its (layer row, expert index or -1) in the report's grid (report.grid's locator)."""
+    from kimi_audit.report.grid import locator
+
+    names = locator(ckpt.expected)
+
+    def cell(name: str) -> tuple[str, int]:
+        row, column, index = names.cell(name)
+        return row, index if index >= 0 and column else -1
+
+    return cell
+
+
+def weight_health(results: Iterable[FileResult]) -> tuple[tuple[CellHealth, ...], tuple[CellHealth, ...]]:
+    """The files' cells summed per layer row (expert -1) and per expert index (row '')."""
+    layers: dict[str, CellHealth] = {}
+    experts: dict[int, CellHealth] = {}
+    for r in results:
+        for c in r.cells:
+            layers[c.row] = layers[c.row].merge(c) if c.row in layers else c._replace(expert=-1)
+            if c.expert >= 0:
+                experts[c.expert] = experts[c.expert].merge(c) if c.expert in experts else c._replace(row="")
+    return tuple(layers.values()), tuple(experts[k] for k in sorted(experts))
 
 
 def _what(path: Path) -> str:
