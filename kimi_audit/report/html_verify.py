@@ -12,8 +12,9 @@ from statistics import median
 from typing import Any
 
 from kimi_audit.findings import Finding
+from kimi_audit.model.cells import locator
 from kimi_audit.model.layout import ExpectedLayout
-from kimi_audit.report.grid import Grid, locator
+from kimi_audit.report.grid import Grid
 from kimi_audit.report.svg import CHAR_W, CW, RH, esc, multiples_svg, rect, section, svg_open, text
 from kimi_audit.report.table import plural
 from kimi_audit.verify.read import CellHealth

@@ -10,7 +10,8 @@ from __future__ import annotations
 import html
 import re
 
-from kimi_audit.report.grid import OUTSIDE, Cell, Column, Grid, Mark, Row
+from kimi_audit.model.cells import OUTSIDE, Cell
+from kimi_audit.report.grid import Column, Grid, Mark, Row
 
 _UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
                      "\ud800-\udfff\ufdd0-\ufdef\ufffe\uffff]")

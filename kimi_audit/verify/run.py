@@ -237,8 +237,8 @@ def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -
 
 
 def _cell_of(ckpt: Checkpoint) -> Callable[[str], tuple[str, int]]:
-    """A tensor name -> its (layer row, expert index or -1) in the report's grid (report.grid's locator)."""
-    from kimi_audit.report.grid import locator
+    """A tensor name -> its (layer row, expert index or -1) in the grid the HTML report draws (model.cells)."""
+    from kimi_audit.model.cells import locator
 
     names = locator(ckpt.expected)
 
