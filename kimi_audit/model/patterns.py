@@ -54,7 +54,7 @@ class NamePatterns:
         hits = [False] * len(names)
         if not names:
             return hits
-        starts = list(accumulate((len(n) + 1 for n in names[:-1]), initial=0))
+        starts = list(accumulate(map((1).__add__, map(len, names[:-1])), initial=0))  # each line's offset
         for m in self.lines.finditer("\n".join(names)):
             hits[bisect_right(starts, m.start()) - 1] = True
         return hits
