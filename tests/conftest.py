@@ -190,3 +190,17 @@ def replica_hub(hub: FakeHub, replica_dir: Path) -> FakeHub:
     """`hub`, also serving the full-scale replica as REPLICA_REPO at REPLICA_COMMIT (the pinned default target)."""
     hub.add_repo(REPLICA_REPO, replica_dir, commit=REPLICA_COMMIT)
     return hub
+
+
+@pytest.fixture(scope="module")
+def quiet_transformers() -> Iterator[None]:
+    """No progress bars and no load reports from transformers on the test output (a test reads them from
+    loading_info); the modules that build transformers models use it for all their tests (pytestmark)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    yield
+    hf_logging.enable_progress_bar()
+    hf_logging.set_verbosity(verbosity)

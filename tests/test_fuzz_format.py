@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fake_sources import NoCapabilities
 from header_mutations import CLASSES, corpus, generate, valid_spec
 from kimi_audit.constants import DTYPE_BITS, HEADER_LENGTH_BYTES, MAX_HEADER_BYTES
 from kimi_audit.findings import Finding, Severity
@@ -190,7 +191,7 @@ def test_a_huge_rank_is_refused_from_its_length() -> None:
 
 # --- reads stay within the header -----------------------------------------------------------------
 
-class CountingSource:
+class CountingSource(NoCapabilities):
     """Wraps a Source and records every range read; whole-file reads are a failure here."""
 
     def __init__(self, inner: LocalSource) -> None:
@@ -211,21 +212,6 @@ class CountingSource:
         r = self.inner.read_range(name, start, length)
         self.reads.append((name, start, length, len(r.data)))
         return r
-
-    # The Source protocol's optional capabilities: none (a plain wrapper of range reads).
-    remote, root = False, None
-
-    def file_size(self, name):
-        return None
-
-    def holes(self, name, start=0, length=None):
-        return ()
-
-    def lfs_sha256(self, name):
-        return None
-
-    def outside_links(self):
-        return ()
 
 
 @pytest.fixture(scope="module")

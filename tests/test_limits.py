@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from fake_sources import NoCapabilities
 from hub_server import FakeHub
 from kimi_audit.checks.audit import audit_source
 from kimi_audit.constants import CONFIG_FILE, INDEX_FILE, MAX_CONFIG_BYTES, MAX_HEADER_BYTES, MAX_INDEX_BYTES
@@ -49,7 +50,7 @@ def traced_peak(fn):  # type: ignore[no-untyped-def]
         tracemalloc.stop()
 
 
-class CountingSource:
+class CountingSource(NoCapabilities):
     def __init__(self, inner: LocalSource, parallel_reads: int = 1) -> None:
         self.inner, self.label, self.revision, self.parallel_reads = inner, inner.label, None, parallel_reads
         self.ranges: list[tuple[str, int, int]] = []
@@ -75,21 +76,6 @@ class CountingSource:
 
     def bytes_read(self, name: str) -> int:
         return sum(n for s, _, n in self.ranges if s == name)
-
-    # The Source protocol's optional capabilities: none (a plain wrapper of range reads).
-    remote, root = False, None
-
-    def file_size(self, name):
-        return None
-
-    def holes(self, name, start=0, length=None):
-        return ()
-
-    def lfs_sha256(self, name):
-        return None
-
-    def outside_links(self):
-        return ()
 
 
 def sparse(path: Path, prefix: bytes, size: int) -> Path:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, DeepseekV4Config, KimiLinearConfig, PreTrainedModel
 from transformers.conversion_mapping import get_model_conversion_mapping
 from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
-from transformers.utils import logging as hf_logging
 from typer.testing import CliRunner
 
 from kimi_audit.checks.audit import AuditReport, audit_source
@@ -42,15 +41,7 @@ from kimi_audit.model.kinds import BUFFER
 from kimi_audit.model.layout import expected_layout
 from kimi_audit.sources import LocalSource
 
-
-@pytest.fixture(scope="module", autouse=True)
-def quiet_transformers() -> Iterator[None]:
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    yield
-    hf_logging.enable_progress_bar()
-    hf_logging.set_verbosity(verbosity)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 # --- 1. the full-size layout is transformers' state_dict ------------------------------------------------------

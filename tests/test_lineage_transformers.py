@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ from transformers import (
     Kimi_K25Config,
     Kimi_K25ForConditionalGeneration,
 )
-from transformers.utils import logging as hf_logging
 from typer.testing import CliRunner
 
 from kimi_audit.checks.audit import AuditReport, audit_source
@@ -76,14 +74,7 @@ MTP_DECLARED = {"deepseek_v32": True, "kimi_k25": True, "glm_moe_dsa": False}
 has no such key (GLM-5's layer 78 is dropped on load)."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def quiet_transformers() -> Iterator[None]:
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    yield
-    hf_logging.enable_progress_bar()
-    hf_logging.set_verbosity(verbosity)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import copy
 import json
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,7 +23,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-from transformers.utils import logging as hf_logging
 
 from kimi_audit.checks.audit import AuditReport, audit_source
 from kimi_audit.constants import INDEX_FILE
@@ -49,15 +48,7 @@ Not quantization_config: transformers' FP8 quantizer needs an accelerator, and w
 (see DIFFERENCES). `model_type` kimi_k2 is unknown to transformers; its architecture is DeepseekV3's."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def quiet_transformers() -> Iterator[None]:
-    """No progress bars and no load reports on the test output (the reports are read from loading_info)."""
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    yield
-    hf_logging.enable_progress_bar()
-    hf_logging.set_verbosity(verbosity)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 def transformers_config(raw: dict[str, Any], **over: Any) -> DeepseekV3Config:
