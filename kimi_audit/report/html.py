@@ -21,7 +21,7 @@ from kimi_audit.model.kinds import module_name
 from kimi_audit.report.grid import Grid, build_grid
 from kimi_audit.report.grouping import group_findings, ignored_line
 from kimi_audit.report.html_verify import files_section, health_section
-from kimi_audit.report.json_report import MAX_GROUPS, clip, report_dict
+from kimi_audit.report.json_report import MAX_GROUPS, clip_value, report_dict
 from kimi_audit.report.svg import bars_svg, esc, grid_svg, outside_svg, section
 from kimi_audit.report.table import plural
 from kimi_audit.report.verify_data import verify_dict
@@ -60,7 +60,7 @@ LEGEND = ('<p class="legend"><span><i class="sw ok"></i>no finding</span><span><
 
 
 def page(kind: str, source: str, verdict: str, sections: list[str]) -> str:
-    source = clip(source)
+    source = clip_value(source)
     cls = "pass" if verdict == "PASS" else "partial" if verdict.startswith(("PARTIAL", "INTERRUPTED")) else "fail"
     return "".join([
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
@@ -74,7 +74,7 @@ def page(kind: str, source: str, verdict: str, sections: list[str]) -> str:
 
 
 def definitions(rows: list[tuple[str, str]]) -> str:
-    return "<dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{esc(clip(v))}</dd>" for k, v in rows) + "</dl>"
+    return "<dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{esc(clip_value(v))}</dd>" for k, v in rows) + "</dl>"
 
 
 def _scheme(q: Any) -> str:
@@ -159,8 +159,8 @@ def findings_section(findings: tuple[Finding, ...], extra: str = "") -> str:
         covers = sum(f.covers for f in g.members)
         rows.append(f'<tr><td class="sev-{esc(g.severity)}">{esc(g.severity)}</td>'
                     f'<td class="c"><code>{esc(g.code)}</code></td><td class="n">{g.count:,}</td>'
-                    f'<td class="n">{covers:,}</td><td><code>{esc(clip(g.pattern))}</code></td>'
-                    f"<td>{esc(clip(g.example.message))}</td></tr>")
+                    f'<td class="n">{covers:,}</td><td><code>{esc(clip_value(g.pattern))}</code></td>'
+                    f"<td>{esc(clip_value(g.example.message))}</td></tr>")
     more = (f'<p class="mut">… and {len(groups) - MAX_GROUPS:,} more groups (--json --all-findings lists every '
             "finding)</p>" if len(groups) > MAX_GROUPS else "")
     table = ("<table><thead><tr><th>severity</th><th>code</th><th>count</th><th>covers</th><th>tensor / shard</th>"

@@ -79,7 +79,7 @@ def report_dict(report: AuditReport, fail_on: Severity = Severity.ERROR, all_fin
         ],
         "findings": listed,
         "finding_groups": [
-            {"code": g.code, "severity": g.severity, "pattern": clip(g.pattern), "count": g.count,
+            {"code": g.code, "severity": g.severity, "pattern": clip_value(g.pattern), "count": g.count,
              "covers": sum(f.covers for f in g.members)}
             for g in (groups if all_findings else groups[:MAX_GROUPS])
         ],
@@ -103,7 +103,9 @@ def listing(findings: tuple[Finding, ...], groups: list[FindingGroup], all_findi
     return [clipped(f) for f in picked]
 
 
-def clip(v: Any) -> Any:
+def clip_value(v: Any) -> Any:
+    """A value of the JSON report cut to MAX_TEXT characters (a string, or the JSON text of a structure);
+    numbers, booleans and null as they are. (Prose for a terminal is cut by kimi_audit.text.clip.)"""
     if isinstance(v, str):
         return v if len(v) <= MAX_TEXT else v[:MAX_TEXT] + "…"
     if v is None or isinstance(v, bool | int | float):
@@ -113,7 +115,7 @@ def clip(v: Any) -> Any:
 
 
 def clipped(f: Finding) -> dict[str, Any]:
-    return {k: clip(v) for k, v in f.to_json().items()}
+    return {k: clip_value(v) for k, v in f.to_json().items()}
 
 
 def render_json(report: AuditReport, fail_on: Severity = Severity.ERROR, all_findings: bool = False) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from kimi_audit.constants import VERSION
 from kimi_audit.findings import Severity
 from kimi_audit.report.grouping import group_findings
-from kimi_audit.report.json_report import MAX_GROUPS, clip, listing
+from kimi_audit.report.json_report import MAX_GROUPS, clip_value, listing
 from kimi_audit.verify.read import CellHealth
 from kimi_audit.verify.result import VerifyReport
 
@@ -45,7 +45,7 @@ def verify_dict(report: VerifyReport, all_findings: bool = False) -> dict[str, A
         ],
         "findings": listed,
         "finding_groups": [
-            {"code": g.code, "severity": g.severity, "pattern": clip(g.pattern), "count": g.count,
+            {"code": g.code, "severity": g.severity, "pattern": clip_value(g.pattern), "count": g.count,
              "covers": sum(f.covers for f in g.members)}
             for g in (groups if all_findings else groups[:MAX_GROUPS])
         ],
