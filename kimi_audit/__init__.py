@@ -5,6 +5,9 @@ The public API (loaded on first use, so `kimi-audit --version` stays light):
 - `audit(source, revision=None, *, values=False)` -> `AuditReport` (see kimi_audit.api);
 - `AuditReport`: `.findings`, `.stats`, `.verdict()`, `.exit_code(fail_on="error")`, `.to_dict()` (the
   audit's own report, checks.audit.AuditReport, in `.audit`);
+- `layout(config, *, dialect=None)` -> what a checkpoint of that config must hold (name, dtype, shape, kind,
+  scheme of every tensor), in the release's names or a writer's dialect;
+- `tensor(source, name, *, dequantize=False)` -> one tensor fetched by byte range and checked (TensorCheck);
 - `Finding`, `Severity`, and `KimiAuditError` (unusable input, with a stable `.code`).
 """
 
@@ -14,14 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from kimi_audit.constants import VERSION as __version__
 
-__all__ = ["AuditReport", "Finding", "KimiAuditError", "Severity", "__version__", "audit"]
+__all__ = ["AuditReport", "Finding", "KimiAuditError", "Severity", "__version__", "audit", "layout", "tensor"]
 
 if TYPE_CHECKING:
-    from kimi_audit.api import AuditReport, audit
+    from kimi_audit.api import AuditReport, audit, layout, tensor
     from kimi_audit.errors import KimiAuditError
     from kimi_audit.findings import Finding, Severity
 
-_LAZY = {"audit": "kimi_audit.api", "AuditReport": "kimi_audit.api", "Finding": "kimi_audit.findings",
+_LAZY = {"audit": "kimi_audit.api", "layout": "kimi_audit.api", "tensor": "kimi_audit.api",
+         "AuditReport": "kimi_audit.api", "Finding": "kimi_audit.findings",
          "Severity": "kimi_audit.findings", "KimiAuditError": "kimi_audit.errors"}
 
 

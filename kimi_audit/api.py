@@ -14,16 +14,25 @@ Unusable input (no config.json, an unreachable Hub, ...) raises KimiAuditError (
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kimi_audit.checks import audit as checks_audit
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport
 from kimi_audit.checks.stats import Stats
+from kimi_audit.constants import MAX_CONFIG_BYTES
+from kimi_audit.errors import ConfigError, KimiAuditError
 from kimi_audit.findings import Finding, Severity
+from kimi_audit.model.arch.registry import dialects, model_types
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.report.json_report import report_dict
 from kimi_audit.sources import open_source
+
+if TYPE_CHECKING:
+    from kimi_audit.checks.tensor import TensorCheck
+    from kimi_audit.model.layout import ExpectedLayout
 
 
 @dataclass(frozen=True)
@@ -138,3 +147,55 @@ def audit(
 
         return AuditReport(audit_with_values(src, progress, values_progress))
     return AuditReport(checks_audit.audit_source(src, progress))
+
+
+def layout(config: str | os.PathLike[str] | Mapping[str, Any], revision: str | None = None, *,
+           dialect: str | None = None) -> ExpectedLayout:
+    """What a checkpoint of `config` must hold: every tensor's name, dtype, shape, kind and the quantization
+    scheme of the module it stores (an ExpectedLayout: a Mapping name -> ExpectedTensor, in checkpoint order),
+    in the release's names, or in a writer's `dialect` (`transformers`: its save_pretrained spelling).
+
+    `config`: a config.json path, its parsed dict, or a checkpoint (a local directory or a Hub repo id
+    `owner/name[@revision]`) whose config.json is read. KimiAuditError for a config of no registered
+    architecture or a dialect the architecture does not have."""
+    from kimi_audit.model.layout import expected_layout
+
+    cfg = _config_of(config, revision)
+    if not cfg.layout_supported:
+        raise ConfigError(f"model_type {cfg.model_type!r} is no architecture kimi-audit describes "
+                          f"({', '.join(model_types())})")
+    expected = expected_layout(cfg)
+    if dialect is None:
+        return expected
+    from kimi_audit.model.dialect import respelled
+
+    known = dialects(cfg)
+    chosen = [d for d in known if d.name.split()[0] == dialect or d.name == dialect]
+    if not chosen:
+        names = ", ".join(d.name.split()[0] for d in known) or "none"
+        raise KimiAuditError(f"{cfg.model_type} has no dialect {dialect!r} (its dialects: {names})")
+    return respelled(expected, chosen[0])
+
+
+def _config_of(config: str | os.PathLike[str] | Mapping[str, Any], revision: str | None) -> ModelConfig:
+    from kimi_audit.model.checkpoint import load_config
+    from kimi_audit.model.config import model_config_from_dict, parse_config_bytes
+    from kimi_audit.sources.files import read_small_file
+
+    if isinstance(config, Mapping):
+        return model_config_from_dict(dict(config))
+    path = os.fspath(config)
+    if path.endswith(".json") and os.path.isfile(path):
+        return parse_config_bytes(read_small_file(path, MAX_CONFIG_BYTES))[1]
+    return load_config(open_source(path, revision))[1]
+
+
+def tensor(source: str | os.PathLike[str], name: str, revision: str | None = None, *, dequantize: bool = False,
+           max_bytes: int | None = None) -> TensorCheck:
+    """One tensor fetched by byte range and checked (`kimi-audit tensor`): its statistics, its module's scales
+    and, with `dequantize`, the statistics of its dequantized weight (TensorCheck.doc; `.ok`, `.findings`)."""
+    from kimi_audit.checks.tensor import check_tensor
+    from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES
+
+    return check_tensor(open_source(os.fspath(source), revision), name, dequant=dequantize,
+                        max_bytes=DEFAULT_MAX_TENSOR_BYTES if max_bytes is None else max_bytes)

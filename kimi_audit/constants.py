@@ -20,6 +20,9 @@ MAX_HEADER_BYTES = 100_000_000
 MAX_CONFIG_BYTES = 1_000_000
 MAX_INDEX_BYTES = 64_000_000
 
+WIDE_FLOATS = ("F32", "BF16", "F16")
+"""The float dtypes unquantized weights, gains and biases are written in (config.json's `dtype` and F32)."""
+
 # Bits per element of every dtype the safetensors format defines.
 DTYPE_BITS: dict[str, int] = {
     "BOOL": 8,

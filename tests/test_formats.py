@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from kimi_audit.model.arch import deepseek_v4
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.quant.deepseek import Fp4Experts, Fp8Block
 from kimi_audit.model.quant.dispatch import quant_plan
@@ -296,6 +297,8 @@ def test_e8m0_decoding_equals_torch_and_compressed_tensors() -> None:
 # ------------------------------------------------------------------ DeepSeek-V4
 
 
+V4_RELEASE = deepseek_v4.ARCHITECTURE.quant
+"""How DeepSeek-V4's release writes FP8 (its architecture's record)."""
 V4_QUANT = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128],
             "activation_scheme": "dynamic"}
 
@@ -308,7 +311,7 @@ def test_v4_selects_fp8_with_scale_names_and_fp4_experts(where: str) -> None:
         config["expert_dtype"] = "fp4"
     else:
         q["expert_dtype"] = "fp4"
-    plan = quant_plan(q, "BF16", config)
+    plan = quant_plan(q, "BF16", config, V4_RELEASE)
     assert plan is not None
     fp8 = plan.scheme_for("layers.3.attn.wq_a")
     fp4 = plan.scheme_for("layers.3.ffn.experts.17.w1")
@@ -322,7 +325,7 @@ def test_v4_selects_fp8_with_scale_names_and_fp4_experts(where: str) -> None:
                                       Stored(".scale", "F8_E8M0", (2048, 128), "scale"))
     assert [g["targets"] for g in plan.summary()["groups"]] == [["Linear"], ["re:(?:.*\\.)?experts\\.\\d+\\."]]
     flash_base = quant_plan({k: v for k, v in V4_QUANT.items() if k != "scale_fmt"}, "BF16",
-                            {"model_type": "deepseek_v4"})
+                            {"model_type": "deepseek_v4"}, V4_RELEASE)
     assert flash_base is not None and flash_base.schemes == (Fp8Block(scale_suffix=".scale", scale_fmt=None),)
 
 
@@ -622,7 +625,7 @@ def test_v4_release_loads_in_transformers_with_no_missing_or_unexpected_keys(tmp
     if how == "dequantize":
         assert fp8 == [] and experts == []
         assert all(t.dtype != torch.float8_e4m3fn and t.dtype != torch.int8 for t in state.values())
-        plan = quant_plan(release.config["quantization_config"], "BF16", release.config)
+        plan = quant_plan(release.config["quantization_config"], "BF16", release.config, V4_RELEASE)
         assert plan is not None
         twin: dict[str, torch.Tensor] = {}
         for name, t in release.tensors.items():

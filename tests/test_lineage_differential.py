@@ -36,7 +36,8 @@ from kimi_audit.cli import app
 from kimi_audit.constants import INDEX_FILE
 from kimi_audit.errors import ConfigError
 from kimi_audit.findings import Finding, Severity
-from kimi_audit.model.config import ModelConfig, model_config_from_dict
+from kimi_audit.model.config import model_config_from_dict
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.kinds import BUFFER
 from kimi_audit.model.layout import expected_layout
 from kimi_audit.sources import LocalSource

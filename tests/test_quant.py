@@ -17,7 +17,7 @@ from kimi_audit.model.quant.compressed.naive import FloatQuantized, IntQuantized
 from kimi_audit.model.quant.compressed.pack import PackQuantized
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.dispatch import quant_plan
-from kimi_audit.model.quant.scheme import QuantPlan, Scheme, Unquantized, UnsupportedQuantization
+from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Unquantized, UnsupportedQuantization
 from kimi_audit.replica.models import replica_model
 
 DATA = Path(__file__).parent / "data"
@@ -60,17 +60,19 @@ def test_quant_plan_dispatches_through_the_registry() -> None:
     class (here a throwaway one, removed from the registry afterwards)."""
 
     class Probe(Unquantized):
+        key = "probe"
         formats = (("probe-method", "probe-format"),)
 
         @classmethod
-        def plan(cls, q: dict, plain: Unquantized, config: dict) -> QuantPlan:
+        def plan(cls, q: dict, plain: Unquantized, config: dict, release: ReleaseQuant) -> QuantPlan:
             return QuantPlan(cls(dtype="F16"), plain)
 
     try:
         plan = quant_plan({"quant_method": "probe-method", "format": "probe-format"}, "BF16")
         assert plan is not None and type(plan.quantized) is Probe and plan.quantized.dtype == "F16"
     finally:
-        del Scheme.registry[("probe-method", "probe-format")]
+        Probe.unregister()
+    assert ("probe-method", "probe-format") not in Scheme.registry and Probe not in Scheme.classes
     with pytest.raises(UnsupportedQuantization, match="quant_method 'probe-method'"):
         quant_plan({"quant_method": "probe-method", "format": "probe-format"}, "BF16")
     with pytest.raises(UnsupportedQuantization, match="compressed-tensors format 'marlin-24'"):

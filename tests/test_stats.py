@@ -10,8 +10,9 @@ from kimi_audit.checks.stats import compute_stats
 from kimi_audit.format.header import TensorInfo
 from kimi_audit.format.table import TensorTable, tensor_table
 from kimi_audit.model.checkpoint import load_checkpoint
-from kimi_audit.model.kinds import PARAMETER, kind_of
+from kimi_audit.model.kinds import PARAMETER
 from kimi_audit.model.layout import ExpectedLayout
+from kimi_audit.model.roles import kind_of
 from kimi_audit.sources import LocalSource
 
 

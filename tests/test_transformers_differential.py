@@ -28,7 +28,8 @@ from kimi_audit.checks.audit import AuditReport, audit_source
 from kimi_audit.constants import INDEX_FILE
 from kimi_audit.errors import ConfigError
 from kimi_audit.findings import Finding, Severity
-from kimi_audit.model.config import REFERENCE_DEFAULTS, model_config_from_dict, pinned_config_bytes
+from kimi_audit.model.arch.deepseek_v3 import REFERENCE_DEFAULTS
+from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
 from kimi_audit.model.kinds import BUFFER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.sources import LocalSource

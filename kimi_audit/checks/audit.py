@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kimi_audit.checks.index import TRANSFORMERS_BUFFERS, index_findings, index_total_parameters_findings
+from kimi_audit.checks.index import index_findings, index_total_parameters_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
@@ -18,6 +18,7 @@ from kimi_audit.checks.root_causes import attribute, covered, fold_quantization,
 from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import Finding, Severity, warning
 from kimi_audit.format.table import tensor_table
+from kimi_audit.model.arch.registry import buffered
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
 from kimi_audit.model.layout import layer_block
@@ -137,7 +138,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         specs, spec_of = expected.specs, expected.spec_of  # the parameters of the tensors found (MTP_ABSENT apart)
         found = [specs[spec_of[p]] for p in aligned.positions if p is not None]
         parameters = sum(s.logical for s in found)
-        buffers = sum(s.logical for s in found if s.component in TRANSFORMERS_BUFFERS)
+        kept_as_buffers = buffered()  # router biases transformers registers as buffers: its save's count lacks them
+        buffers = sum(s.logical for s in found if s.component in kept_as_buffers)
         all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes)),
                                                             parameters - buffers))
     all_findings = fold_quantization(fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected)

@@ -53,12 +53,6 @@ def index_total_size_findings(index: IndexFile, headers: dict[str, ShardHeader])
     return out
 
 
-TRANSFORMERS_BUFFERS = frozenset(("mlp.gate.e_score_correction_bias", "ffn.gate.bias",
-                                  "block_sparse_moe.gate.e_score_correction_bias"))
-"""Router biases transformers registers as buffers (DeepseekV3's and Kimi-Linear's correction bias, DeepSeek-V4's
-routing bias): its save_pretrained's total_parameters (num_parameters()) leaves them out."""
-
-
 def index_total_parameters_findings(index: IndexFile | None, parameters: int, stored_elements: int,
                                     without_buffers: int | None = None) -> list[Finding]:
     """metadata.total_parameters against the parameters of the tensors found (packed words standing for the out x

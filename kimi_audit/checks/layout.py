@@ -8,9 +8,10 @@ from typing import NamedTuple
 
 from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.table import TensorTable
-from kimi_audit.model.kinds import BUFFER, METADATA_SUFFIXES, PACKED, PARAMETER, ROTARY_BUFFER, SCALE, role_of
+from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, ROTARY_BUFFER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor
 from kimi_audit.model.quant.deepseek import SCALE_SUFFIX
+from kimi_audit.model.roles import float32_router, metadata_suffixes, role_of, varies_by_writer, weight_suffixes
 
 MISMATCH_CODES = {
     PARAMETER: ("DTYPE_MISMATCH", "SHAPE_MISMATCH"),
@@ -84,10 +85,6 @@ def layout_findings(
     return out
 
 
-ROUTER_F32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias", "ffn.gate.bias",
-              "block_sparse_moe.gate.weight", "block_sparse_moe.gate.e_score_correction_bias")
-"""What transformers keeps in float32 whatever the model's dtype (_keep_in_fp32_modules_strict): DeepseekV3's
-router, DeepSeek-V4's routing bias, Kimi-Linear's router."""
 HALF = ("BF16", "F16")
 
 
@@ -96,7 +93,7 @@ def router_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor) -> Findin
     weights in a BF16/F16 checkpoint (kept F32 on load), or a BF16/F16 router bias (`.to(dtype)` before
     saving: it lost precision DeepSeek keeps, which loaders upcast but cannot restore). Writer variance, not
     a fault (issue 23): info. None for any other deviation."""
-    if e.component not in ROUTER_F32:
+    if not float32_router(e.component):
         return None
     if dtype == "F32" and e.dtype in HALF:
         return info("ROUTER_DTYPE", f"{name}: stored F32 in a {e.dtype} checkpoint (transformers keeps the router "
@@ -115,15 +112,12 @@ def optional_buffer(e: ExpectedTensor) -> bool:
     return e.kind == BUFFER and role_of(e.name) == ROTARY_BUFFER
 
 
-FLOATS = ("F32", "BF16", "F16")
-
-
 def writer_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor, config_dtype: str) -> Finding | None:
     """A norm's gain or a bias (a 1-D parameter outside the Linear weights) in another float dtype than the
     release's, where config.json's dtype explains it (the writer cast it to the config's dtype, or kept it
     in float32): writer variance, info (WRITER_DTYPE). None for any other deviation."""
-    if (e.kind != PARAMETER or e.scheme or len(e.shape) != 1 or e.dtype not in FLOATS
-            or dtype not in (config_dtype, "F32")):
+    if (e.kind != PARAMETER or not varies_by_writer(e.component, e.dtype, len(e.shape), bool(e.scheme))
+            or len(e.shape) != 1 or dtype not in (config_dtype, "F32")):
         return None
     return info("WRITER_DTYPE", f"{name}: stored {dtype}, the release stores {e.dtype}: a writer that keeps the "
                 f"config's dtype ({config_dtype}) or float32 for it; loaders cast it", tensor=name, shard=shard,
@@ -214,9 +208,9 @@ def _missing(
 
 
 def _unexpected(name: str, dtype: str, shard: str, actual: TensorTable, expected: ExpectedLayout) -> list[Finding]:
-    if name.endswith(METADATA_SUFFIXES):
+    if name.endswith(metadata_suffixes()):
         module = name[:name.rindex(".")]
-        owners = [module + ".weight", module + ".weight_packed"]
+        owners = [module + suffix for suffix in weight_suffixes()]
         present = [w for w in owners if w in actual]
         if not present:
             return [error("SCALE_ORPHAN", f"{name}: quantization metadata without its weight {owners[0]}",

@@ -8,7 +8,7 @@ from operator import methodcaller
 
 from kimi_audit.format.table import TensorLookup
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.layout import ExpectedLayout, layer_block
 
 COMPONENT = "self_attn.q_a_layernorm.weight"

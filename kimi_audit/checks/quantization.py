@@ -6,13 +6,13 @@ from collections import Counter
 from typing import Any
 
 from kimi_audit.findings import Finding, error, warning
+from kimi_audit.model.arch.registry import architecture_of
 from kimi_audit.model.quant.dispatch import implemented
 from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 
 EXPECTED = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(DEEPSEEK_FP8_BLOCK)}
-"""The family's FP8 settings (DeepSeek-V3's): what QUANT_CONFIG compares an fp8 quantization_config with."""
-V4_1_BLOCK = (32, 32)
-"""DeepSeek-V4.1's FP8 block, accepted for model_type deepseek_v4."""
+"""The family's FP8 settings (DeepSeek-V3's): what QUANT_CONFIG compares an fp8 quantization_config with; the
+block may be any of those the architecture's release uses (model.arch: DeepSeek-V4.1's [32, 32])."""
 
 
 def quantization_findings(
@@ -36,10 +36,11 @@ def quantization_findings(
     out: list[Finding] = []
     if not isinstance(q, dict) or q.get("quant_method") != "fp8":
         return out  # compressed-tensors: what its plan implements was decided when the config was read
-    v41_block = config_raw.get("model_type") == "deepseek_v4" and q.get("weight_block_size") == list(V4_1_BLOCK)
+    arch = architecture_of(config_raw)
+    blocks = [list(b) for b in (arch.quant.blocks if arch is not None else (DEEPSEEK_FP8_BLOCK,))]
     for key, want in EXPECTED.items():
         got = q.get(key)
-        if got != want and not (key == "weight_block_size" and v41_block):
+        if got != want and not (key == "weight_block_size" and got in blocks):
             out.append(error("QUANT_CONFIG", f"quantization_config.{key} is {got!r}, expected {want!r} "
                              "(block-wise FP8 e4m3 with 128x128 scales)", tensor=f"quantization_config.{key}",
                              expected=want, actual=got))

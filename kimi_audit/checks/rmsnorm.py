@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kimi_audit.errors import KimiAuditError
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.layout import scheme_of
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.scheme import FP8_DTYPE, fp8_block

@@ -20,9 +20,9 @@ from itertools import compress
 
 from kimi_audit.constants import INDEX_FILE
 from kimi_audit.findings import Finding, Severity, info, warning
-from kimi_audit.model.arch.registry import UNDESCRIBED
+from kimi_audit.model.arch.registry import undescribed
 from kimi_audit.model.checkpoint import Checkpoint
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.layout import ExpectedLayout
 
 ROOT_SHARD_CODES = ("INDEX_SHARD_ABSENT", "SHARD_UNREADABLE")
@@ -131,7 +131,7 @@ def fold_undescribed(findings: list[Finding], cfg: ModelConfig) -> list[Finding]
     """Tensors of a part of the release its architecture's description leaves out (DeepSeek-V4's `mtp.N.*`)
     are one info finding, not one TENSOR_UNEXPECTED each."""
     kept = findings
-    for pattern, what in UNDESCRIBED.get(cfg.model_type, {}).items():
+    for pattern, what in undescribed(cfg.model_type).items():
         match = re.compile(pattern).match
         mine = [f for f in kept if f.code == "TENSOR_UNEXPECTED" and match(f.tensor or "")]
         if mine:

@@ -13,8 +13,9 @@ from math import prod
 from kimi_audit.checks.layout import Alignment, align
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.format.table import TensorTable
-from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE, kind_of
+from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE
 from kimi_audit.model.layout import ExpectedLayout
+from kimi_audit.model.roles import kind_of
 
 KIND_ORDER = (PARAMETER, PACKED, SCALE, BUFFER)
 

@@ -28,6 +28,7 @@ from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding, Severity, error, info, warning
 from kimi_audit.format.header import ShardHeader, TensorInfo
 from kimi_audit.model import kinds
+from kimi_audit.model.roles import role_of, suffix_roles, weight_suffixes
 from kimi_audit.numerics.tensor_io import data_holes, in_hole, read_exact, windowed_map
 from kimi_audit.sources.base import Source
 
@@ -78,7 +79,7 @@ VALUE_KINDS = {kinds.BLOCK_SCALE: SCALE, kinds.V4_SCALE: SCALE, kinds.GROUP_SCAL
 def value_kind(name: str, dtype: str) -> str | None:
     """Which small tensor class a name (of that dtype) belongs to, or None for everything else. A `.scale` is
     DeepSeek-V4's scale only as F8_E8M0 (transformers' dialects name other tensors so: `attn_hc.scale`)."""
-    role = kinds.role_of(name)
+    role = role_of(name)
     if role == kinds.V4_SCALE and dtype != "F8_E8M0":
         return None
     return VALUE_KINDS.get(role)
@@ -357,14 +358,17 @@ def _expected(code: str) -> str | None:
 
 
 def packed_shapes(layout: ExpectedLayout) -> dict[str, tuple[int, int]]:
-    """`X.weight_shape` -> the [out, in] the layout gives module X, for every packed (INT4) module."""
+    """`X.weight_shape` -> the [out, in] the layout gives module X, for every packed (INT4) module (the packed
+    and shape suffixes: the formats' own, model.roles)."""
     out: dict[str, tuple[int, int]] = {}
+    packed = weight_suffixes()[1:]
+    shapes = [s for s, role in suffix_roles() if role == kinds.WEIGHT_SHAPE]
     for pos, name in enumerate(layout.names):
-        if name.endswith(".weight_packed"):
+        if packed and name.endswith(packed):
             spec = layout.specs[layout.spec_of[pos]]
             rows = spec.shape[0]
             if rows:
-                out[name[: -len("_packed")] + "_shape"] = (rows, spec.logical // rows)
+                out.update((kinds.module_name(name) + s, (rows, spec.logical // rows)) for s in shapes)
     return out
 
 

@@ -26,7 +26,8 @@ from kimi_audit.format.estimate import first_read_bytes
 from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header, parse_fetched
 from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
-from kimi_audit.model.config import ModelConfig, parse_config_bytes
+from kimi_audit.model.config import parse_config_bytes
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.dialect import resolve_dialect
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.sources.base import Source

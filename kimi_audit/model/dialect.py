@@ -14,7 +14,7 @@ from operator import methodcaller
 from kimi_audit.findings import Finding, info
 from kimi_audit.model.arch.registry import dialects
 from kimi_audit.model.arch.spec import Dialect
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 
 

@@ -25,12 +25,10 @@ from kimi_audit.model.accounting.tree import (
     collapse,
     tensor_slot,
 )
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.arch.spec import MTP
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.explain_docs import DOCS, RMSNORM_MATH
-from kimi_audit.model.kinds import METADATA_SUFFIXES
-
-WEIGHT_SUFFIXES = (".weight", ".weight_packed")
-
+from kimi_audit.model.roles import metadata_suffixes, weight_suffixes
 
 
 @dataclass(frozen=True)
@@ -125,8 +123,8 @@ def find_nodes(acc: Accounting, cfg: ModelConfig, query: str) -> list[Node]:
         if not hits:
             block, comp, _ = tensor_slot(cfg, q)
             # a weight's own tensor or its quantization metadata: the Linear module it stores
-            module = comp.rpartition(".")[0] if comp.endswith(METADATA_SUFFIXES + WEIGHT_SUFFIXES) else None
-            prefix = {None: "", "dense": "blocks.dense.", "moe": "blocks.moe.", "mtp": "mtp."}.get(block, "?")
+            module = comp.rpartition(".")[0] if comp.endswith(metadata_suffixes() + weight_suffixes()) else None
+            prefix = "" if block is None else "mtp." if block == MTP else f"blocks.{block}."
             hits = [n for n in nodes if n.is_leaf and n.key.startswith(prefix)
                     and any(p.component == comp or (p.scheme and p.component.rpartition(".")[0] == module)
                             for p in n.parts) and (block is not None or "." not in n.key)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.config_fields import ModelConfig
 
 RMSNORM_MATH = (
     "m₂(x) = (1/d) Σⱼ xⱼ²",

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from kimi_audit.constants import DTYPE_BITS
 from kimi_audit.model.arch.registry import describe
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP, Buffer, Group, Node, Param, indexed, product
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.kinds import BUFFER, PARAMETER, SCALE
 from kimi_audit.model.quant.scheme import Scheme, Unquantized
 

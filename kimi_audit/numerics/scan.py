@@ -23,6 +23,8 @@ from __future__ import annotations
 import mmap
 from typing import TYPE_CHECKING
 
+from kimi_audit.constants import DTYPE_BITS
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -35,7 +37,6 @@ len/2**13 of ±448) is counted with numpy instead."""
 
 # dtype -> (unsigned view, exponent mask, sign-cleared mask)
 FLOAT_BITS = {"BF16": ("<u2", 0x7F80, 0x7FFF), "F16": ("<u2", 0x7C00, 0x7FFF), "F32": ("<u4", 0x7F800000, 0x7FFFFFFF)}
-ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}
 
 Buffer = bytes | bytearray | mmap.mmap
 
@@ -160,7 +161,7 @@ class Scanner:
     def _bits(self, a: int, b: int, dtype: str) -> np.ndarray:
         import numpy as np
 
-        return np.frombuffer(self.buf, FLOAT_BITS[dtype][0], count=(b - a) // ITEMSIZE[dtype], offset=a)
+        return np.frombuffer(self.buf, FLOAT_BITS[dtype][0], count=(b - a) * 8 // DTYPE_BITS[dtype], offset=a)
 
     def floats(self, a: int, b: int, dtype: str) -> tuple[int, int, int, int]:
         """(NaN, first NaN or -1, ±Inf, first Inf or -1) among the values at buf[a:b]."""

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from kimi_audit.constants import CONFIG_FILE, DTYPE_BITS, INDEX_FILE
-from kimi_audit.model.config import ModelConfig, parse_config_bytes
+from kimi_audit.model.config import parse_config_bytes
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.kinds import (
     BLOCK_SCALE,
     BUFFER,
@@ -33,9 +34,9 @@ from kimi_audit.model.kinds import (
     ROTARY_BUFFER,
     ROUTER_BIAS,
     WEIGHT_SHAPE,
-    role_of,
 )
 from kimi_audit.model.layout import expected_layout
+from kimi_audit.model.roles import role_of
 from kimi_audit.replica.models import DEFAULT_MODEL, plain_name, replica_model
 
 if TYPE_CHECKING:

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
+from kimi_audit.model.arch.registry import architecture
 from kimi_audit.model.explain import Card
 from kimi_audit.model.kinds import PACKED, SCALE
 
@@ -114,5 +115,5 @@ def _stored_lines(card: Card) -> list[str]:
 
 
 def _model_title(model_type: str) -> str:
-    return {"kimi_k2": "Kimi K2", "deepseek_v3": "DeepSeek-V3", "deepseek_v32": "DeepSeek-V3.2"}.get(
-        model_type, model_type)
+    arch = architecture(model_type)
+    return model_type if arch is None else arch.title(model_type)

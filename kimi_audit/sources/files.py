@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 
-from kimi_audit.errors import NotRegularFileError
+from kimi_audit.errors import NotRegularFileError, SourceError
 
 _FILE_TYPES = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
                stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
@@ -39,3 +39,19 @@ def open_regular(path: str | os.PathLike[str], name: str, *, follow: bool = True
         kind = _FILE_TYPES.get(stat.S_IFMT(mode), "not a regular file")
         raise NotRegularFileError(f"{name} is {kind}, not a regular file: not read")
     return fd
+
+
+def read_small_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """A whole small regular file (a config.json given by path): refused past `max_bytes`, never read past it;
+    an OS error is a SourceError naming the file."""
+    name = os.fspath(path)
+    try:
+        with os.fdopen(open_regular(path, name), "rb") as f:
+            raw = f.read(max_bytes + 1)
+    except NotRegularFileError:
+        raise
+    except OSError as e:
+        raise SourceError(f"{name}: cannot be read ({e.strerror or e})") from None
+    if len(raw) > max_bytes:
+        raise SourceError(f"{name} is over {max_bytes:,} bytes: not read")
+    return raw

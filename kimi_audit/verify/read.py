@@ -20,7 +20,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from kimi_audit.model.kinds import SCALE_ROLES, role_of
+from kimi_audit.constants import DTYPE_BITS
+from kimi_audit.model.kinds import SCALE_ROLES
+from kimi_audit.model.roles import role_of
 
 if TYPE_CHECKING:
     from kimi_audit.numerics.scan import Scanner
@@ -157,7 +159,7 @@ def unit_of(t: TensorPlan) -> int:
     an element."""
     if t.kind == FP8 and t.block is not None and len(t.shape) == 2 and t.block[0] * t.shape[1] <= MAX_UNIT:
         return t.block[0] * t.shape[1]
-    return {"BF16": 2, "F16": 2, "F32": 4}.get(t.dtype, 1)
+    return max(DTYPE_BITS.get(t.dtype, 8) // 8, 1)
 
 
 def block_checked(t: TensorPlan) -> bool:
@@ -334,7 +336,7 @@ class _State:
                 if n:
                     self._add(t, code, n, a - t.begin + at)
             return
-        size = {"BF16": 2, "F16": 2, "F32": 4}[t.dtype]
+        size = DTYPE_BITS[t.dtype] // 8
         a -= (a - t.begin) % size  # a span may end mid-element: the element is checked with the next span
         b -= (b - t.begin) % size if b < t.end else 0
         if t.kind == FLOAT:

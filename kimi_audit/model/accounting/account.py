@@ -10,7 +10,8 @@ from kimi_audit.format.table import Located
 from kimi_audit.model.accounting.model import ModelBuilder
 from kimi_audit.model.accounting.summary import PUBLISHED, Activation, Comparison, MtpSummary
 from kimi_audit.model.accounting.tree import Accounting, Node
-from kimi_audit.model.config import ModelConfig, parse_config_bytes, pinned_config_bytes
+from kimi_audit.model.config import parse_config_bytes, pinned_config_bytes
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.layout import ExpectedTensor, expected_layout
 
 

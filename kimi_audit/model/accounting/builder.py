@@ -20,9 +20,10 @@ from kimi_audit.format.table import Located
 from kimi_audit.model.accounting.summary import DtypeRow, ExcludedRow, sum_rows
 from kimi_audit.model.accounting.tree import UNACCOUNTED, FoundTensor, Node, Part, StoredPart, collapse, tensor_slot
 from kimi_audit.model.arch.spec import Factor
-from kimi_audit.model.config import ModelConfig
-from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE, kind_of
+from kimi_audit.model.config_fields import ModelConfig
+from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, layer_block, scheme_of
+from kimi_audit.model.roles import kind_of, varies_by_writer
 
 Mult = tuple[tuple[int, str], ...]
 Slot = tuple[str | None, str]
@@ -33,14 +34,9 @@ def module_of(component: str) -> str:
     return component.rpartition(".")[0]
 
 
-FLOATS = ("F32", "BF16", "F16")
-ROUTER_WEIGHT = "mlp.gate.weight"
-
-
 def writer_variance(p: Part) -> bool:
-    """A part whose float dtype writers vary (checks.layout's WRITER_DTYPE and ROUTER_DTYPE, info): a
-    norm's gain, a bias, the router; not a Linear weight or an embedding table."""
-    return not p.scheme and p.dtype in FLOATS and (len(p.factors) == 1 or p.component.endswith(ROUTER_WEIGHT))
+    """A part whose float dtype writers vary (model.roles.varies_by_writer, as checks.layout reads it)."""
+    return varies_by_writer(p.component, p.dtype, len(p.factors), bool(p.scheme))
 
 
 class _Rows:

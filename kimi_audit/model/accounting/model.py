@@ -15,7 +15,7 @@ from kimi_audit.format.names import ranges
 from kimi_audit.model.accounting.builder import Builder, Mult
 from kimi_audit.model.accounting.summary import sum_rows
 from kimi_audit.model.accounting.tree import Node, Part
-from kimi_audit.model.arch.registry import describe
+from kimi_audit.model.arch.registry import block_titles, describe
 from kimi_audit.model.arch.spec import (
     ATTENTION_BIAS_KEYS,
     BLOCK_KEYS,
@@ -34,16 +34,12 @@ BLOCK_LABEL = {DENSE: ("dense block", "dense blocks"), MOE: ("MoE block", "MoE b
                MTP: ("MTP layer", "MTP layers")}
 
 
-MLP_WORDS = {DENSE: "dense", MOE: "MoE", "moe_hash": "hash-routed MoE"}
-
-
 def block_label(block: str) -> tuple[str, str]:
-    """(one, many) of a block kind: BLOCK_LABEL's, or an architecture's own (`moe_hash_csa`: "hash-routed MoE
-    CSA block")."""
+    """(one, many) of a block kind: BLOCK_LABEL's, or its architecture's words for it (`moe_hash_csa`:
+    "hash-routed MoE CSA block")."""
     if block in BLOCK_LABEL:
         return BLOCK_LABEL[block]
-    mlp, _, attention = block.rpartition("_")
-    words = f"{MLP_WORDS.get(mlp, mlp)} {attention.upper()}"
+    words = block_titles().get(block, block)
     return f"{words} block", f"{words} blocks"
 
 

@@ -16,12 +16,12 @@ from typing import NamedTuple
 
 from kimi_audit.format.names import ranges
 from kimi_audit.model.accounting.summary import Activation, Comparison, DtypeRow, ExcludedRow, MtpSummary
+from kimi_audit.model.arch.registry import dialects
 from kimi_audit.model.arch.spec import Factor
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.kinds import PARAMETER
 from kimi_audit.model.layout import layer_block
 
-LAYER_RE = re.compile(r"^(?:language_model\.)?model\.layers\.(\d+)\.(.+)$")
 EXPERT_RE = re.compile(r"(?<=\.experts\.)\d+\.")
 DIGITS_RE = re.compile(r"\d+")
 
@@ -278,14 +278,18 @@ class Accounting:
 # --- mapping checkpoint tensors to (block kind, component) ----------------------------------------
 
 def tensor_slot(cfg: ModelConfig, name: str, blocks: list[str] | None = None) -> tuple[str | None, str, int | None]:
-    """(block kind or None, component with expert index removed, layer or None) of a tensor name.
+    """(block kind or None, component with expert index removed, layer or None) of a tensor name: a layer's
+    when it starts with the config's layer prefix (`model.layers.N.`, DeepSeek-V4's `layers.N.`,
+    `language_model.model.layers.N.`) or a dialect's spelling of it.
 
     `blocks` (layer -> block kind) may be passed to save recomputing it per tensor."""
-    m = LAYER_RE.match(name)
-    if m is None:
+    for prefix in layer_prefixes(cfg):
+        index, dot, rest = name[len(prefix):].partition(".") if name.startswith(prefix) else ("", "", "")
+        if dot and index.isascii() and index.isdigit() and rest:
+            break
+    else:
         return None, name, None
-    layer = int(m.group(1))
-    rest = m.group(2)
+    layer = int(index)
     if blocks is not None:
         block = blocks[layer] if layer < len(blocks) else UNACCOUNTED
     else:
@@ -293,6 +297,13 @@ def tensor_slot(cfg: ModelConfig, name: str, blocks: list[str] | None = None) ->
     if ".experts." in rest:
         rest = EXPERT_RE.sub("", rest, count=1)
     return block, rest, layer
+
+
+def layer_prefixes(cfg: ModelConfig) -> tuple[str, ...]:
+    """The config's layer prefix, then each of its dialects' spelling of it."""
+    probe = f"{cfg.layer_prefix}0."
+    spelled = (d.rename(probe) for d in dialects(cfg))
+    return tuple(dict.fromkeys([cfg.layer_prefix, *(p[:-2] for p in spelled if p.endswith(".0."))]))
 
 
 def collapse(names: Iterable[str]) -> list[str]:

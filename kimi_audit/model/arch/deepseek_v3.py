@@ -10,6 +10,9 @@ DeepSeek-V3.2-Exp's inference/model.py `Indexer`; it takes the place of the rota
 
 from __future__ import annotations
 
+from typing import Any
+
+from kimi_audit.errors import ConfigError
 from kimi_audit.model.arch.spec import (
     ATTENTION_BIAS_KEYS,
     BLOCK_KEYS,
@@ -18,6 +21,7 @@ from kimi_audit.model.arch.spec import (
     MOE,
     MTP,
     QUANT_KEYS,
+    Architecture,
     Buffer,
     Dialect,
     Factor,
@@ -27,11 +31,104 @@ from kimi_audit.model.arch.spec import (
     ModelTree,
     Node,
     Param,
+    register,
 )
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.config_fields import (
+    ModelConfig,
+    bounded,
+    quantization,
+    read_eps,
+    read_int,
+    weights_dtype,
+)
+from kimi_audit.model.kinds import ROTARY_BUFFER, ROUTER_BIAS
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32")
 """The config model_types this description is registered for (model.arch.registry)."""
+V32 = "deepseek_v32"
+"""DeepSeek-V3.2: the sparse-attention indexer in every layer, F32 norm gains."""
+
+REFERENCE_DEFAULTS: dict[str, Any] = {
+    "moe_intermediate_size": 2048,
+    "q_lora_rank": 1536,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "topk_method": "noaux_tc",
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "rms_norm_eps": 1e-6,
+}
+"""What a key absent from config.json means: the defaults of `DeepseekV3Config.__init__` in DeepSeek's
+configuration_deepseek.py (the reference the layout mirrors), so an omitted key builds the model that code
+builds. transformers' DeepseekV3Config (5.x) agrees on every value it has, but has no `topk_method` (its
+DeepseekV3TopkRouter always holds `e_score_correction_bias`, i.e. noaux_tc) and no `moe_layer_freq` (every
+layer from `first_k_dense_replace` on is MoE, i.e. 1), so it never writes them; it writes
+`num_nextn_predict_layers` (default 1) but builds and saves no MTP layer.
+
+The dimensions (hidden_size, intermediate_size, kv_lora_rank, heads and head dims, num_hidden_layers,
+vocab_size) stay required: every writer records them, and a config without them is not one to audit against
+the 671B defaults; their absence is a ConfigError that names the key.
+"""
+
+
+
+def read(cfg: dict[str, Any]) -> ModelConfig:
+    return read_family(cfg, REFERENCE_DEFAULTS, indexer=cfg.get("model_type") == V32,
+                       norm_f32=cfg.get("model_type") == V32)
+
+
+def read_family(cfg: dict[str, Any], defaults: dict[str, Any], *, indexer: bool, norm_f32: bool) -> ModelConfig:
+    """A DeepseekV3-shaped config (GLM-5's and Kimi-K2.5's text model too): `defaults` for absent keys (its
+    configuration class's), `indexer`: V3.2's sparse-attention indexer in every layer, `norm_f32`: F32 gains."""
+
+    def i(key: str, optional: bool = False) -> Any:
+        return read_int(cfg, key, defaults, optional=optional)
+
+    def d(key: str) -> Any:
+        return cfg.get(key, defaults[key])
+
+    dtype = weights_dtype(cfg)
+    plan, unsupported = quantization(cfg, dtype, ARCHITECTURE.quant)
+    eps = read_eps(cfg, defaults["rms_norm_eps"])
+    moe_layer_freq = i("moe_layer_freq")
+    if moe_layer_freq == 0:
+        raise ConfigError("config.json moe_layer_freq must be at least 1")
+    bounded(i("num_hidden_layers") + i("num_nextn_predict_layers"), i("n_routed_experts", optional=True) or 0)
+    return ModelConfig(
+        model_type=str(cfg.get("model_type", MODEL_TYPES[0])),
+        hidden_size=i("hidden_size"),
+        intermediate_size=i("intermediate_size"),
+        moe_intermediate_size=i("moe_intermediate_size"),
+        q_lora_rank=i("q_lora_rank", optional=True),
+        kv_lora_rank=i("kv_lora_rank"),
+        num_attention_heads=i("num_attention_heads"),
+        qk_nope_head_dim=i("qk_nope_head_dim"),
+        qk_rope_head_dim=i("qk_rope_head_dim"),
+        v_head_dim=i("v_head_dim"),
+        num_hidden_layers=i("num_hidden_layers"),
+        first_k_dense_replace=i("first_k_dense_replace"),
+        moe_layer_freq=moe_layer_freq,
+        n_routed_experts=i("n_routed_experts", optional=True),
+        n_shared_experts=i("n_shared_experts", optional=True),
+        num_experts_per_tok=i("num_experts_per_tok", optional=True),
+        topk_method=d("topk_method"),
+        vocab_size=i("vocab_size"),
+        tie_word_embeddings=bool(d("tie_word_embeddings")),
+        num_nextn_predict_layers=i("num_nextn_predict_layers"),
+        attention_bias=bool(d("attention_bias")),
+        dtype=dtype,
+        rms_norm_eps=eps,
+        quant=plan,
+        quant_unsupported=unsupported,
+        index_n_heads=i("index_n_heads", optional=True) if indexer else None,
+        index_head_dim=i("index_head_dim", optional=True) if indexer else None,
+        norm_dtype="F32" if norm_f32 else dtype,
+    )
+
 
 MTP_EMBED_NOTE = ("A copy of model.embed_tokens.weight: the MTP module shares the main embedding at inference. "
                   "Left out of the total counted once.")
@@ -209,3 +306,15 @@ class _Describe:
             Leaf("shared_head_head", "shared_head.head", "MTP output head", "shared_head_head",
                  (Linear("shared_head.head", (v,), (h,)),), lk, MTP_HEAD_NOTE),
         ))
+
+
+ROUTER_FP32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+"""DeepseekV3's router, kept in float32 by transformers (_keep_in_fp32_modules_strict)."""
+ROUTER_BIAS_SUFFIX = ".e_score_correction_bias"
+
+ARCHITECTURE = register(Architecture(
+    name="DeepSeek-V3", model_types=MODEL_TYPES, read=read, describe=describe,
+    class_names=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"),
+    titles={"kimi_k2": "Kimi K2", V32: "DeepSeek-V3.2"},
+    float32_routers=ROUTER_FP32, buffered=("mlp.gate.e_score_correction_bias",),
+    value_roles=((ROUTER_BIAS_SUFFIX, ROUTER_BIAS), (".inv_freq", ROTARY_BUFFER))))

@@ -24,9 +24,13 @@ experts): the quantization scheme's (model.quant), not this tree's.
 
 from __future__ import annotations
 
+from typing import Any
+
+from kimi_audit.errors import ConfigError
 from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
+    Architecture,
     Buffer,
     Dialect,
     Factor,
@@ -36,8 +40,20 @@ from kimi_audit.model.arch.spec import (
     ModelTree,
     Node,
     Param,
+    register,
 )
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.config_fields import (
+    I64_MAX,
+    ModelConfig,
+    read_eps,
+    read_int,
+    read_layer_types,
+    scheduled,
+)
+from kimi_audit.model.kinds import ROUTER_BIAS
+from kimi_audit.model.quant.deepseek import V4_SCALE_SUFFIX
+from kimi_audit.model.quant.scheme import ReleaseQuant
+from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 
 MODEL_TYPES = ("deepseek_v4",)
 TRANSFORMERS = Dialect(
@@ -53,6 +69,77 @@ UNDESCRIBED = {r"^mtp\.\d+\.": "the multi-token-prediction module (`mtp.N.*`), w
 
 GAIN = "Learned gain"
 F32 = "F32"
+
+# Block kinds: the MLP kind, then the attention kind (model_summary counts `moe*` as MoE layers).
+SWA, CSA, HCA = "swa", "csa", "hca"
+V4_ATTENTION = {"sliding_attention": SWA, "compressed_sparse_attention": CSA, "heavily_compressed_attention": HCA}
+V4_RATIO = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+"""DeepSeek's legacy `compress_ratios` (one int per layer) as layer types (_COMPRESS_RATIO_TO_LAYER_TYPE)."""
+V4_MLP = {"moe": "moe", "hash_moe": "moe_hash"}
+
+V4_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 129280, "hidden_size": 4096, "moe_intermediate_size": 2048, "num_hidden_layers": 43,
+    "num_attention_heads": 64, "head_dim": 512, "q_lora_rank": 1024, "num_experts_per_tok": 6,
+    "n_routed_experts": 256, "n_shared_experts": 1, "hc_mult": 4, "o_groups": 8, "o_lora_rank": 1024,
+    "index_n_heads": 64, "index_head_dim": 128, "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-6, "num_hash_layers": 3,
+}
+"""transformers 5.25 DeepseekV4Config's defaults (the V4-Flash dimensions; `default_num_hash_layers` 3)."""
+V4_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+
+def read(cfg: dict[str, Any]) -> ModelConfig:
+    """DeepSeek-V4: every layer MoE (the first `num_hash_layers` hash-routed), attention sliding-window (SWA),
+    compressed sparse (CSA, with the lightning indexer) or heavily compressed (HCA), as DeepseekV4Config reads
+    `layer_types` / legacy `compress_ratios` and `mlp_layer_types` / legacy `num_hash_layers`."""
+    d = V4_DEFAULTS
+
+    def g(key: str) -> Any:
+        return read_int(cfg, key, d)
+
+    n = g("num_hidden_layers")
+    attention = read_layer_types(cfg, "layer_types", set(V4_ATTENTION), n)
+    if attention is None and cfg.get("compress_ratios") is not None:
+        ratios = cfg["compress_ratios"]
+        if not isinstance(ratios, list) or any(r not in V4_RATIO for r in ratios) or len(ratios) < n:
+            raise ConfigError(f"config.json 'compress_ratios' must give one of {sorted(V4_RATIO)} per layer")
+        attention = [V4_RATIO[r] for r in ratios[:n]]
+    if attention is None:  # transformers' default: 2 HCA layers, then CSA and HCA interleaved
+        attention = ["heavily_compressed_attention"] * min(n, 2) + [
+            "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention" for i in range(max(n - 2, 0))]
+    mlp = read_layer_types(cfg, "mlp_layer_types", set(V4_MLP), n)
+    if mlp is None:
+        hashed = g("num_hash_layers")
+        mlp = ["hash_moe"] * min(n, hashed) + ["moe"] * max(0, n - hashed)
+    rates = dict(V4_RATES)
+    if isinstance(cfg.get("compress_rates"), dict):
+        rates.update(cfg["compress_rates"])
+    for legacy, kind in (("compress_rate_csa", "compressed_sparse_attention"),
+                         ("compress_rate_hca", "heavily_compressed_attention")):
+        if cfg.get(legacy) is not None:
+            rates[kind] = cfg[legacy]
+    for kind, r in rates.items():
+        if type(r) is not int or not 1 <= r <= I64_MAX:
+            raise ConfigError(f"config.json compress rate of {kind} must be a positive integer, got {r!r}")
+    head_dim = g("head_dim")
+    fields = {
+        "hidden_size": g("hidden_size"), "intermediate_size": g("moe_intermediate_size"),
+        "moe_intermediate_size": g("moe_intermediate_size"), "q_lora_rank": g("q_lora_rank"),
+        "num_attention_heads": g("num_attention_heads"), "qk_nope_head_dim": head_dim, "v_head_dim": head_dim,
+        "num_hidden_layers": n, "n_routed_experts": g("n_routed_experts"), "n_shared_experts": g("n_shared_experts"),
+        "num_experts_per_tok": g("num_experts_per_tok"), "vocab_size": g("vocab_size"),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)), "rms_norm_eps": read_eps(cfg, 1e-6),
+        "layers_at": "layers.",  # the release's names: `layers.N.`, `embed`, `norm`, `hc_head_*` (no `model.`)
+    }
+    dims = {k: g(k) for k in ("head_dim", "hc_mult", "o_groups", "o_lora_rank", "index_n_heads", "index_head_dim",
+                              "num_nextn_predict_layers")}
+    dims["csa_rate"] = rates["compressed_sparse_attention"]
+    dims["hca_rate"] = rates["heavily_compressed_attention"]
+    if dims["o_groups"] < 1 or (fields["num_attention_heads"] * head_dim) % dims["o_groups"]:
+        raise ConfigError("config.json o_groups must divide num_attention_heads × head_dim")
+    kinds = tuple(f"{V4_MLP[m]}_{V4_ATTENTION[a]}" for m, a in zip(mlp, attention))
+    return scheduled(cfg, fields, dims, kinds, ARCHITECTURE.quant)
+
+
 
 
 def describe(cfg: ModelConfig) -> ModelTree:
@@ -210,3 +297,13 @@ class _Describe:
             Leaf(p, p, t, f"{role}_{p}", (Linear(f"{module}.{p}", out, inp),),
                  (BLOCK_KEYS, "moe_intermediate_size", DTYPE_KEYS)) for p, t, out, inp in rows),
             repeat=repeat, index_at="experts." if repeat is not None else "")
+
+
+ARCHITECTURE = register(Architecture(
+    name="DeepSeek-V4", model_types=MODEL_TYPES, read=read, describe=describe, dialects=dialects,
+    class_names=("DeepseekV4ForCausalLM",), undescribed=UNDESCRIBED,
+    quant=ReleaseQuant(scale_suffix=V4_SCALE_SUFFIX, e8m0_scales=True, blocks=(DEEPSEEK_FP8_BLOCK, (32, 32)),
+                       fp4_experts=True, plain=("head",)),
+    float32_routers=("ffn.gate.bias",), buffered=("ffn.gate.bias",), value_roles=(("ffn.gate.bias", ROUTER_BIAS),),
+    block_titles={f"{m}_{a}": f"{'hash-routed MoE' if m == 'moe_hash' else 'MoE'} {a.upper()}"
+                  for m in V4_MLP.values() for a in V4_ATTENTION.values()}))

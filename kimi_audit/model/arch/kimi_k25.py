@@ -14,10 +14,15 @@ reverses those renames imperfectly: the TRANSFORMERS dialect below.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
+from kimi_audit.errors import ConfigError
 from kimi_audit.model.arch import deepseek_v3
 from kimi_audit.model.arch.spec import (
     DTYPE_KEYS,
     QUANT_KEYS,
+    Architecture,
     Dialect,
     Factor,
     Group,
@@ -27,10 +32,53 @@ from kimi_audit.model.arch.spec import (
     Node,
     Param,
     prefixed,
+    register,
 )
-from kimi_audit.model.config import ModelConfig, VisionConfig
+from kimi_audit.model.config_fields import DTYPE_KEYS as CONFIG_DTYPE_KEYS
+from kimi_audit.model.config_fields import ModelConfig, VisionConfig
 
 MODEL_TYPES = ("kimi_k25",)
+VISION_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "patch_size": 14,
+    "pos_emb_height": 64, "pos_emb_width": 64, "merge_kernel_size": [2, 2],
+}
+"""Kimi_K25VisionConfig's defaults (transformers 5.25, models/kimi_k25/configuration_kimi_k25.py)."""
+PROJECTION_HIDDEN_DEFAULT = 1152
+"""Kimi_K25Config.projection_hidden_size's default (the same file)."""
+
+
+def read(cfg: dict[str, Any]) -> ModelConfig:
+    """The nested `text_config` is a DeepseekV3 config (Kimi-K2's); its `quantization_config` may sit inside it
+    or at the top (both are read; the top one wins), and so may the dtype."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError("config.json (kimi_k25) lacks a text_config object")
+    merged = {**text, "model_type": deepseek_v3.MODEL_TYPES[0]}
+    for key in ("quantization_config", *CONFIG_DTYPE_KEYS):
+        if cfg.get(key) is not None:
+            merged[key] = cfg[key]
+    parsed = deepseek_v3.read(merged)
+    return replace(parsed, model_type=MODEL_TYPES[0], prefix=TEXT_PREFIX, vision=_vision(cfg))
+
+
+def _vision(cfg: dict[str, Any]) -> VisionConfig:
+    raw = cfg.get("vision_config") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError("config.json vision_config is not an object")
+    v = {**VISION_DEFAULTS, **{k: raw[k] for k in VISION_DEFAULTS if k in raw}}
+    for key in VISION_DEFAULTS:
+        if key != "merge_kernel_size" and (type(v[key]) is not int or v[key] <= 0):
+            raise ConfigError(f"config.json vision_config.{key} must be a positive integer, got {v[key]!r}")
+    merge = v["merge_kernel_size"]
+    if not (isinstance(merge, list) and len(merge) == 2 and all(type(m) is int and m > 0 for m in merge)):
+        raise ConfigError(f"config.json vision_config.merge_kernel_size {merge!r} is not [rows, cols]")
+    proj = cfg.get("projection_hidden_size", PROJECTION_HIDDEN_DEFAULT)
+    if proj is None:
+        proj = v["hidden_size"]
+    if type(proj) is not int or proj <= 0:
+        raise ConfigError(f"config.json projection_hidden_size must be a positive integer, got {proj!r}")
+    return VisionConfig(v["hidden_size"], v["intermediate_size"], v["num_hidden_layers"], v["patch_size"],
+                        v["pos_emb_height"], v["pos_emb_width"], (merge[0], merge[1]), proj)
 TEXT_PREFIX = "language_model."
 
 TRANSFORMERS = Dialect(
@@ -119,3 +167,10 @@ def projector(cfg: ModelConfig, v: VisionConfig) -> Group:
         Leaf("proj_2", "proj.2", "Projector out-projection", "projector_out",
              (Linear("mm_projector.proj.2", (h,), (merged,), bias=True),), keys),
     ), role="mm_projector")
+
+
+ARCHITECTURE = register(Architecture(
+    name="Kimi-K2.5", model_types=MODEL_TYPES, read=read, describe=describe, dialects=dialects,
+    class_names=("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"), nests_text=True,
+    float32_routers=deepseek_v3.ROUTER_FP32, buffered=deepseek_v3.ARCHITECTURE.buffered,
+    value_roles=deepseek_v3.ARCHITECTURE.value_roles))

@@ -21,10 +21,15 @@ is not in transformers 5.25 and its config.json was not read: its attention resi
 
 from __future__ import annotations
 
+from typing import Any
+
+from kimi_audit.errors import ConfigError
+from kimi_audit.model.arch.deepseek_v3 import ROUTER_BIAS_SUFFIX
 from kimi_audit.model.arch.deepseek_v3 import _Describe as _MLA
 from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
+    Architecture,
     Buffer,
     Dialect,
     Factor,
@@ -34,13 +39,77 @@ from kimi_audit.model.arch.spec import (
     ModelTree,
     Node,
     Param,
+    register,
 )
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.config_fields import ModelConfig, read_eps, read_int, read_layer_types, scheduled
+from kimi_audit.model.kinds import ROUTER_BIAS
 
 MODEL_TYPES = ("kimi_linear",)
 TRANSFORMERS_NOTE = ("transformers 5.x's save_pretrained spelling (the dense layers' MLP under "
                      "`block_sparse_moe.` instead of `mlp.`)")
 GAIN = "Learned gain"
+
+KL_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 163840, "hidden_size": 2304, "intermediate_size": 9216, "moe_intermediate_size": 1024,
+    "num_hidden_layers": 27, "num_attention_heads": 32, "n_shared_experts": 1, "kv_lora_rank": 512,
+    "q_lora_rank": None, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+    "num_experts_per_tok": 8, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "attention_bias": False,
+    "n_routed_experts": 256, "linear_head_dim": 128, "linear_num_heads": 32, "linear_conv_kernel_dim": 4,
+    "first_k_dense_replace": 1,
+}
+"""transformers 5.25 KimiLinearConfig's defaults (checkpoint moonshotai/Kimi-Linear-48B-A3B-Instruct)."""
+KL_ALIASES = {"n_routed_experts": ("num_experts", "num_local_experts"),
+              "num_experts_per_tok": ("num_experts_per_token",), "n_shared_experts": ("num_shared_experts",)}
+"""KimiLinearConfig.attribute_map: the names Moonshot's config.json (and transformers' save) writes them under."""
+
+
+KL_ATTENTION = {"linear_attention": "kda", "full_attention": "mla"}
+KL_MLP = {"dense": "dense", "sparse": "moe"}
+
+
+def read(cfg: dict[str, Any]) -> ModelConfig:
+    """Kimi-Linear: KDA linear-attention layers beside MLA layers (`layer_types`, or Moonshot's
+    `linear_attn_config.{kda_layers, full_attn_layers}`, 1-indexed), dense before `first_k_dense_replace`
+    (`mlp_layer_types`), as KimiLinearConfig reads them."""
+    d = KL_DEFAULTS
+
+    def g(key: str, optional: bool = False) -> Any:
+        return read_int(cfg, key, d, aliases=KL_ALIASES.get(key, ()), optional=optional)
+
+    n = g("num_hidden_layers")
+    raw_linear = cfg.get("linear_attn_config")
+    linear: dict[str, Any] = raw_linear if isinstance(raw_linear, dict) else {}
+    attention = read_layer_types(cfg, "layer_types", set(KL_ATTENTION), n)
+    if attention is None and "full_attn_layers" in linear and "kda_layers" in linear:
+        slots: list[str | None] = [None] * n
+        for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
+            for layer in linear[key]:
+                if type(layer) is not int or not 1 <= layer <= n:
+                    raise ConfigError(f"config.json linear_attn_config.{key} holds {layer!r}, not a layer 1..{n}")
+                slots[layer - 1] = kind
+        if None in slots:
+            raise ConfigError("config.json linear_attn_config names no attention type for layer "
+                              f"{slots.index(None) + 1}")
+        attention = [s for s in slots if s is not None]
+    if attention is None:
+        attention = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n)]
+    mlp = read_layer_types(cfg, "mlp_layer_types", set(KL_MLP), n)
+    if mlp is None:
+        first = g("first_k_dense_replace")
+        mlp = ["dense" if i < first else "sparse" for i in range(n)]
+    fields = {k: g(k, optional=k == "q_lora_rank") for k in (
+        "hidden_size", "intermediate_size", "moe_intermediate_size", "q_lora_rank", "kv_lora_rank",
+        "num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+        "n_shared_experts", "num_experts_per_tok", "vocab_size")}
+    fields.update(num_hidden_layers=n, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                  attention_bias=bool(cfg.get("attention_bias", False)), rms_norm_eps=read_eps(cfg, 1e-5))
+    spelled = {"linear_head_dim": "head_dim", "linear_num_heads": "num_heads",
+               "linear_conv_kernel_dim": "short_conv_kernel_size"}
+    dims = {k: read_int(linear, spelled[k], {spelled[k]: g(k)}) for k in spelled}
+    kinds = tuple(f"{KL_MLP[m]}_{KL_ATTENTION[a]}" for m, a in zip(mlp, attention))
+    return scheduled(cfg, fields, dims, kinds, ARCHITECTURE.quant)
+
+
 
 
 def describe(cfg: ModelConfig) -> ModelTree:
@@ -130,3 +199,12 @@ class _Describe(_MLA):
             out.append(self.mlp("shared_experts", "Shared experts", "shared", "block_sparse_moe.shared_experts", sh,
                                 (BLOCK_KEYS, "moe_intermediate_size", "num_shared_experts")))
         return tuple(out)
+
+
+ARCHITECTURE = register(Architecture(
+    name="Kimi-Linear", model_types=MODEL_TYPES, read=read, describe=describe, dialects=dialects,
+    class_names=("KimiLinearForCausalLM",),
+    float32_routers=("block_sparse_moe.gate.weight", "block_sparse_moe.gate.e_score_correction_bias"),
+    buffered=("block_sparse_moe.gate.e_score_correction_bias",), value_roles=((ROUTER_BIAS_SUFFIX, ROUTER_BIAS),),
+    block_titles={f"{m}_{a}": f"{'MoE' if m == 'moe' else 'dense'} {a.upper()}" for m in KL_MLP.values()
+                  for a in KL_ATTENTION.values()}))

@@ -1,36 +1,113 @@
-"""Which description each config `model_type` gets: every architecture module names its MODEL_TYPES, its
-`describe(cfg)` and its `dialects(cfg)` (the other spellings writers give its names); adding an architecture
-is one module and one entry in MODULES. A checkpoint written whole in a dialect is audited against the same
-tree, respelled (model.dialect)."""
+"""Which Architecture each config answers to. Every module of model.arch registers its own record
+(spec.register) when it is imported, and this module imports them all (`load_architectures`): adding an
+architecture is one new module and nothing else. Lists of families, router and buffer names and value roles
+are derived here from the registered records, never written out.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from types import ModuleType
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import Any
 
-from kimi_audit.model.arch import deepseek_v3, deepseek_v4, glm_moe_dsa, kimi_k25, kimi_linear
-from kimi_audit.model.arch.spec import Dialect, ModelTree
-from kimi_audit.model.config import ModelConfig
+from kimi_audit.model.arch.spec import BY_CLASS, REGISTERED, Architecture, Dialect, ModelTree
+from kimi_audit.model.config_fields import ModelConfig
 
-MODULES: tuple[ModuleType, ...] = (deepseek_v3, deepseek_v4, glm_moe_dsa, kimi_k25, kimi_linear)
+__all__ = ["architecture", "architecture_of", "block_titles", "buffered", "describe", "dialects", "float32_routers",
+           "load_architectures", "model_types", "undescribed", "value_roles"]
 
-BY_TYPE: dict[str, ModuleType] = {model_type: module for module in MODULES for model_type in module.MODEL_TYPES}
+DEFAULT_TYPE = "deepseek_v3"
+"""The architecture of a config that names neither a model_type nor architectures (the family's root)."""
 
-ARCHITECTURES: dict[str, Callable[[ModelConfig], ModelTree]] = {
-    model_type: module.describe for model_type, module in BY_TYPE.items()}
-"""model_type -> the function describing a config of it."""
 
-UNDESCRIBED: dict[str, dict[str, str]] = {t: deepseek_v4.UNDESCRIBED for t in deepseek_v4.MODEL_TYPES}
-"""model_type -> tensor names its release stores that its description leaves out (pattern -> what they are)."""
+def load_architectures() -> None:
+    """Imports every module of the model.arch package, so that each registers its Architecture."""
+    package = __name__.rpartition(".")[0]
+    for m in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if m.name not in ("spec", "registry"):
+            importlib.import_module(f"{package}.{m.name}")
+
+
+load_architectures()
+
+
+def model_types() -> tuple[str, ...]:
+    """Every registered model_type, sorted."""
+    return tuple(sorted(REGISTERED))
+
+
+def architecture(model_type: str) -> Architecture | None:
+    return REGISTERED.get(model_type)
+
+
+def architecture_of(cfg: dict[str, Any]) -> Architecture | None:
+    """The registered architecture a config.json names: by its model_type, else by its `architectures`
+    class names; one that names neither is the family root's (a nested `text_config` beside a
+    `vision_config`: the architecture that nests it). None: no registered architecture."""
+    model_type = cfg.get("model_type")
+    if isinstance(model_type, str) and model_type in REGISTERED:
+        return REGISTERED[model_type]
+    archs = cfg.get("architectures")
+    if isinstance(archs, list):
+        for a in archs:
+            if isinstance(a, str) and a in BY_CLASS:
+                return BY_CLASS[a]
+    if "model_type" not in cfg and "architectures" not in cfg:
+        if "text_config" in cfg and "vision_config" in cfg:
+            nested = [a for a in REGISTERED.values() if a.nests_text]
+            if nested:
+                return nested[0]
+        return REGISTERED[DEFAULT_TYPE]
+    return None
+
+
+def _arch(cfg: ModelConfig) -> Architecture:
+    return REGISTERED.get(cfg.model_type) or REGISTERED[DEFAULT_TYPE]
 
 
 def describe(cfg: ModelConfig) -> ModelTree:
-    """The module tree of a supported config (a config that names no model_type is read as DeepSeek-V3's,
-    as model.config.in_family does)."""
-    return ARCHITECTURES.get(cfg.model_type, deepseek_v3.describe)(cfg)
+    """The module tree of a supported config."""
+    return _arch(cfg).describe(cfg)
 
 
 def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
     """The other spellings of the config's tree that writers are known to use (none for most)."""
-    module = BY_TYPE.get(cfg.model_type)
-    return () if module is None else module.dialects(cfg)
+    arch = REGISTERED.get(cfg.model_type)
+    return () if arch is None else arch.dialects(cfg)
+
+
+def undescribed(model_type: str) -> dict[str, str]:
+    """Names the release of `model_type` stores that its description leaves out (pattern -> what they are)."""
+    arch = REGISTERED.get(model_type)
+    return {} if arch is None else dict(arch.undescribed)
+
+
+def _union(attr: str) -> tuple[Any, ...]:
+    out: dict[Any, None] = {}
+    for arch in dict.fromkeys(REGISTERED.values()):
+        out.update(dict.fromkeys(getattr(arch, attr)))
+    return tuple(out)
+
+
+def float32_routers() -> tuple[str, ...]:
+    """Every architecture's router components transformers keeps in float32."""
+    return _union("float32_routers")
+
+
+def buffered() -> frozenset[str]:
+    """Every architecture's parameters transformers registers as buffers."""
+    return frozenset(_union("buffered"))
+
+
+def block_titles() -> dict[str, str]:
+    """Every architecture's own block kinds -> their words (`moe_hash_csa`: "hash-routed MoE CSA")."""
+    out: dict[str, str] = {}
+    for arch in dict.fromkeys(REGISTERED.values()):
+        out.update(arch.block_titles)
+    return out
+
+
+def value_roles() -> tuple[tuple[str, str], ...]:
+    """Every architecture's (suffix, value role) pairs."""
+    return _union("value_roles")

@@ -14,7 +14,13 @@ QUANT_KEYS (`quantization_config` alone, when present) and ATTENTION_BIAS_KEYS (
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from kimi_audit.model.config_fields import ModelConfig
+from kimi_audit.model.quant.scheme import DEEPSEEK_RELEASE, ReleaseQuant
 
 DENSE = "dense"
 MOE = "moe"
@@ -162,3 +168,75 @@ class Dialect:
             if name.startswith(spelled):
                 return canonical + name[len(spelled):]
         return name
+
+
+def no_dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
+    return ()
+
+
+@dataclass(frozen=True, eq=False)
+class Architecture:
+    """Everything this tool knows of one architecture, in one record (llama.cpp's gguf-py keeps one table per
+    architecture; this is that table, typed). Every stage reads it through model.arch.registry: the config
+    reader, the layout and the accounting (its module tree), explain (its words), the checks (its routers,
+    buffers, dialects and quantization conventions), the values pass (its value roles) and the replica."""
+
+    name: str
+    """What the family calls it (`DeepSeek-V4`)."""
+    model_types: tuple[str, ...]
+    """The config.json `model_type`s it answers to."""
+    read: Callable[[dict[str, Any]], ModelConfig]
+    """config.json -> ModelConfig, through model.config_fields' readers (the same bounds and errors for all)."""
+    describe: Callable[[ModelConfig], ModelTree]
+    """Its module tree, in the release's names."""
+    class_names: tuple[str, ...] = ()
+    """config.json `architectures` entries that name it where `model_type` is absent."""
+    nests_text: bool = False
+    """A multimodal config whose text model sits in `text_config` (read as this architecture when neither
+    model_type nor architectures says)."""
+    dialects: Callable[[ModelConfig], tuple[Dialect, ...]] = no_dialects
+    """Other writers' spellings of the tree (transformers' save_pretrained)."""
+    titles: Mapping[str, str] = field(default_factory=dict)
+    """model_type -> the product's name where it differs from `name` (`kimi_k2` -> Kimi K2)."""
+    undescribed: Mapping[str, str] = field(default_factory=dict)
+    """Names its release stores that the tree leaves out: RE2 pattern -> what they are."""
+    quant: ReleaseQuant = DEEPSEEK_RELEASE
+    """How its release writes DeepSeek's FP8 (scale suffix and dtype, blocks, FP4 experts)."""
+    float32_routers: tuple[str, ...] = ()
+    """Components (relative to a layer) transformers keeps in float32 whatever the dtype
+    (_keep_in_fp32_modules_strict): a writer's BF16/F32 variance there is ROUTER_DTYPE info."""
+    buffered: tuple[str, ...] = ()
+    """Parameters transformers registers as buffers (its save's total_parameters leaves them out)."""
+    value_roles: tuple[tuple[str, str], ...] = ()
+    """Name suffixes of its small tensors and their value role (model.kinds: ROUTER_BIAS, ROTARY_BUFFER):
+    the values pass checks them (model.roles)."""
+    block_titles: Mapping[str, str] = field(default_factory=dict)
+    """Block kind -> what explain and the reports call it (DENSE, MOE and MTP have the family's words)."""
+
+    def title(self, model_type: str) -> str:
+        return self.titles.get(model_type, self.name)
+
+
+_REGISTERED: dict[str, Architecture] = {}
+_BY_CLASS: dict[str, Architecture] = {}
+REGISTERED: Mapping[str, Architecture] = MappingProxyType(_REGISTERED)
+"""model_type -> its Architecture (read-only; model.arch.registry loads every module of model.arch first)."""
+BY_CLASS: Mapping[str, Architecture] = MappingProxyType(_BY_CLASS)
+
+
+def register(arch: Architecture) -> Architecture:
+    """Adds an architecture; a model_type or class name already registered is refused (ValueError)."""
+    taken = [t for t in arch.model_types if t in _REGISTERED] + [c for c in arch.class_names if c in _BY_CLASS]
+    if taken:
+        raise ValueError(f"architecture {arch.name}: {', '.join(taken)} already registered")
+    _REGISTERED.update(dict.fromkeys(arch.model_types, arch))
+    _BY_CLASS.update(dict.fromkeys(arch.class_names, arch))
+    return arch
+
+
+def unregister(arch: Architecture) -> None:
+    """Takes an architecture out (a plug-in or a test that registered it)."""
+    for table, keys in ((_REGISTERED, arch.model_types), (_BY_CLASS, arch.class_names)):
+        for k in keys:
+            if table.get(k) is arch:
+                del table[k]

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.kinds import PACKED, PARAMETER, SCALE
+from kimi_audit.model.kinds import BLOCK_SCALE, PACKED, PARAMETER, SCALE, V4_SCALE
 from kimi_audit.model.patterns import NamePatterns, compile_patterns
 from kimi_audit.model.quant.scheme import (
+    DEEPSEEK_SCALE_SUFFIX,
     FP8_DTYPE,
     QuantPlan,
+    ReleaseQuant,
     Scheme,
     Stored,
     Unquantized,
@@ -37,11 +39,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FP4_GROUP", "ROUTED_EXPERTS", "SCALE_SUFFIX", "V4_SCALE_SUFFIX", "Fp4Experts", "Fp8Block"]
 
-SCALE_SUFFIX = ".weight_scale_inv"
-"""DeepSeek-V3's FP8 block scale."""
+SCALE_SUFFIX = DEEPSEEK_SCALE_SUFFIX
 V4_SCALE_SUFFIX = ".scale"
-"""DeepSeek-V4's FP8 block scale and FP4 expert scale."""
-V4_MODEL_TYPES = ("deepseek_v4",)
+"""DeepSeek-V4's FP8 block scale and FP4 expert scale (a scale only where F8_E8M0: model.roles)."""
 FP4_GROUP = 32
 ROUTED_EXPERTS_PATTERN = r"(?:.*\.)?experts\.\d+\."
 ROUTED_EXPERTS = compile_patterns([ROUTED_EXPERTS_PATTERN], "DeepSeek-V4's routed experts")
@@ -52,6 +52,7 @@ ROUTED_EXPERTS = compile_patterns([ROUTED_EXPERTS_PATTERN], "DeepSeek-V4's route
 class Fp8Block(Scheme):
     key: ClassVar[str] = "fp8"
     formats: ClassVar[tuple[tuple[str, str | None], ...]] = (("fp8", None),)
+    roles: ClassVar[tuple[tuple[str, str], ...]] = ((SCALE_SUFFIX, BLOCK_SCALE), (V4_SCALE_SUFFIX, V4_SCALE))
     block: tuple[int, int] = DEEPSEEK_FP8_BLOCK
     scale_fmt: str | None = None
     """`ue8m0` (DeepSeek-V3.1 on): every scale is meant to be an exact power of two."""
@@ -61,19 +62,18 @@ class Fp8Block(Scheme):
     scale_dtype: str = "F32"
 
     @classmethod
-    def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any]) -> QuantPlan:
+    def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any],
+             release: ReleaseQuant) -> QuantPlan:
         block = q.get("weight_block_size", list(DEEPSEEK_FP8_BLOCK))
         if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b > 0 for b in block)):
             raise ConfigError(f"config.json quantization_config.weight_block_size {block!r} is not [rows, cols]")
         scale_fmt, fmt = q.get("scale_fmt"), q.get("fmt")
-        v4 = config.get("model_type") in V4_MODEL_TYPES
         scheme = cls(block=(block[0], block[1]), scale_fmt=scale_fmt if isinstance(scale_fmt, str) else None,
-                     fmt=fmt if isinstance(fmt, str) else None,
-                     scale_suffix=V4_SCALE_SUFFIX if v4 else SCALE_SUFFIX,
-                     scale_dtype="F8_E8M0" if v4 and scale_fmt == "ue8m0" else "F32")
+                     fmt=fmt if isinstance(fmt, str) else None, scale_suffix=release.scale_suffix,
+                     scale_dtype="F8_E8M0" if release.e8m0_scales and scale_fmt == "ue8m0" else "F32")
         keep_plain = (".eh_proj", ".shared_head.head", "lm_head")
-        if not v4:
-            return QuantPlan(scheme, plain, keep_plain=keep_plain)
+        if not release.fp4_experts:
+            return QuantPlan(scheme, plain, ignore_names=frozenset(release.plain), keep_plain=keep_plain)
         expert_dtype = q.get("expert_dtype", config.get("expert_dtype"))
         patterns: tuple[tuple[NamePatterns, Scheme], ...] = ()
         groups: tuple[dict[str, Any], ...] = ()
@@ -83,7 +83,7 @@ class Fp8Block(Scheme):
             groups = ({"targets": ["Linear"]}, {"targets": [f"re:{ROUTED_EXPERTS_PATTERN}"]})
         elif expert_dtype not in (None, "fp8"):
             raise ConfigError(f"config.json expert_dtype {expert_dtype!r} is not fp4 or fp8")
-        return QuantPlan(scheme, plain, patterns=patterns, ignore_names=frozenset({"head"}), keep_plain=keep_plain,
+        return QuantPlan(scheme, plain, patterns=patterns, ignore_names=frozenset(release.plain), keep_plain=keep_plain,
                          groups=groups)
 
     def summary(self) -> dict[str, Any]:

@@ -1,23 +1,50 @@
 """From a quantization_config to its QuantPlan: `quant_plan` looks the config's (quant_method, format) up in
-`Scheme.registry` (every scheme module is imported here, so the registry is whole) and asks that class for the
-plan; compressed-tensors' configs go to its config-group reader, which looks each group's format up the same way.
+`Scheme.registry` and asks that class for the plan; compressed-tensors' configs go to its config-group reader,
+which looks each group's format up the same way.
+
+Every module of the model.quant package is imported when this one is (`load_formats`): a format is one new
+module holding its class, registered by `Scheme.__init_subclass__`, and nothing else names it.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.quant.compressed import base as compressed
-from kimi_audit.model.quant.compressed import fp4, naive, pack  # noqa: F401  (imported: their schemes register)
-from kimi_audit.model.quant.deepseek import Fp8Block  # noqa: F401  (imported: it registers)
-from kimi_audit.model.quant.scheme import QuantPlan, Scheme, Unquantized, UnsupportedQuantization
+from kimi_audit.model.quant.scheme import (
+    DEEPSEEK_RELEASE,
+    QuantPlan,
+    ReleaseQuant,
+    Scheme,
+    Unquantized,
+    UnsupportedQuantization,
+)
 
-__all__ = ["implemented", "quant_plan"]
+__all__ = ["formats", "implemented", "load_formats", "quant_plan"]
 
 
-def quant_plan(q: Any, dtype: str, config: Mapping[str, Any] | None = None) -> QuantPlan | None:
+def load_formats() -> None:
+    """Imports every module of the model.quant package, so that each scheme class in it registers."""
+    package = __name__.rpartition(".")[0]
+    for m in pkgutil.walk_packages([str(Path(__file__).parent)], package + "."):
+        importlib.import_module(m.name)
+
+
+load_formats()
+
+
+def formats() -> tuple[type[Scheme], ...]:
+    """Every registered scheme class, in registration order."""
+    return tuple(Scheme.classes)
+
+
+def quant_plan(q: Any, dtype: str, config: Mapping[str, Any] | None = None,
+               release: ReleaseQuant = DEEPSEEK_RELEASE) -> QuantPlan | None:
     """The plan quantization_config describes (None: nothing quantized), made by the scheme class registered
     for its (quant_method, format). UnsupportedQuantization names an unknown method or format."""
     if q is None:
@@ -36,7 +63,7 @@ def quant_plan(q: Any, dtype: str, config: Mapping[str, Any] | None = None) -> Q
         if any(m == method for m, _ in Scheme.registry):
             raise UnsupportedQuantization(f"{method} format {fmt!r}")
         raise UnsupportedQuantization(f"quant_method {method!r}")
-    return scheme.plan(q, Unquantized(dtype), config or {})
+    return scheme.plan(q, Unquantized(dtype), config or {}, release)
 
 
 def implemented() -> str:

@@ -35,10 +35,32 @@ from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FP8_DTYPE", "QuantPlan", "Scheme", "Stored", "Unquantized", "UnsupportedQuantization", "fp8_block",
-           "stored_weight"]
+__all__ = ["FP8_DTYPE", "QuantPlan", "ReleaseQuant", "Scheme", "Stored", "Unquantized", "UnsupportedQuantization",
+           "fp8_block", "stored_weight"]
 
 FP8_DTYPE = "F8_E4M3"
+DEEPSEEK_SCALE_SUFFIX = ".weight_scale_inv"
+"""DeepSeek-V3's FP8 block scale."""
+
+
+@dataclass(frozen=True)
+class ReleaseQuant:
+    """How an architecture's own release writes DeepSeek's block-wise FP8 (`quant_method: fp8`): a fact of the
+    architecture (model.arch declares it), read by the fp8 scheme when it makes the plan."""
+
+    scale_suffix: str = DEEPSEEK_SCALE_SUFFIX
+    e8m0_scales: bool = False
+    """`scale_fmt: ue8m0` stores the scales as F8_E8M0 (DeepSeek-V4), not as F32 powers of two."""
+    blocks: tuple[tuple[int, int], ...] = (DEEPSEEK_FP8_BLOCK,)
+    """The scale blocks its releases use (QUANT_CONFIG accepts these; DeepSeek-V4.1: [32, 32] too)."""
+    fp4_experts: bool = False
+    """`expert_dtype: fp4` stores the routed experts as FP4 (DeepSeek-V4)."""
+    plain: tuple[str, ...] = ()
+    """Modules the release leaves unquantized by exact name (DeepSeek-V4's `head`)."""
+
+
+DEEPSEEK_RELEASE = ReleaseQuant()
+"""DeepSeek-V3's conventions: every architecture's unless it declares others."""
 
 
 @dataclass(frozen=True)
@@ -70,18 +92,46 @@ class Scheme:
     formats: ClassVar[tuple[tuple[str, str | None], ...]] = ()
     dequant_bytes_per_value: ClassVar[int] = 2
     """Memory `dequantize` needs per weight value (its result, and what it computes on)."""
+    roles: ClassVar[tuple[tuple[str, str], ...]] = ()
+    """The tensor-name suffixes this format stores beside (or instead of) `.weight`, and the role of each
+    (model.kinds' roles: a block scale, packed words ...): model.roles derives the suffix classifier from them."""
     registry: ClassVar[dict[tuple[str, str | None], type[Scheme]]] = {}
+    classes: ClassVar[list[type[Scheme]]] = []
+    """Every registered scheme class, in registration order (those with no pair of their own included)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass with a `key` registers itself (`register`)."""
         super().__init_subclass__(**kwargs)
-        for pair in cls.formats:
-            Scheme.registry[pair] = cls
+        if cls.key:
+            cls.register()
 
     @classmethod
-    def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any]) -> QuantPlan:
+    def register(cls) -> None:
+        """Adds the class under its pairs; a pair or key already registered is refused (ValueError), as gguf-py's
+        quants.py refuses a second class for a quantization type."""
+        taken = [pair for pair in cls.formats if pair in Scheme.registry]
+        if taken or any(c.key == cls.key for c in Scheme.classes):
+            raise ValueError(f"quantization scheme {cls.__name__} ({cls.key!r}): "
+                             f"{taken or cls.key} already registered")
+        for pair in cls.formats:
+            Scheme.registry[pair] = cls
+        Scheme.classes.append(cls)
+
+    @classmethod
+    def unregister(cls) -> None:
+        """Takes the class out of the registry (a plug-in or a test that registered it)."""
+        for pair in cls.formats:
+            if Scheme.registry.get(pair) is cls:
+                del Scheme.registry[pair]
+        if cls in Scheme.classes:
+            Scheme.classes.remove(cls)
+
+    @classmethod
+    def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any],
+             release: ReleaseQuant) -> QuantPlan:
         """The plan of a quantization_config this class is registered for (`config`: the whole config.json,
-        for settings written outside quantization_config). UnsupportedQuantization for settings it does not
-        implement, ConfigError for malformed ones."""
+        for settings written outside quantization_config; `release`: how the architecture's release writes it).
+        UnsupportedQuantization for settings it does not implement, ConfigError for malformed ones."""
         raise NotImplementedError
 
     def summary(self) -> dict[str, Any]:

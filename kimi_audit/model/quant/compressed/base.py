@@ -6,11 +6,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
+from kimi_audit.model.kinds import GROUP_INDEX, GROUP_SCALE, INPUT_SCALE, ZERO_POINT
 from kimi_audit.model.patterns import compile_patterns
-from kimi_audit.model.quant.scheme import FP8_DTYPE, QuantPlan, Scheme, Unquantized, UnsupportedQuantization
+from kimi_audit.model.quant.scheme import (
+    FP8_DTYPE,
+    QuantPlan,
+    ReleaseQuant,
+    Scheme,
+    Unquantized,
+    UnsupportedQuantization,
+)
 from kimi_audit.numerics.grid import ceil_div, scale_grid
 
 if TYPE_CHECKING:
@@ -64,8 +72,13 @@ def scales_2d(scale: np.ndarray, out: int) -> np.ndarray:
 class CompressedTensors(Scheme):
     """A compressed-tensors format: built per config group (`from_group`), planned together."""
 
+    roles: ClassVar[tuple[tuple[str, str], ...]] = (
+        (".weight_scale", GROUP_SCALE), (".weight_zero_point", ZERO_POINT), (".weight_g_idx", GROUP_INDEX),
+        (".input_scale", INPUT_SCALE), (".input_global_scale", INPUT_SCALE))
+
     @classmethod
-    def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any]) -> QuantPlan:
+    def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any],
+             release: ReleaseQuant) -> QuantPlan:
         return compressed_tensors_plan(q, plain)
 
     @classmethod

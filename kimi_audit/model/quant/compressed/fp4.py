@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kimi_audit.model.kinds import PACKED, SCALE
+from kimi_audit.model.kinds import GLOBAL_SCALE, PACKED, PACKED_WEIGHT, SCALE
 from kimi_audit.model.quant.compressed.base import (
     METHOD,
     CompressedTensors,
@@ -33,6 +33,8 @@ class Nvfp4PackQuantized(CompressedTensors):
 
     key: ClassVar[str] = "compressed-tensors/nvfp4-pack-quantized"
     formats: ClassVar[tuple[tuple[str, str | None], ...]] = ((METHOD, "nvfp4-pack-quantized"),)
+    roles: ClassVar[tuple[tuple[str, str], ...]] = (
+        *CompressedTensors.roles, (".weight_packed", PACKED_WEIGHT), (".weight_global_scale", GLOBAL_SCALE))
     format_name: ClassVar[str] = "nvfp4-pack-quantized"
     default_scale: ClassVar[str] = FP8_DTYPE
     group_size: int = 16

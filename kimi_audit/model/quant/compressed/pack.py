@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kimi_audit.model.kinds import PACKED, SCALE
+from kimi_audit.model.kinds import PACKED, PACKED_WEIGHT, SCALE, WEIGHT_SHAPE
 from kimi_audit.model.quant.compressed.base import (
     METHOD,
     CompressedTensors,
@@ -32,6 +32,8 @@ __all__ = ["PackQuantized"]
 class PackQuantized(CompressedTensors):
     key: ClassVar[str] = "compressed-tensors/pack-quantized"
     formats: ClassVar[tuple[tuple[str, str | None], ...]] = ((METHOD, "pack-quantized"),)
+    roles: ClassVar[tuple[tuple[str, str], ...]] = (
+        *CompressedTensors.roles, (".weight_packed", PACKED_WEIGHT), (".weight_shape", WEIGHT_SHAPE))
     bits: int = 4
     group_size: int = 32
     """0 for the channel and tensor strategies."""
