@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,3 +333,39 @@ def test_v41_blocks_are_the_architectures_fact() -> None:
     assert quantization_findings({"model_type": "deepseek_v4", "quantization_config": q}) == []
     assert [f.code for f in quantization_findings({"model_type": "deepseek_v3", "quantization_config": q})] == [
         "QUANT_CONFIG"]
+
+
+# ------------------------------------------------------------------ no process-wide state
+
+
+def process_state() -> dict[str, Any]:
+    import gc
+    import signal
+    import sys
+    import warnings
+
+    return {"signals": {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE)},
+            "gc": gc.get_threshold(), "gc_enabled": gc.isenabled(), "recursion": sys.getrecursionlimit(),
+            "stdout": sys.stdout, "stderr": sys.stderr, "environ": dict(os.environ), "cwd": os.getcwd(),
+            "warnings": list(warnings.filters), "numpy": np.geterr()}
+
+
+def test_the_library_changes_no_process_wide_state(tiny_copy: Path) -> None:
+    """Importing the package and calling the library (an audit with values, one tensor, a layout, a verify
+    interrupted by Ctrl-C) leave signal dispositions, the cycle collector, the streams, the environment, the
+    working directory, the warning filters and numpy's error state as they were. verify used to set SIGINT to
+    ignored when it was interrupted."""
+    from kimi_audit.sources.local import LocalSource
+    from kimi_audit.verify.run import VerifyOptions, VerifyTarget, prepare, verify_files
+
+    before = process_state()
+    kimi_audit.audit(tiny_copy, values=True)
+    kimi_audit.layout(tiny_copy / "config.json")
+    kimi_audit.tensor(tiny_copy, "model.layers.1.self_attn.q_a_layernorm.weight")
+
+    def interrupt(name: str, done: int) -> None:
+        raise KeyboardInterrupt
+
+    report, _ = verify_files(prepare(VerifyTarget(LocalSource(tiny_copy)), VerifyOptions(workers=1)), interrupt)
+    assert report.interrupted
+    assert process_state() == before

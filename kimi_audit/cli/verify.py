@@ -23,6 +23,27 @@ if TYPE_CHECKING:
     from kimi_audit.verify.run import VerifyTarget
 
 
+@contextmanager
+def _first_sigint_only() -> Iterator[None]:
+    """The first Ctrl-C interrupts the reads (KeyboardInterrupt); later ones are ignored, so that the workers'
+    clean-up and the report of what was checked are not cut short. The command's own setting: the library
+    (verify.run) touches no signal disposition."""
+    def first(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, first)
+    except ValueError:  # not the main thread: Python's default handling stays
+        yield
+        return
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is first:
+            signal.signal(signal.SIGINT, previous)
+
+
 @app.command()
 @user_errors
 def verify(
@@ -85,7 +106,7 @@ def verify(
     options = VerifyOptions(workers=workers, ray_address=address, tensor_hashes=write_manifest is not None)
     with shard_progress("reading headers", progress) as header_update:
         prepared = prepare(target, options, header_update)
-    with sigterm_exits(), _bytes_progress(progress, prepared.total_bytes) as update:
+    with sigterm_exits(), _first_sigint_only(), _bytes_progress(progress, prepared.total_bytes) as update:
         report, made = verify_files(prepared, update)  # SIGTERM: SystemExit(143), the pool's workers ended
     if report.interrupted:  # what was checked gets printed: a second Ctrl-C does not cut it short
         signal.signal(signal.SIGINT, signal.SIG_IGN)

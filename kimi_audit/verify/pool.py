@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Generator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import suppress
 from typing import Any
 
 from kimi_audit.errors import KimiAuditError
@@ -104,16 +103,8 @@ def run_local(tasks: list[FileTask], workers: int | None = None,
                 yield result
             refill()
         finished = True
-    except KeyboardInterrupt:
-        ignore_sigint()  # a second Ctrl-C must not cut the clean-up short (the caller restores it)
-        raise
     finally:
         _stop(pool, finished)
-
-
-def ignore_sigint() -> None:
-    with suppress(ValueError):  # not the main thread: nothing to do
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _stop(pool: ProcessPoolExecutor, finished: bool) -> None:
@@ -178,11 +169,7 @@ def run_ray(tasks: list[FileTask], address: str | None = None,
                 pending[remote.remote(t)] = t
             if not pending:
                 break
-            try:
-                done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
-            except KeyboardInterrupt:
-                ignore_sigint()
-                raise
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
             for ref in done:
                 task = pending.pop(ref)
                 result: FileResult = ray.get(ref)

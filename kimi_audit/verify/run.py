@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import signal
 import stat
 import time
 from collections.abc import Callable, Iterable
@@ -40,7 +39,7 @@ from kimi_audit.verify.findings import (
     unreferenced_finding,
 )
 from kimi_audit.verify.manifest import Manifest, ignored, write_manifest
-from kimi_audit.verify.pool import ProgressFn, default_workers, ignore_sigint, run_tasks
+from kimi_audit.verify.pool import ProgressFn, default_workers, run_tasks
 from kimi_audit.verify.read import CHUNK, FP8, SCALE, CellHealth, FileResult, FileTask, TensorPlan, tensor_kind
 from kimi_audit.verify.references import Reference
 from kimi_audit.verify.result import (
@@ -99,11 +98,11 @@ def prepare(target: VerifyTarget, options: VerifyOptions = VerifyOptions(),
 
 def verify_files(p: Prepared, progress: ProgressFn | None = None) -> tuple[VerifyReport, Manifest]:
     """Read every file once and compare. A KeyboardInterrupt while they are read ends the run with the report
-    of what was checked (`interrupted`; a second Ctrl-C while that report is made is ignored). Also returns
-    the manifest of what was read (for --write-manifest)."""
+    of what was checked (`interrupted`). Also returns the manifest of what was read (for --write-manifest).
+    No signal disposition is touched: the command line's (cli.verify) keeps a second Ctrl-C from cutting the
+    report short."""
     results: dict[str, FileResult] = {}
     interrupted = False
-    previous = signal.getsignal(signal.SIGINT)
     try:
         with contextlib.closing(run_tasks(list(p.tasks), workers=p.options.workers,
                                           ray_address=p.options.ray_address, progress=progress)) as running:
@@ -111,14 +110,7 @@ def verify_files(p: Prepared, progress: ProgressFn | None = None) -> tuple[Verif
                 results[r.name] = r
     except KeyboardInterrupt:
         interrupted = True
-    if not interrupted:
-        return _compare(p, results, interrupted)
-    ignore_sigint()
-    try:
-        return _compare(p, results, interrupted)
-    finally:
-        with contextlib.suppress(ValueError, TypeError):  # not the main thread, or a handler set outside Python
-            signal.signal(signal.SIGINT, previous)
+    return _compare(p, results, interrupted)
 
 
 def _compare(p: Prepared, results: dict[str, FileResult], interrupted: bool) -> tuple[VerifyReport, Manifest]:
