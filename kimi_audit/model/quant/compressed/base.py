@@ -87,6 +87,57 @@ class CompressedTensors(Scheme):
         raise NotImplementedError
 
 
+FALSE_WORDS = frozenset(("0", "off", "f", "false", "n", "no"))
+TRUE_WORDS = frozenset(("1", "on", "t", "true", "y", "yes"))
+"""The strings pydantic's lax bool reads (case-insensitive, nothing stripped): compressed-tensors'
+QuantizationArgs is a pydantic model, so `"symmetric": "false"` is False to its loader."""
+
+
+def lax_bool(v: Any, key: str) -> bool:
+    """A bool field as compressed-tensors' pydantic model validates it; what it refuses is a ConfigError."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.lower() in FALSE_WORDS | TRUE_WORDS:
+        return v.lower() in TRUE_WORDS
+    raise ConfigError(f"config.json quantization_config {key} is {v!r}, not a boolean compressed-tensors reads")
+
+
+def lax_int(v: Any, key: str) -> int:
+    """An int field as pydantic's lax mode reads it: an int (a bool as 0/1), an integral float, a string of
+    one (surrounding whitespace allowed); anything else is a ConfigError."""
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, str):
+        text = v.strip()
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                v = float(text)
+            except ValueError:
+                pass
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    raise ConfigError(f"config.json quantization_config {key} is {v!r}, not an integer compressed-tensors reads")
+
+
+def quantization_args(weights: dict[str, Any], where: str) -> dict[str, Any]:
+    """A config group's `weights` with its typed fields read as compressed-tensors' QuantizationArgs reads them
+    (`symmetric`, `dynamic` booleans, `num_bits` an integer), never by Python truthiness: `"false"` is False,
+    `"maybe"` is refused."""
+    out = dict(weights)
+    for key in ("symmetric", "dynamic"):
+        if key in out and not (key == "dynamic" and out[key] == "local"):
+            out[key] = lax_bool(out[key], f"{where}.{key}")
+    if "num_bits" in out:
+        out["num_bits"] = lax_int(out["num_bits"], f"{where}.num_bits")
+    if out.get("group_size") is not None and not isinstance(out["group_size"], str):
+        out["group_size"] = lax_int(out["group_size"], f"{where}.group_size")
+    return out
+
+
 def strategy_of(weights: Mapping[str, Any], fmt: str, allowed: tuple[str, ...]) -> str:
     strategy = weights.get("strategy")
     if strategy not in allowed:
@@ -142,7 +193,7 @@ def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized) -> QuantPlan:
         cls = Scheme.registry.get((METHOD, fmt)) if isinstance(fmt, str) else None
         if cls is None or not issubclass(cls, CompressedTensors):
             raise UnsupportedQuantization(f"{METHOD} format {fmt!r}")
-        scheme = cls.from_group(weights, group, plain)
+        scheme = cls.from_group(quantization_args(weights, f"config_groups.{name}.weights"), group, plain)
         names, regexes, linear = _matchers(group.get("targets"), "targets")
         if not (names or regexes or linear):
             raise UnsupportedQuantization(f"compressed-tensors targets {group.get('targets')!r}")

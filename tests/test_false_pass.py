@@ -1,0 +1,85 @@
+"""No false PASS, round two (issue 31): each class of input that passed where it should not, held by a test
+that fails on the code before the fix."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kimi_audit.errors import ConfigError
+from kimi_audit.model.config import model_config_from_dict
+from kimi_audit.model.quant.compressed.pack import PackQuantized
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "kimi_audit" / "data"
+THINKING = json.loads((DATA / "kimi-k2-thinking.config.json").read_text())
+
+
+def thinking_with(**weights: Any) -> dict[str, Any]:
+    cfg = copy.deepcopy(THINKING)
+    for group in cfg["quantization_config"]["config_groups"].values():
+        group["weights"].update(weights)
+    return cfg
+
+
+# ------------------------------------------------------------------ 2: config values as their reference reads them
+
+
+def test_symmetric_false_as_a_string_is_asymmetric_as_compressed_tensors_reads_it() -> None:
+    """`"symmetric": "false"` read by truthiness was symmetric (no zero points expected, the audit passed);
+    compressed-tensors' pydantic QuantizationArgs reads False, and its loader expects zero points."""
+    from compressed_tensors.quantization import QuantizationArgs
+
+    weights = thinking_with(symmetric="false")["quantization_config"]["config_groups"]
+    reference = QuantizationArgs.model_validate(next(iter(weights.values()))["weights"])
+    plan = model_config_from_dict(thinking_with(symmetric="false")).quant
+    assert plan is not None
+    scheme = plan.quantized
+    assert isinstance(scheme, PackQuantized) and scheme.symmetric is reference.symmetric is False
+    assert ".weight_zero_point" in [s.suffix for s in scheme.stored(7168, 2048)]
+
+
+@pytest.mark.parametrize("value", ["maybe", "", " false", 2, 1.5, [], {}])
+def test_a_value_compressed_tensors_refuses_is_refused(value: Any) -> None:
+    with pytest.raises(ConfigError, match="symmetric"):
+        model_config_from_dict(thinking_with(symmetric=value))
+
+
+LAX = st.one_of(st.booleans(), st.integers(-2, 3), st.sampled_from([0.0, 1.0, 0.5, 4.0]),
+                st.sampled_from(["true", "False", "YES", "no", "on", "OFF", "t", "f", "y", "n", "1", "0", "2",
+                                 " true", "4", " 4 ", "4.0", "4.5", "x", ""]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(symmetric=LAX, num_bits=st.one_of(st.integers(1, 8), st.sampled_from(["4", " 4", "4.0", 4.0, 4.5, "x",
+                                                                                  True, None])))
+def test_typed_fields_are_read_as_compressed_tensors_validates_them(symmetric: Any, num_bits: Any) -> None:
+    """Typed-config fuzzing against compressed-tensors' own validation: where its QuantizationArgs accepts the
+    weights, the plan's scheme holds the same symmetric and num_bits; where it refuses them, so does the audit
+    (a ConfigError, or an unsupported scheme for values it accepts that no scheme implements)."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from pydantic import ValidationError
+
+    weights = {"num_bits": num_bits, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": 32}
+    try:
+        reference: Any = QuantizationArgs.model_validate(weights)
+    except (ValidationError, TypeError):
+        reference = None
+    try:
+        cfg = model_config_from_dict(thinking_with(**weights))
+    except ConfigError:
+        assert reference is None or not 1 <= reference.num_bits <= 8, (weights, reference)
+        return
+    if cfg.quant is None:  # a method or format no scheme implements: QUANT_UNSUPPORTED
+        assert cfg.quant_unsupported is not None
+        return
+    assert reference is not None, weights
+    scheme = cfg.quant.quantized
+    assert isinstance(scheme, PackQuantized)
+    assert (scheme.symmetric, scheme.bits) == (reference.symmetric, reference.num_bits), weights
