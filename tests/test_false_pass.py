@@ -4,6 +4,9 @@ that fails on the code before the fix."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 import json
 from pathlib import Path
 from typing import Any
@@ -83,3 +86,41 @@ def test_typed_fields_are_read_as_compressed_tensors_validates_them(symmetric: A
     scheme = cfg.quant.quantized
     assert isinstance(scheme, PackQuantized)
     assert (scheme.symmetric, scheme.bits) == (reference.symmetric, reference.num_bits), weights
+
+
+# ------------------------------------------------------------------ 6: a manifest that lists nothing
+
+
+def empty_manifest(tiny: Path, tmp_path: Path) -> Path:
+    """A well-formed model-signing statement of no files (`resources: []`, its subject the digest of none)."""
+    from kimi_audit.verify.manifest import Manifest, manifest_statement
+
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps(manifest_statement(Manifest(model=tiny.name, files={}))))
+    return path
+
+
+def test_a_manifest_that_lists_nothing_fails_unless_unlisted_files_are_ignored(tiny_copy: Path,
+                                                                               tmp_path: Path) -> None:
+    """`verify --manifest` of a statement with `resources: []` compared nothing and exited 0 with warnings; a
+    manifest that does not cover the checkpoint now fails (model_signing's verify does), and --ignore-unlisted
+    makes the unlisted files warnings again."""
+    from kimi_audit.verify.findings import MAX_PER_CODE
+
+    manifest = empty_manifest(tiny_copy, tmp_path)
+    r = run_cli("verify", str(tiny_copy), "--manifest", str(manifest), "--json", "--no-progress")
+    doc = json.loads(r.stdout)
+    unlisted = [f for f in doc["findings"] if f["code"] == "FILE_UNLISTED"]
+    assert r.returncode == 1 and unlisted and {f["severity"] for f in unlisted} == {"error"}
+    assert len(unlisted) <= MAX_PER_CODE + 1
+    r = run_cli("verify", str(tiny_copy), "--manifest", str(manifest), "--ignore-unlisted", "--json",
+                "--no-progress")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0, doc["findings"]
+    assert {f["severity"] for f in doc["findings"] if f["code"] == "FILE_UNLISTED"} == {"warning"}
+
+
+def run_cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "kimi_audit", *argv], capture_output=True, text=True, env=env,
+                          timeout=timeout)

@@ -60,6 +60,9 @@ def verify(
     write_manifest: Path | None = typer.Option(None, "--write-manifest", metavar="FILE", help="Write the manifest "
                                                "of this copy (every file's sha256, and every tensor's) to FILE, "
                                                "for `model_signing` to sign."),
+    ignore_unlisted: bool = typer.Option(False, "--ignore-unlisted", help="With --manifest: a file in the "
+                                         "checkpoint that the manifest does not list is a warning, not an error "
+                                         "(model_signing's verify fails on it too, unless told to ignore it)."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report (kimi-audit/verify/1)."),
     fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json (--json) or html (one "
                                    "self-contained page: the model drawn, weight health, every file's hash)."),
@@ -103,7 +106,8 @@ def verify(
     if write_manifest is not None:  # before any work: never over a file this run reads
         refuse_input(write_manifest, _inputs(target, manifest), "--write-manifest")
     address = ray_address or ("auto" if ray else None)
-    options = VerifyOptions(workers=workers, ray_address=address, tensor_hashes=write_manifest is not None)
+    options = VerifyOptions(workers=workers, ray_address=address, tensor_hashes=write_manifest is not None,
+                            ignore_unlisted=ignore_unlisted)
     with shard_progress("reading headers", progress) as header_update:
         prepared = prepare(target, options, header_update)
     with sigterm_exits(), _first_sigint_only(), _bytes_progress(progress, prepared.total_bytes) as update:

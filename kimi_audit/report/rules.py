@@ -257,9 +257,11 @@ RULES: dict[str, Rule] = {
                                  "not the manifest's (absent or unlisted tensors included).", VERIFY_HELP),
     "FILE_ABSENT": Rule("error", "a file the reference lists (the Hub at the commit, or the manifest) is not there",
                         "The copy lacks a file of the model: an interrupted or filtered download.", VERIFY_HELP),
-    "FILE_UNLISTED": Rule("warning", "a file in the checkpoint that the reference does not list",
-                          "A file the Hub listing at the commit (or the manifest) does not have: left over, added, "
-                          "or the reference is of another revision.",
+    "FILE_UNLISTED": Rule("error", "a file in the checkpoint that the reference does not list (a warning against "
+                          "the Hub's listing, or with --ignore-unlisted)",
+                          "A file the manifest (or the Hub listing at the commit) does not have: left over, added, "
+                          "or the reference is of another revision. A manifest that does not cover the checkpoint "
+                          "certifies none of it, as model_signing's verify says.",
                           "Remove the stray file, or write the manifest again from the intended copy."),
     "MANIFEST_REVISION": Rule("error", "the manifest records another revision than the checkpoint's",
                               "The manifest was written on a copy of another commit: its digests are not this "

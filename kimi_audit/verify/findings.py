@@ -79,7 +79,11 @@ def tensor_mismatches(name: str, ref: Reference, again: FileResult | None) -> tu
     return differ, out
 
 
-def listing_findings(ref: Reference, present: set[str], revision: str | None) -> list[Finding]:
+def listing_findings(ref: Reference, present: set[str], revision: str | None,
+                     ignore_unlisted: bool = False) -> list[Finding]:
+    """Files listed and absent (errors), files present and unlisted: an error against a manifest (it does not
+    cover the checkpoint: model_signing's verify fails so; a manifest listing nothing covers nothing), unless
+    `ignore_unlisted`; a warning against the Hub's listing (a stray local file)."""
     out: list[Finding] = []
     if ref.kind == MANIFEST and ref.revision and revision and ref.revision != revision:
         out.append(error("MANIFEST_REVISION", f"{ref.where} is of revision {ref.revision}, the checkpoint is "
@@ -89,8 +93,13 @@ def listing_findings(ref: Reference, present: set[str], revision: str | None) ->
     for name in sorted(ref.listing - present):
         out.append(error("FILE_ABSENT", f"{name}: listed by {ref.where}, not in the checkpoint", shard=name,
                          expected=ref.digests.get(name)))
-    for name in sorted(present - ref.listing):
-        out.append(warning("FILE_UNLISTED", f"{name}: in the checkpoint, not listed by {ref.where}", shard=name))
+    unlisted = sorted(present - ref.listing)
+    make = error if ref.kind == MANIFEST and not ignore_unlisted else warning
+    for name in unlisted[:MAX_PER_CODE]:
+        out.append(make("FILE_UNLISTED", f"{name}: in the checkpoint, not listed by {ref.where}", shard=name))
+    if len(unlisted) > MAX_PER_CODE:
+        out.append(make("FILE_UNLISTED", f"... and {len(unlisted) - MAX_PER_CODE:,} more files not listed by "
+                        f"{ref.where} ({len(unlisted):,} in all)", actual=len(unlisted)))
     return out
 
 

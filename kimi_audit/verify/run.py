@@ -71,6 +71,8 @@ class VerifyOptions:
     tensor_hashes: bool = False
     """Also hash every tensor (for --write-manifest)."""
     chunk: int | None = None
+    ignore_unlisted: bool = False
+    """A file a manifest does not list is a warning, not an error (--ignore-unlisted)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ def _compare(p: Prepared, results: dict[str, FileResult], interrupted: bool) -> 
     findings += row_findings + tensor_findings + cache_findings(sorted(not_blobs))
     findings += unreferenced_finding([r.name for r in rows if r.status == UNREFERENCED])
     for ref in target.references:
-        findings += listing_findings(ref, {t.name for t in tasks}, src.revision)
+        findings += listing_findings(ref, {t.name for t in tasks}, src.revision, options.ignore_unlisted)
     findings += health_findings([results[t.name] for t in tasks if t.name in results])
     workers = f"Ray at {options.ray_address}" if options.ray_address is not None else \
         f"{max(1, min(options.workers or default_workers(), len(tasks)))} processes"

@@ -3,6 +3,7 @@ the plan of a config's groups (compressed_tensors_plan). The formats are pack.py
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -114,10 +115,8 @@ def lax_int(v: Any, key: str) -> int:
         try:
             return int(text)
         except ValueError:
-            try:
+            with contextlib.suppress(ValueError):
                 v = float(text)
-            except ValueError:
-                pass
     if isinstance(v, float) and v.is_integer():
         return int(v)
     raise ConfigError(f"config.json quantization_config {key} is {v!r}, not an integer compressed-tensors reads")
