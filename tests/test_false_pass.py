@@ -124,3 +124,22 @@ def run_cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "kimi_audit", *argv], capture_output=True, text=True, env=env,
                           timeout=timeout)
+
+
+# ------------------------------------------------------------------ 10: one root cause, one finding
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.02, 0.99])
+def test_a_truncated_index_is_one_finding(tiny_copy: Path, cut: float) -> None:
+    """An interrupted download leaves index.json cut short: INDEX_INVALID was followed by every entry
+    missing (139,645 errors on the full-scale replica); the unreadable index is now the one finding, and the
+    shards are audited as if there were no index."""
+    import kimi_audit
+
+    index = tiny_copy / "model.safetensors.index.json"
+    raw = index.read_bytes()
+    index.write_bytes(raw[: int(len(raw) * cut)])
+    report = kimi_audit.audit(tiny_copy)
+    assert [(f.code, f.severity.value) for f in report.findings if f.severity.value != "info"] == [
+        ("INDEX_INVALID", "error")]
+    assert report.exit_code() == 1 and report.stats.tensors > 0

@@ -28,6 +28,9 @@ class IndexFile:
     findings: tuple[Finding, ...] = ()
     total_parameters: int | None = None
     """`metadata.total_parameters` where it is a count (llmcompressor writes it; checks.index compares it)."""
+    unreadable: bool = False
+    """No weight_map could be read at all (not JSON, cut short, no weight_map): its INDEX_INVALID is the one
+    finding of that cause, and the audit goes on as if there were no index."""
 
     @property
     def shards(self) -> list[str]:
@@ -63,7 +66,8 @@ _DECODER = msgspec.json.Decoder(_IndexDoc)
 
 def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> IndexFile:
     def invalid(message: str) -> IndexFile:
-        return IndexFile(None, {}, (error("INDEX_INVALID", f"{name}: {message}", shard=name),))
+        return IndexFile(None, {}, (error("INDEX_INVALID", f"{name}: {message}; the checkpoint is audited as if it "
+                                          "had no index", shard=name),), unreadable=True)
 
     # The common form is decoded by msgspec; anything it refuses or that holds a \u escape (a lone
     # surrogate must be named) goes through json.loads, which says what is wrong.

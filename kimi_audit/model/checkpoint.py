@@ -70,7 +70,10 @@ def load_config(source: Source) -> tuple[dict[str, Any], ModelConfig]:
     return parse_config_bytes(raw)
 
 
-def shards_to_read(files: tuple[str, ...], index: IndexFile | None) -> tuple[list[str], list[Finding]]:
+def shards_to_read(files: tuple[str, ...], index: IndexFile | None,
+                   index_present: bool = False) -> tuple[list[str], list[Finding]]:
+    """The shards to read, and what the index says of them (`index_present`: an index file is there but none
+    of it could be read, so INDEX_MISSING does not apply)."""
     on_disk = [f for f in files if f.endswith(SAFETENSORS_SUFFIX)]
     findings: list[Finding] = []
     present = set(on_disk)
@@ -84,7 +87,7 @@ def shards_to_read(files: tuple[str, ...], index: IndexFile | None) -> tuple[lis
             if shard not in listed:
                 findings.append(warning("SHARD_NOT_IN_INDEX", f"{shard} is not listed in {INDEX_FILE}; loaders "
                                         "that follow the index will not read it", shard=shard))
-    elif len(on_disk) > 1:
+    elif len(on_disk) > 1 and not index_present:
         findings.append(warning("INDEX_MISSING", f"{len(on_disk)} shards but no {INDEX_FILE}"))
     for f in files:
         if f.endswith(PICKLE_SUFFIXES):
@@ -184,7 +187,11 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
     for link in source.outside_links():
         findings.append(error("SYMLINK_OUTSIDE", f"{link} is a symlink that leaves the checkpoint directory: "
                               "not opened", shard=link))
-    shards, shard_findings = shards_to_read(files, index)
+    unreadable = index is not None and index.unreadable
+    if index is not None and unreadable:  # its INDEX_INVALID is the one finding: no entry missing, no shard unlisted
+        findings += index.findings
+        index = None
+    shards, shard_findings = shards_to_read(files, index, index_present=unreadable)
     findings += shard_findings
     headers, failures = read_headers(source, shards, index, progress, expected)
     if expected is None:
