@@ -53,7 +53,8 @@ class AuditReport:
         return render_html(self.audit, Severity(fail_on))
 
     def exit_code(self, fail_on: Severity | str = Severity.ERROR) -> int:
-        """The command line's exit code for these findings: 1 when any is at `fail_on` or worse, else 0."""
+        """The command line's exit code for these findings: 1 when any is at `fail_on` or worse, 3 (inconclusive)
+        when no layout could be checked, else 0."""
         return self.audit.exit_code(fail_on)
 
     def verdict(self, fail_on: Severity | str = Severity.ERROR) -> str:

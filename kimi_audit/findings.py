@@ -19,6 +19,22 @@ class Severity(str, Enum):
         return {"error": 2, "warning": 1, "info": 0}[self.value]
 
 
+EXIT_INCONCLUSIVE = 3
+"""The exit code of a run that found nothing wrong but could not check what it exists to check: the config names
+no architecture this tool describes (LAYOUT_UNSUPPORTED), so no tensor was compared with a layout. A release gate
+must not read that as a pass; `--ignore LAYOUT_UNSUPPORTED` accepts it."""
+INCONCLUSIVE_CODES = frozenset({"LAYOUT_UNSUPPORTED"})
+
+
+def exit_code_of(findings: Any, fail_on: Severity | str = Severity.ERROR) -> int:
+    """1 when any finding is at `fail_on` or worse; else EXIT_INCONCLUSIVE when one says the main checks could not
+    run; else 0."""
+    rank = Severity(fail_on).rank
+    if any(f.severity.rank >= rank for f in findings):
+        return 1
+    return EXIT_INCONCLUSIVE if any(f.code in INCONCLUSIVE_CODES for f in findings) else 0
+
+
 @dataclass(frozen=True, slots=True)  # slots: a hostile header can make a million of them
 class Finding:
     code: str

@@ -283,7 +283,7 @@ def test_a_checkpoint_outside_the_family_gets_the_format_checks_and_one_warning(
     write_safetensors(tmp_path / "model.safetensors", {"model.embed_tokens.weight": np.ones((4, 8), np.float32),
                                                        "model.norm.weight": np.ones(8, np.float32)})
     r = audit(tmp_path)
-    assert only_codes(r) == {"LAYOUT_UNSUPPORTED"} and r.exit_code() == 0
+    assert only_codes(r) == {"LAYOUT_UNSUPPORTED"} and r.exit_code() == 3 and r.verdict() == "INCONCLUSIVE"
     (f,) = r.findings
     assert "'llama'" in f.message and "LlamaForCausalLM" in f.message and f.severity is Severity.WARNING
     assert r.stats.tensors == 2 and r.stats.parameters == 40

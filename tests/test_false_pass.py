@@ -143,3 +143,27 @@ def test_a_truncated_index_is_one_finding(tiny_copy: Path, cut: float) -> None:
     assert [(f.code, f.severity.value) for f in report.findings if f.severity.value != "info"] == [
         ("INDEX_INVALID", "error")]
     assert report.exit_code() == 1 and report.stats.tensors > 0
+
+
+# ------------------------------------------------------------------ 4: a near-miss model_type
+
+
+@pytest.mark.parametrize("spelled", ["deepseek_v3 ", "deepseek\u200b_v3", "DeepSeek_V3", "deepseek_v33"])
+def test_a_near_miss_model_type_is_inconclusive_and_named(tiny_copy: Path, spelled: str) -> None:
+    """`"deepseek_v3 "` (a trailing space, a zero-width character, another case) with a shard and its index
+    entries gone exited 0 with one LAYOUT_UNSUPPORTED warning. Now exit 3 (inconclusive), the near match named;
+    `--ignore LAYOUT_UNSUPPORTED` is the user's way to accept it."""
+    cfg = json.loads((tiny_copy / "config.json").read_text())
+    del cfg["architectures"]  # (a config that names its class is read by it: no near miss there)
+    (tiny_copy / "config.json").write_text(json.dumps(dict(cfg, model_type=spelled)))
+    index = json.loads((tiny_copy / "model.safetensors.index.json").read_text())
+    last = sorted(set(index["weight_map"].values()))[-1]
+    (tiny_copy / last).unlink()
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != last}
+    (tiny_copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    r = run_cli("audit", str(tiny_copy), "--json", "--no-progress")
+    doc = json.loads(r.stdout)
+    (f,) = [f for f in doc["findings"] if f["code"] == "LAYOUT_UNSUPPORTED"]
+    assert r.returncode == 3 and f["expected"] == "deepseek_v3" and "did you mean 'deepseek_v3'" in f["message"]
+    r = run_cli("audit", str(tiny_copy), "--ignore", "LAYOUT_UNSUPPORTED", "--no-progress")
+    assert r.returncode == 0, r.stdout[-2000:]

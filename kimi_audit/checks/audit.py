@@ -5,7 +5,9 @@ The report is data (findings, statistics, the verdict); report/ renders it, the 
 
 from __future__ import annotations
 
+import difflib
 import math
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,9 +18,9 @@ from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_rep
 from kimi_audit.checks.quantization import quantization_findings
 from kimi_audit.checks.root_causes import attribute, covered, fold_quantization, fold_undescribed
 from kimi_audit.checks.stats import Stats, compute_stats
-from kimi_audit.findings import Finding, Severity, warning
+from kimi_audit.findings import EXIT_INCONCLUSIVE, Finding, Severity, exit_code_of, warning
 from kimi_audit.format.table import tensor_table
-from kimi_audit.model.arch.registry import buffered
+from kimi_audit.model.arch.registry import buffered, model_types
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
 from kimi_audit.model.layout import layer_block
@@ -71,15 +73,17 @@ class AuditReport:
         return self.count(Severity.WARNING)
 
     def exit_code(self, fail_on: Severity | str = Severity.ERROR) -> int:
-        """The command line's exit code for these findings: 1 when any is at `fail_on` or worse, else 0."""
-        rank = Severity(fail_on).rank
-        return 1 if any(f.severity.rank >= rank for f in self.findings) else 0
+        """The command line's exit code for these findings: 1 when any is at `fail_on` or worse, 3 (inconclusive)
+        when none is but no layout could be checked, else 0."""
+        return exit_code_of(self.findings, fail_on)
 
     def verdict(self, fail_on: Severity | str = Severity.ERROR) -> str:
-        """The headline: PASS, FAIL, or PARTIAL (a download in progress) when shards the index names are absent."""
+        """The headline: PASS, FAIL, PARTIAL (a download in progress) when shards the index names are absent, or
+        INCONCLUSIVE when nothing failed but no tensor could be checked against a layout."""
         if self.absent_shards:
             return f"PARTIAL: {self.absent_shards:,} of {self.listed_shards:,} shards absent"
-        return "FAIL" if self.exit_code(fail_on) else "PASS"
+        code = self.exit_code(fail_on)
+        return "FAIL" if code == 1 else "INCONCLUSIVE" if code == EXIT_INCONCLUSIVE else "PASS"
 
 
 def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
@@ -105,10 +109,27 @@ def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
 
 def layout_unsupported(ckpt: Checkpoint) -> Finding:
     raw = ckpt.config_raw
-    return warning("LAYOUT_UNSUPPORTED", f"config.json describes model_type {raw.get('model_type')!r} "
-                   f"(architectures {raw.get('architectures')!r}), outside the DeepseekV3 family: only the format, "
-                   "index and file checks ran, no tensor was checked against a layout", tensor="model_type",
-                   actual=raw.get("model_type"))
+    model_type = raw.get("model_type")
+    near = near_model_type(model_type)
+    hint = f"; did you mean {near!r}?" if near is not None else ""
+    return warning("LAYOUT_UNSUPPORTED", f"config.json describes model_type {model_type!r} (architectures "
+                   f"{raw.get('architectures')!r}), no architecture kimi-audit describes{hint}: only the format, "
+                   "index and file checks ran, no tensor was checked against a layout (exit 3, inconclusive)",
+                   tensor="model_type", expected=near, actual=model_type)
+
+
+def near_model_type(model_type: Any) -> str | None:
+    """The registered model_type a near miss stands for: the same once invisible characters (zero-width, format
+    controls), surrounding whitespace and case are set aside, or else the closest spelling."""
+    if not isinstance(model_type, str):
+        return None
+    known = model_types()
+    plain = "".join(c for c in model_type if unicodedata.category(c) not in ("Cf", "Cc", "Zs")).strip().casefold()
+    for t in known:
+        if t.casefold() == plain:
+            return t
+    close = difflib.get_close_matches(plain, known, n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kimi_audit.findings import Finding, Severity
+from kimi_audit.findings import EXIT_INCONCLUSIVE, Finding, Severity, exit_code_of
 from kimi_audit.verify.read import CellHealth
 
 OK = "ok"
@@ -70,11 +70,11 @@ class VerifyReport:
     def exit_code(self) -> int:
         if self.interrupted:
             return 130
-        return 1 if self.count(Severity.ERROR) else 0
+        return exit_code_of(self.findings)
 
     @property
     def verdict(self) -> str:
         if self.interrupted:
             done = sum(1 for f in self.files if f.status not in (NOT_CHECKED, ABSENT))
             return f"INTERRUPTED: {done:,} of {len(self.files):,} files checked"
-        return "FAIL" if self.exit_code else "PASS"
+        return {1: "FAIL", EXIT_INCONCLUSIVE: "INCONCLUSIVE"}.get(self.exit_code, "PASS")
