@@ -51,6 +51,10 @@ class Finding:
         # Messages quote untrusted values: made one printable line and clipped here, once, whatever made them.
         if len(self.message) > MAX_TEXT or not self.message.isprintable():
             object.__setattr__(self, "message", clip(printable(clip(self.message))))  # escapes lengthen it
+        for key in ("tensor", "shard"):  # names from a filesystem or a header: a non-UTF-8 name is escaped
+            value = getattr(self, key)
+            if isinstance(value, str) and not value.isprintable():
+                object.__setattr__(self, key, printable(value))
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -4,10 +4,10 @@ that fails on the code before the fix."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
-import json
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,7 @@ def test_a_manifest_that_lists_nothing_fails_unless_unlisted_files_are_ignored(t
 def run_cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "kimi_audit", *argv], capture_output=True, text=True, env=env,
+                          errors="surrogateescape",
                           timeout=timeout)
 
 
@@ -167,3 +168,22 @@ def test_a_near_miss_model_type_is_inconclusive_and_named(tiny_copy: Path, spell
     assert r.returncode == 3 and f["expected"] == "deepseek_v3" and "did you mean 'deepseek_v3'" in f["message"]
     r = run_cli("audit", str(tiny_copy), "--ignore", "LAYOUT_UNSUPPORTED", "--no-progress")
     assert r.returncode == 0, r.stdout[-2000:]
+
+
+# ------------------------------------------------------------------ 9: any name a filesystem holds
+
+
+@pytest.mark.parametrize("fmt", ["json", "sarif", "junit", "markdown", "html", "table"])
+def test_a_file_name_that_is_not_utf8_is_reported_in_every_format(tiny_copy: Path, tmp_path: Path,
+                                                                  fmt: str) -> None:
+    """A shard named with bytes that are not UTF-8: `--format json --output` and `--format sarif` ended in a
+    UnicodeEncodeError traceback and wrote no report (exit 1, read as findings). Every renderer escapes it."""
+    os.close(os.open(os.path.join(os.fsencode(tiny_copy), b"stray\xff\xfe.safetensors"), os.O_CREAT | os.O_WRONLY))
+    out = tmp_path / f"report.{fmt}"
+    for argv in (["--output", str(out)], []):
+        r = run_cli("audit", str(tiny_copy), "--format", fmt, "--no-progress", *argv)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        text = out.read_text() if argv else r.stdout
+        assert "stray\\udcff\\udcfe.safetensors" in text.replace("\\\\", "\\") or fmt == "table"
+        if fmt == "json":
+            assert json.loads(text)["result"]["verdict"] == "FAIL"

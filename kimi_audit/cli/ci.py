@@ -156,7 +156,7 @@ def _write(path: Path, text: str, mode: str) -> None:
     link); $GITHUB_STEP_SUMMARY (mode "a"): appended to, as CI expects."""
     try:
         if mode == "w":
-            write_atomic(path, text.encode("utf-8"))
+            write_atomic(path, text.encode("utf-8", "backslashreplace"))  # a non-UTF-8 file name, escaped
             return
         with open(path, mode, encoding="utf-8") as f:
             f.write(text)

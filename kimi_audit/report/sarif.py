@@ -113,7 +113,8 @@ def sarif_dict(report: AuditReport, fail_on: Severity = Severity.ERROR,
     seen: dict[str, int] = {}
     results: list[dict[str, Any]] = []
     for f, by in entries:  # fingerprints over every finding, so the kept ones do not depend on the cap
-        key = hashlib.sha256("\0".join((f.code, subject(f), artifact(f))).encode()).hexdigest()
+        key = hashlib.sha256("\0".join((f.code, subject(f), artifact(f))).encode("utf-8", "backslashreplace")
+                             ).hexdigest()
         n = seen[key] = seen.get(key, 0) + 1
         if len(results) < max_results:
             results.append(_result(f, index[f.code], f"{key}:{n}", by))
