@@ -187,3 +187,31 @@ def test_a_file_name_that_is_not_utf8_is_reported_in_every_format(tiny_copy: Pat
         assert "stray\\udcff\\udcfe.safetensors" in text.replace("\\\\", "\\") or fmt == "table"
         if fmt == "json":
             assert json.loads(text)["result"]["verdict"] == "FAIL"
+
+
+# ------------------------------------------------------------------ 5: every float dtype scanned
+
+
+@pytest.mark.parametrize("dtype", ["F64", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"])
+def test_a_tensor_all_nan_is_found_in_every_float_dtype(tiny_copy: Path, dtype: str) -> None:
+    """A tensor all NaN in F64 or F8_E5M2 verified PASS while the report said values were checked: verify's
+    scan read BF16/F16/F32 and FP8 E4M3 only. Every float dtype safetensors defines is scanned now."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    index = json.loads((tiny_copy / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "model.norm.weight"
+    shard = tiny_copy / index[name]
+    tensors = load_file(str(shard))
+    width = tensors[name].shape
+    torch_dtype = {"F64": torch.float64, "F8_E5M2": torch.float8_e5m2, "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+                   "F8_E5M2FNUZ": torch.float8_e5m2fnuz}[dtype]
+    if dtype.endswith("FNUZ"):  # one NaN code, 0x80
+        tensors[name] = torch.full(width, 0x80, dtype=torch.uint8).view(torch_dtype)
+    else:
+        tensors[name] = torch.full(width, float("nan"), dtype=torch.float64).to(torch_dtype)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    r = run_cli("verify", str(tiny_copy), "--json", "--no-progress", "-j", "1")
+    doc = json.loads(r.stdout)
+    nan = [f for f in doc["findings"] if f["code"] == "VALUE_NAN"]
+    assert r.returncode == 1 and [f["tensor"] for f in nan] == [name], doc["findings"]

@@ -36,7 +36,13 @@ DENSE_SHIFT = 12
 len/2**13 of ±448) is counted with numpy instead."""
 
 # dtype -> (unsigned view, exponent mask, sign-cleared mask)
-FLOAT_BITS = {"BF16": ("<u2", 0x7F80, 0x7FFF), "F16": ("<u2", 0x7C00, 0x7FFF), "F32": ("<u4", 0x7F800000, 0x7FFFFFFF)}
+FLOAT_BITS = {"BF16": ("<u2", 0x7F80, 0x7FFF), "F16": ("<u2", 0x7C00, 0x7FFF), "F32": ("<u4", 0x7F800000, 0x7FFFFFFF),
+              "F64": ("<u8", 0x7FF0000000000000, 0x7FFFFFFFFFFFFFFF), "F8_E5M2": ("u1", 0x7C, 0x7F)}
+"""Every IEEE-style float dtype a checkpoint may hold, F8_E4M3 apart (FP8 weights have their own kernel): a value
+whose magnitude bits equal the exponent mask is ±Inf, above it NaN."""
+FNUZ_DTYPES = ("F8_E4M3FNUZ", "F8_E5M2FNUZ")
+"""The "fnuz" FP8 types: no Inf, one NaN (0x80, negative zero's code)."""
+SCANNED_FLOATS = frozenset((*FLOAT_BITS, *FNUZ_DTYPES))
 
 Buffer = bytes | bytearray | mmap.mmap
 
@@ -167,6 +173,9 @@ class Scanner:
         """(NaN, first NaN or -1, ±Inf, first Inf or -1) among the values at buf[a:b]."""
         import numpy as np
 
+        if dtype in FNUZ_DTYPES:
+            nan_at = np.flatnonzero(self.u8[a:b] == 0x80)
+            return int(nan_at.size), int(nan_at[0]) if nan_at.size else -1, 0, -1
         _view, exp, mag = FLOAT_BITS[dtype]
         bits = self._bits(a, b, dtype)
         m = bits & bits.dtype.type(mag)
@@ -183,13 +192,15 @@ class Scanner:
         import numpy as np
 
         nan, nan_first, inf, inf_first = self.floats(a, b, dtype)
-        bits = self._bits(a, b, dtype)
-        if dtype == "F32":
-            values = bits.view(np.float32)
+        values: np.ndarray
+        if dtype in ("F32", "F64", "F16"):
+            values = self._bits(a, b, dtype).view({"F32": np.float32, "F64": np.float64, "F16": np.float16}[dtype])
         elif dtype == "BF16":
-            values = (bits.astype(np.uint32) << 16).view(np.float32)
-        else:
-            values = bits.view(np.float16)
+            values = (self._bits(a, b, dtype).astype(np.uint32) << 16).view(np.float32)
+        else:  # the FP8 types: through ml_dtypes
+            from kimi_audit.numerics.dtypes import numpy_dtype
+
+            values = self.u8[a:b].view(numpy_dtype(dtype)).astype(np.float32)
         bad = np.flatnonzero(values <= 0)  # NaN compares False: counted as NaN only
         finite = values if not (nan or inf) else values[np.isfinite(values)]
         lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (None, None)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from kimi_audit.constants import DTYPE_BITS
 from kimi_audit.model.kinds import SCALE_ROLES
 from kimi_audit.model.roles import role_of
+from kimi_audit.numerics.scan import SCANNED_FLOATS
 
 if TYPE_CHECKING:
     from kimi_audit.numerics.scan import Scanner
@@ -41,7 +42,8 @@ E8M0_SCALE = "e8m0_scale"
 """DeepSeek-V4's F8_E8M0 scales and compressed-tensors' MXFP4 U8 exponents: 0xFF is NaN."""
 FP8_SCALE = "fp8_scale"
 """NVFP4's F8_E4M3 group scales: NaN codes, and scales that are not positive."""
-SCAN_DTYPES = {"BF16", "F16", "F32"}
+SCAN_DTYPES = SCANNED_FLOATS - {"F8_E4M3"}
+"""Floats scanned for NaN and Inf as they are (F8_E4M3 weights and scales have their own kinds)."""
 
 ProgressHook = Callable[[int], None]
 """Called with the bytes of each piece done (the pool's workers send them to the progress bar)."""
