@@ -91,17 +91,18 @@ def test_one_changed_tensor_bytes_found_by_ranged_hashing(replica_dir, replica_c
     c = doc["content"]
     assert [d["tensor"] for d in c["differing"]] == [VICTIM]
     layer5_attn = [t for t in replica_shards(pinned_cfg())[SHARD] if t.name.startswith("model.layers.5.self_attn.")]
-    assert c["compared"] == len(layer5_attn) and c["unchecked"] == []
-    assert c["bytes_read"] == [sum(t.nbytes for t in layer5_attn)] * 2
+    absent = set(c["not_present"])  # tensors in the original replica's sparse holes: not data, not compared
+    assert c["compared"] + len(absent) == len(layer5_attn) and c["unchecked"] == [] and VICTIM not in absent
+    assert c["bytes_read"] == [sum(t.nbytes for t in layer5_attn if t.name not in absent)] * 2
     # all of the changed shard's tensors, under a budget: the small ones are read, the rest reported unchecked
     budget = 8 << 20
     r = runner.invoke(app, ["diff", str(replica_dir), str(replica_copy), "--content", "--max-read", "8MiB",
                             "--json", "--no-progress"])
     c = json.loads(r.stdout)["content"]
     assert r.exit_code == 1 and [d["tensor"] for d in c["differing"]] == [VICTIM]
-    assert c["unchecked"] and max(c["bytes_read"]) <= budget
+    assert max(c["bytes_read"]) <= budget
     in_shard = len(replica_shards(pinned_cfg())[SHARD])
-    assert c["compared"] + len(c["unchecked"]) == in_shard
+    assert c["compared"] + len(c["unchecked"]) + len(c["not_present"]) == in_shard
     assert c["identical_files"] == json.loads(r.stdout)["a"]["tensors"] - in_shard
 
 
@@ -197,9 +198,10 @@ def test_max_read_zero_leaves_every_tensor_unchecked(replica_dir):
     src = LocalSource(replica_dir)
     ckpt = load_checkpoint(src)
     c = content_diff(src, ckpt, src, ckpt, max_read=0)
-    total = sum(t.nbytes for h in ckpt.headers.values() for t in h.tensors.values())
-    assert c.compared == 0 and len(c.unchecked) == sum(h.tensor_count for h in ckpt.headers.values())
-    assert c.notes == (f"{len(c.unchecked):,} tensors ({total:,} bytes) not compared: over --max-read",)
+    absent = set(c.not_present)  # the replica's sparse holes: never data, never in the budget
+    total = sum(t.nbytes for h in ckpt.headers.values() for n, t in h.tensors.items() if n not in absent)
+    assert c.compared == 0 and len(c.unchecked) + len(absent) == sum(h.tensor_count for h in ckpt.headers.values())
+    assert absent and c.notes[0] == f"{len(c.unchecked):,} tensors ({total:,} bytes) not compared: over --max-read"
 
 
 def test_hub_revisions_compared_by_lfs_sha256(hub, tiny_dir, tmp_path):

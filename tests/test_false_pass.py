@@ -215,3 +215,48 @@ def test_a_tensor_all_nan_is_found_in_every_float_dtype(tiny_copy: Path, dtype: 
     doc = json.loads(r.stdout)
     nan = [f for f in doc["findings"] if f["code"] == "VALUE_NAN"]
     assert r.returncode == 1 and [f["tensor"] for f in nan] == [name], doc["findings"]
+
+
+# ------------------------------------------------------------------ 3 and 11: diff compares data, and files
+
+
+def test_diff_content_of_header_only_copies_is_not_identical(tmp_path: Path) -> None:
+    """Header-only copies of two checkpoints whose weights all differ were IDENTICAL (holes read as zeros, and
+    on a full-scale replica terabytes of them): holes are "not present", so the verdict is INCOMPLETE and no
+    byte of a hole is read."""
+    from kimi_audit.checks.diff import INCOMPLETE, content_diff, header_diff, verdict
+    from kimi_audit.model.checkpoint import load_checkpoint
+    from kimi_audit.sources.local import LocalSource
+    from tiny_checkpoint import build_tiny
+
+    copies = []
+    for side in ("a", "b"):
+        d = build_tiny(tmp_path / side)
+        for shard in d.glob("*.safetensors"):  # keep the header, punch the data out: a sparse file of zeros
+            header_len = 8 + int.from_bytes(shard.read_bytes()[:8], "little")
+            size = shard.stat().st_size
+            with open(shard, "r+b") as f:
+                f.truncate(header_len)
+                f.truncate(size)
+        copies.append(d)
+    src_a, src_b = LocalSource(copies[0]), LocalSource(copies[1])
+    a, b = load_checkpoint(src_a), load_checkpoint(src_b)
+    if not src_a.holes(next(iter(a.headers)), 0, 1 << 20):
+        pytest.skip("this filesystem keeps no sparse holes")
+    c = content_diff(src_a, a, src_b, b)
+    assert c.compared == 0 and c.not_present and c.bytes_read == (0, 0)
+    assert verdict(header_diff(a, b), c) == INCOMPLETE
+
+
+def test_diff_names_a_stray_shard_that_duplicates_every_tensor(tiny_copy: Path, tiny_dir: Path) -> None:
+    """A copy with an extra, unindexed shard that holds every tensor again was IDENTICAL: a loader that reads
+    every file (mlx-lm) gets other weights. The shard files on one side only, and the names stored twice, are
+    differences."""
+    import shutil
+
+    shard = sorted(tiny_copy.glob("model-*.safetensors"))[0]
+    shutil.copy(shard, tiny_copy / "model-extra.safetensors")
+    r = run_cli("diff", str(tiny_dir), str(tiny_copy), "--json", "--no-progress")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["verdict"] == "DIFFERENT"
+    assert doc["shards_only"] == {"a": [], "b": ["model-extra.safetensors"]} and doc["duplicates"]["b"] > 0

@@ -21,11 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from kimi_audit.errors import SourceError
+from kimi_audit.findings import Finding
 from kimi_audit.format.table import Located, locate_tensors
 from kimi_audit.model.accounting.account import accounting_of_checkpoint
 from kimi_audit.model.accounting.tree import Accounting, collapse
 from kimi_audit.model.checkpoint import Checkpoint
-from kimi_audit.numerics.tensor_io import read_exact, windowed_map
+from kimi_audit.numerics.tensor_io import Holes, data_holes, in_hole, read_exact, windowed_map
 from kimi_audit.sources.base import Source
 
 IDENTICAL, DIFFERENT, INCOMPLETE = "IDENTICAL", "DIFFERENT", "INCOMPLETE"
@@ -82,10 +84,16 @@ class HeaderDiff:
     parameters: tuple[int, int]
     tensors: tuple[int, int]
     common: int
+    shards_only: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    """Shard files on one side only (A's, B's): a stray file a loader that reads every `*.safetensors` (mlx-lm)
+    takes in, even where its tensors duplicate others."""
+    duplicates: tuple[int, int] = (0, 0)
+    """Tensor names stored in two shards or more, on each side (which copy a loader takes is its own choice)."""
 
     @property
     def differs(self) -> bool:
-        return bool(self.added or self.removed or self.changed or self.moved or self.config)
+        return bool(self.added or self.removed or self.changed or self.moved or self.config or any(self.shards_only)
+                    or self.duplicates[0] != self.duplicates[1])
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,9 @@ class ContentDiff:
     reads: tuple[int, int]
     excluded: int = 0
     notes: tuple[str, ...] = field(default=())
+    not_present: tuple[str, ...] = ()
+    """Tensors whose bytes lie (partly) in a sparse hole on either side (a header-only or partial copy): not
+    data, never read, never compared; the verdict is INCOMPLETE at best."""
 
     @property
     def differs(self) -> bool:
@@ -116,8 +127,8 @@ def _entries(actual: Located) -> dict[str, Entry]:
 def header_diff(a: Checkpoint, b: Checkpoint, acc_a: Accounting | None = None,
                 acc_b: Accounting | None = None) -> HeaderDiff:
     """Pure: two loaded checkpoints -> their differences."""
-    la, _ = locate_tensors(a.headers)
-    lb, _ = locate_tensors(b.headers)
+    la, dup_a = locate_tensors(a.headers)
+    lb, dup_b = locate_tensors(b.headers)
     ea, eb = _entries(la), _entries(lb)
     added = tuple(Change(n, None, eb[n]) for n in eb if n not in ea)
     removed = tuple(Change(n, ea[n], None) for n in ea if n not in eb)
@@ -145,8 +156,17 @@ def header_diff(a: Checkpoint, b: Checkpoint, acc_a: Accounting | None = None,
     keys = list(a.config_raw) + [k for k in b.config_raw if k not in a.config_raw]
     config = tuple((k, a.config_raw.get(k), b.config_raw.get(k)) for k in keys
                    if a.config_raw.get(k) != b.config_raw.get(k))
+    shards_a, shards_b = set(a.headers), set(b.headers)
     return HeaderDiff(a.label, b.label, a.revision, b.revision, added, removed, tuple(changed), tuple(moved),
-                      tuple(components), config, (acc_a.found, acc_b.found), (len(ea), len(eb)), common)
+                      tuple(components), config, (acc_a.found, acc_b.found), (len(ea), len(eb)), common,
+                      (tuple(sorted(shards_a - shards_b)), tuple(sorted(shards_b - shards_a))),
+                      (_stored_twice(dup_a), _stored_twice(dup_b)))
+
+
+def _stored_twice(findings: list[Finding]) -> int:
+    """Names stored in more than one shard, from the tensor table's findings (one per duplicated name, or one
+    that counts those it stands for)."""
+    return sum(max(f.covers, 1) for f in findings if f.code == "TENSOR_DUPLICATE")
 
 
 @dataclass(frozen=True)
@@ -248,8 +268,10 @@ def content_diff(src_a: Source, a: Checkpoint, src_b: Source, b: Checkpoint, *,
     la, _ = locate_tensors(a.headers)
     lb, _ = locate_tensors(b.headers)
     fa, fb = fingerprints_a or {}, fingerprints_b or {}
+    holes_a, holes_b = _holes(src_a, a), _holes(src_b, b)
     patterns = list(include)
     same_file = excluded = 0
+    not_present: list[str] = []
     todo: list[tuple[int, str]] = []
     for name, (ta, sa) in la.items():
         got = lb.get(name)
@@ -263,6 +285,9 @@ def content_diff(src_a: Source, a: Checkpoint, src_b: Source, b: Checkpoint, *,
             continue
         if fa.get(sa) is not None and fa.get(sa) == fb.get(sb):
             same_file += 1
+            continue
+        if _absent(holes_a, a, sa, ta.begin, ta.end) or _absent(holes_b, b, sb, tb.begin, tb.end):
+            not_present.append(name)  # holes read as zeros: "not present", never equal data
             continue
         todo.append((ta.end - ta.begin, name))
     todo.sort()
@@ -305,8 +330,27 @@ def content_diff(src_a: Source, a: Checkpoint, src_b: Source, b: Checkpoint, *,
         left_out = set(unchecked)
         left = sum(size for size, n in todo if n in left_out)
         notes.append(f"{len(unchecked):,} tensors ({left:,} bytes) not compared: over --max-read")
+    if not_present:
+        notes.append(f"{len(not_present):,} tensors not compared: their data is not present (sparse holes: a "
+                     "header-only or partial copy)")
     return ContentDiff(len(chosen), same_file, differing, tuple(sorted(unchecked)), (ba, bb), (ra, rb),
-                       excluded, tuple(notes))
+                       excluded, tuple(notes), tuple(sorted(not_present)))
+
+
+def _holes(source: Source, ckpt: Checkpoint) -> dict[str, Holes]:
+    """Each shard's sparse holes (none for a remote source or where the file cannot be asked)."""
+    out: dict[str, Holes] = {}
+    for shard, h in ckpt.headers.items():
+        try:
+            out[shard] = data_holes(source, shard, h.data_start, h.file_size)
+        except SourceError:
+            out[shard] = ()  # the reads fail too, and say so
+    return out
+
+
+def _absent(holes: dict[str, Holes], ckpt: Checkpoint, shard: str, begin: int, end: int) -> bool:
+    start = ckpt.headers[shard].data_start
+    return in_hole(holes.get(shard, ()), start + begin, start + end)
 
 
 def diff_dict(d: HeaderDiff, c: ContentDiff | None = None) -> dict[str, Any]:
@@ -325,6 +369,8 @@ def diff_dict(d: HeaderDiff, c: ContentDiff | None = None) -> dict[str, Any]:
         "moved": [ch(x) for x in d.moved],
         "components": [{"key": x.key, "title": x.title, "a": x.a, "b": x.b, "delta": x.delta} for x in d.components],
         "config": [{"key": k, "a": va, "b": vb} for k, va, vb in d.config],
+        "shards_only": {"a": list(d.shards_only[0]), "b": list(d.shards_only[1])},
+        "duplicates": {"a": d.duplicates[0], "b": d.duplicates[1]},
         "differs": d.differs or bool(c and c.differs),
         "verdict": verdict(d, c),
     }
@@ -332,7 +378,8 @@ def diff_dict(d: HeaderDiff, c: ContentDiff | None = None) -> dict[str, Any]:
         out["content"] = {
             "compared": c.compared, "identical_files": c.identical_files, "excluded": c.excluded,
             "differing": [{"tensor": n, "a_sha256": x, "b_sha256": y} for n, x, y in c.differing],
-            "unchecked": list(c.unchecked), "bytes_read": list(c.bytes_read), "reads": list(c.reads),
+            "unchecked": list(c.unchecked), "not_present": list(c.not_present), "bytes_read": list(c.bytes_read),
+            "reads": list(c.reads),
             "notes": list(c.notes),
         }
     return out
@@ -343,7 +390,7 @@ def verdict(d: HeaderDiff, c: ContentDiff | None = None) -> str:
     INCOMPLETE if nothing compared differs but `--max-read` left tensors unchecked; else IDENTICAL."""
     if d.differs or (c is not None and c.differs):
         return DIFFERENT
-    return INCOMPLETE if c is not None and c.unchecked else IDENTICAL
+    return INCOMPLETE if c is not None and (c.unchecked or c.not_present) else IDENTICAL
 
 
 def summarize(changes: Iterable[Change]) -> list[str]:

@@ -1,6 +1,6 @@
 """`kimi-audit diff A B`: what changed between two checkpoints (headers; bytes with --content).
 
-Exit codes: 0 IDENTICAL, 1 DIFFERENT or INCOMPLETE (with --content --max-read, nothing compared
+Exit codes: 0 IDENTICAL, 1 DIFFERENT or INCOMPLETE (with --content: --max-read, or data not present, nothing compared
 differs but tensors were left uncompared), 2 unusable input.
 """
 
@@ -101,6 +101,14 @@ def render_diff(d: HeaderDiff, c: ContentDiff | None) -> None:
     _list("removed", d.removed, lambda x: x.a.text())
     _list("changed", d.changed, lambda x: f"{x.a.dtype} {list(x.a.shape)} → {x.b.dtype} {list(x.b.shape)}")
     _list("moved", d.moved, lambda x: f"{x.a.shard} → {x.b.shard}")
+    for side, only in zip("AB", d.shards_only):
+        if only:
+            stdout.print(Text(f"shard files only in {side} ({len(only):,})", style="bold"))
+            for name in only[:MAX_LINES]:
+                stdout.print(Text(printable(f"  {name}")))
+    if d.duplicates[0] != d.duplicates[1]:
+        stdout.print(Text(f"tensors stored in two shards or more: A {d.duplicates[0]:,} · B {d.duplicates[1]:,} "
+                          "(which copy a loader takes is its own choice)", style="bold"))
     if d.config:
         stdout.print(Text("config.json", style="bold"))
         for k, va, vb in d.config:
@@ -128,8 +136,10 @@ def render_diff(d: HeaderDiff, c: ContentDiff | None) -> None:
     elif headline == DIFFERENT:
         stdout.print(Text(headline, style="bold red") + (Text(f"  ({unchecked:,} unchecked)") if unchecked else ""))
     else:
-        stdout.print(Text(headline, style="bold yellow") + Text(
-            f"  nothing compared differs, but {unchecked:,} tensors were left unchecked by --max-read"))
+        absent = len(c.not_present) if c is not None else 0
+        why = "; ".join(w for w in (f"{unchecked:,} tensors were left unchecked by --max-read" if unchecked else "",
+                                    f"{absent:,} tensors' data is not present (sparse holes)" if absent else "") if w)
+        stdout.print(Text(headline, style="bold yellow") + Text(f"  nothing compared differs, but {why}"))
 
 
 @app.command()
