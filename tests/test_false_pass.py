@@ -260,3 +260,33 @@ def test_diff_names_a_stray_shard_that_duplicates_every_tensor(tiny_copy: Path, 
     doc = json.loads(r.stdout)
     assert r.returncode == 1 and doc["verdict"] == "DIFFERENT"
     assert doc["shards_only"] == {"a": [], "b": ["model-extra.safetensors"]} and doc["duplicates"]["b"] > 0
+
+
+# ------------------------------------------------------------------ 1: what is hashed is what was audited
+
+
+@pytest.mark.parametrize("how", ["replaced", "rewritten"])
+def test_a_shard_swapped_after_its_header_was_audited_is_not_certified(tiny_copy: Path, how: str) -> None:
+    """A shard replaced by another of the same size (or rewritten in place, mtime set back) after verify's
+    header audit and before its worker reads it: exit 0, and --write-manifest recorded the new file's hash.
+    The file hashed must be the one whose header was audited: FILE_CHANGED, and no hash for it."""
+    from kimi_audit.sources.local import LocalSource
+    from kimi_audit.verify.run import VerifyOptions, VerifyTarget, prepare, verify_files
+
+    shard = sorted(tiny_copy.glob("model-*.safetensors"))[1]
+    prepared = prepare(VerifyTarget(LocalSource(tiny_copy)), VerifyOptions(workers=1, tensor_hashes=True))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # the same size, one byte of a tensor's data flipped
+    st = shard.stat()
+    if how == "replaced":
+        other = shard.with_suffix(".new")
+        other.write_bytes(bytes(data))
+        os.replace(other, shard)
+    else:
+        with open(shard, "r+b") as f:
+            f.write(bytes(data))
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    report, manifest = verify_files(prepared)
+    changed = [f for f in report.findings if f.code == "FILE_CHANGED"]
+    assert [f.shard for f in changed] == [shard.name] and report.exit_code == 1
+    assert {f.name: f.sha256 for f in report.files}[shard.name] is None and shard.name not in manifest.files

@@ -13,7 +13,7 @@ strict.py), which name each violation. Both give the same result on any input th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import repeat
 from typing import Any
@@ -48,6 +48,8 @@ class ShardHeader:
     metadata: dict[str, str] | None = None
     columns: TensorColumns = EMPTY_COLUMNS
     findings: tuple[Finding, ...] = ()
+    identity: tuple[int, ...] | None = None
+    """The local file's identity when this header was read (sources.files.file_identity); None elsewhere."""
 
     @cached_property
     def tensors(self) -> dict[str, TensorInfo]:
@@ -88,7 +90,8 @@ def read_shard_header(source: Source, shard: str, first_read: int = 1 << 16) -> 
         if len(data) < need <= first.file_size:
             rest = source.read_range(shard, len(data), need - len(data))
             data += rest.data
-    return parse_shard_prefix(data, shard=shard, file_size=first.file_size)
+    header = parse_shard_prefix(data, shard=shard, file_size=first.file_size)
+    return header if first.identity is None else replace(header, identity=first.identity)
 
 
 def parse_shard_prefix(prefix: bytes, *, shard: str, file_size: int) -> ShardHeader:

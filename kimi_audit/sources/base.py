@@ -21,6 +21,9 @@ class RangeRead:
 
     data: bytes
     file_size: int
+    identity: tuple[int, ...] | None = None
+    """A local file's (device, inode, size, mtime ns, ctime ns) when it was read (None elsewhere): what verify
+    holds the file it hashes to (the same file, not rewritten since its header was audited)."""
 
 
 Holes = tuple[tuple[int, int], ...]

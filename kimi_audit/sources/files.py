@@ -55,3 +55,9 @@ def read_small_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
     if len(raw) > max_bytes:
         raise SourceError(f"{name} is over {max_bytes:,} bytes: not read")
     return raw
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """Which file, in which state: (device, inode, size, mtime ns, ctime ns). A file replaced by another, or
+    rewritten in place (its ctime moves even where its mtime is set back), has another."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns

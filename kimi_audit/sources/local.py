@@ -17,7 +17,7 @@ from kimi_audit.errors import (
 )
 from kimi_audit.sources.base import RangeRead, safe_member_name
 from kimi_audit.sources.cache import snapshot_of
-from kimi_audit.sources.files import open_regular
+from kimi_audit.sources.files import file_identity, open_regular
 
 CHECKPOINT_FILES = frozenset((CONFIG_FILE, INDEX_FILE))
 
@@ -154,7 +154,8 @@ class LocalSource:
         if start < 0 or length < 0:
             raise ValueError("negative range")
         with self._opened(name) as fd:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            size = st.st_size
             want = max(0, min(length, size - start))
             chunks = []
             got = 0
@@ -164,7 +165,7 @@ class LocalSource:
                     break
                 chunks.append(chunk)
                 got += len(chunk)
-            return RangeRead(b"".join(chunks), size)
+            return RangeRead(b"".join(chunks), size, file_identity(st))
 
     def holes(self, name: str, start: int = 0, length: int | None = None) -> tuple[tuple[int, int], ...]:
         """The sparse holes of a file that overlap [start, start + length), as (begin, end) offsets

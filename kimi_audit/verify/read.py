@@ -103,6 +103,9 @@ class FileTask:
     chunk: int = CHUNK
     failed: str | None = None
     """Why the file is not to be read at all (its holes could not be asked about): its result is this error."""
+    identity: tuple[int, ...] | None = None
+    """The identity of the file whose header the audit read (sources.files.file_identity): the file opened for
+    hashing must be that one, unchanged, or the result is FILE_CHANGED (what is hashed is what was audited)."""
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,7 @@ class _State:
         scan = task.scan and bool(task.tensors)
         reader: LocalReader | HubReader
         if task.path is not None:
-            reader = LocalReader(task.path, task.size)
+            reader = LocalReader(task.path, task.size, task.identity)
         elif task.hub is not None:
             reader = HubReader(task.name, task.hub)
         else:

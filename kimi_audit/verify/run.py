@@ -226,7 +226,8 @@ def plan_tasks(ckpt: Checkpoint, target: VerifyTarget, options: VerifyOptions) -
                                   failed=f"cannot tell which of its bytes are present ({why})"))
             continue
         tasks.append(FileTask(name, size, path=os.path.realpath(path), tensors=tensors, holes=holes,
-                              tensor_hashes=options.tensor_hashes, chunk=chunk))
+                              tensor_hashes=options.tensor_hashes, chunk=chunk,
+                              identity=header.identity if header is not None else None))
     return tasks
 
 

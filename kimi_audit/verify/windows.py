@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from kimi_audit.sources.files import open_regular
+from kimi_audit.sources.files import file_identity, open_regular
 
 if TYPE_CHECKING:
     from kimi_audit.sources.hub import HubSource
@@ -45,13 +45,17 @@ class FileChangedError(OSError):
 class LocalReader:
     """Windows of a local file, read by pread into one reused buffer."""
 
-    def __init__(self, path: str, planned: int) -> None:
+    def __init__(self, path: str, planned: int, audited: tuple[int, ...] | None = None) -> None:
         self.path = path
         self.planned = planned
         """The size the pieces were planned on (stat before the run)."""
         # a FIFO or device is refused (never blocks), and so is a link: verify opens files at their targets
         self.fd = open_regular(path, os.path.basename(path), follow=False)
         self.opened = os.fstat(self.fd)
+        if audited is not None and file_identity(self.opened) != audited:
+            os.close(self.fd)
+            raise FileChangedError("it is not the file whose header the audit read: replaced or rewritten since "
+                                   "(its inode, size, mtime or ctime differ); what would be hashed was not audited")
         self.buffer = bytearray()
         self.advise = getattr(os, "posix_fadvise", None)
 
