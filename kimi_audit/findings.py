@@ -51,10 +51,13 @@ class Finding:
         # Messages quote untrusted values: made one printable line and clipped here, once, whatever made them.
         if len(self.message) > MAX_TEXT or not self.message.isprintable():
             object.__setattr__(self, "message", clip(printable(clip(self.message))))  # escapes lengthen it
-        for key in ("tensor", "shard"):  # names from a filesystem or a header: a non-UTF-8 name is escaped
-            value = getattr(self, key)
+        for key in ("tensor", "shard"):  # a file name that is not UTF-8 (lone surrogates): escaped, so that
+            value = getattr(self, key)  # every report can be written; other names stay as they are
             if isinstance(value, str) and not value.isprintable():
-                object.__setattr__(self, key, printable(value))
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    object.__setattr__(self, key, value.encode("utf-8", "backslashreplace").decode("utf-8"))
 
     def to_json(self) -> dict[str, Any]:
         return {
