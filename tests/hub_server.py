@@ -50,7 +50,7 @@ _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX_PREFIX = re.compile(r"^[0-9a-f]{7,40}$")
 _RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
 
-FAULT_KINDS = ("500", "429", "ignore_range", "truncate", "stall")
+FAULT_KINDS = ("500", "429", "ignore_range", "truncate", "stall", "trickle", "gzip_bomb")
 
 
 @dataclass
@@ -71,6 +71,7 @@ class Fault:
     retry_after: int = 1  # 429
     stall_s: float = 30.0  # stall
     keep_fraction: float = 0.5  # truncate: share of the promised body actually sent
+    inflated: int = 2 << 30  # gzip_bomb: bytes the body inflates to
 
 
 @dataclass
@@ -361,6 +362,42 @@ class _Handler(BaseHTTPRequestHandler):
         if send:
             self.wfile.write(send)
 
+    def _trickle(self, every_s: float, size: int = 1 << 20) -> None:
+        """A 200 (or 206) answer promising `size` bytes, sent one byte every `every_s` seconds, until the client
+        hangs up or the hub stops: each network read gets its byte well within any read timeout."""
+        rng = self.headers.get("Range")
+        m = _RANGE.match(rng) if rng is not None else None
+        first = int(m.group(1)) if m is not None and m.group(1) else 0
+        if m is not None and m.group(2):
+            size = int(m.group(2)) - first + 1
+        self.hub._record(self.command, self._path, 206 if rng else 200, rng, 0)
+        self.send_response(206 if rng else 200)
+        self.send_header("Content-Type", "application/json" if self._path.startswith("/api/") else
+                         "application/octet-stream")
+        self.send_header("Content-Length", str(size))
+        if rng is not None:
+            self.send_header("Content-Range", f"bytes {first}-{first + size - 1}/{first + size + 1}")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            for _ in range(size):
+                if self.hub._stopping.is_set():
+                    return
+                self.wfile.write(b"{" if not _ else b" ")
+                self.wfile.flush()
+                self.hub.wait(every_s)
+        except OSError:
+            return
+
+    def _gzip_bomb(self, inflated: int) -> None:
+        """An API answer of a few MB, `Content-Encoding: gzip`, that inflates to `inflated` bytes of spaces."""
+        import zlib
+
+        z = zlib.compressobj(9, zlib.DEFLATED, 31)
+        block = b" " * (1 << 20)
+        body = b"".join(z.compress(block) for _ in range(inflated >> 20)) + z.flush()
+        self._send(200, body, {"Content-Encoding": "gzip"})
+
     def _error(self, status: int, code: str | None, message: str, commit: str | None = None) -> None:
         headers = {"X-Error-Message": message}
         if code:
@@ -391,6 +428,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if fault is not None and fault.kind == "500":
                 self._error(500, None, "Internal Error (injected)")
+                return
+            if fault is not None and fault.kind == "trickle":  # the answer's headers, then a byte every stall_s
+                self._trickle(fault.stall_s)
+                return
+            if fault is not None and fault.kind == "gzip_bomb":  # a small gzip body that inflates without end
+                self._gzip_bomb(fault.inflated)
                 return
             if fault is not None and fault.kind == "429":
                 self._send(

@@ -3,11 +3,13 @@ that fails on the code before the fix."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +292,54 @@ def test_a_shard_swapped_after_its_header_was_audited_is_not_certified(tiny_copy
     changed = [f for f in report.findings if f.code == "FILE_CHANGED"]
     assert [f.shard for f in changed] == [shard.name] and report.exit_code == 1
     assert {f.name: f.sha256 for f in report.files}[shard.name] is None and shard.name not in manifest.files
+
+
+# ------------------------------------------------------------------ 7 and 8: every Hub read bounded
+
+
+@pytest.mark.parametrize("where", ["/resolve/", "/api/"], ids=["file", "listing"])
+def test_a_hub_that_trickles_bytes_is_cut_off_at_the_deadline(hub: Any, monkeypatch: pytest.MonkeyPatch,
+                                                               where: str) -> None:
+    """A server sending one byte every 0.2 s never trips HF_HUB_DOWNLOAD_TIMEOUT (each read gets its byte):
+    `audit` ran past 90 s on config.json alone. Every request has an overall deadline
+    (KIMI_AUDIT_HUB_DEADLINE), and the error names what stalled."""
+    import time
+
+    from hub_repos import TINY_REPO
+
+    hub.add_fault("trickle", times=1000, match=where, stall_s=0.2)
+    started = time.monotonic()
+    r = run_cli_env({"HF_ENDPOINT": hub.endpoint, "KIMI_AUDIT_HUB_DEADLINE": "2", "HF_HUB_DISABLE_TELEMETRY": "1",
+                     "NO_PROXY": "127.0.0.1,localhost"}, "audit", TINY_REPO, "--no-progress")
+    elapsed = time.monotonic() - started
+    assert r.returncode == 2 and "KIMI_AUDIT_HUB_DEADLINE" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert ("config.json" in r.stderr) if where == "/resolve/" else ("model info" in r.stderr)
+    assert elapsed < 60, elapsed
+
+
+def test_a_compressed_listing_is_bounded_as_it_inflates(hub: Any) -> None:
+    """The repo listing was read whole and decompressed without a bound: a 2 MB gzip answer inflating to 2 GiB
+    took 4.25 GB RSS. It is read as it inflates and refused past MAX_API_BYTES."""
+    import psutil
+
+    from hub_repos import TINY_REPO
+
+    hub.add_fault("gzip_bomb", times=10, match="/api/", inflated=1 << 30)
+    env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1,localhost"}
+    proc = psutil.Popen([sys.executable, "-m", "kimi_audit", "audit", TINY_REPO, "--no-progress"],
+                        env={**os.environ, "PYTHONPATH": str(ROOT), **env}, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            peak = max(peak, proc.memory_info().rss)
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "decompressed" in err and "Traceback" not in err, err
+    assert peak < 600 << 20, peak
+
+
+def run_cli_env(env: dict[str, str], *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kimi_audit", *argv], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env}, timeout=timeout,
+                          errors="surrogateescape")

@@ -13,7 +13,7 @@ strict.py), which name each violation. Both give the same result on any input th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import repeat
 from typing import Any
@@ -48,7 +48,7 @@ class ShardHeader:
     metadata: dict[str, str] | None = None
     columns: TensorColumns = EMPTY_COLUMNS
     findings: tuple[Finding, ...] = ()
-    identity: tuple[int, ...] | None = None
+    identity: tuple[int, ...] | None = field(default=None, compare=False)
     """The local file's identity when this header was read (sources.files.file_identity); None elsewhere."""
 
     @cached_property

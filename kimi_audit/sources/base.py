@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -21,7 +21,7 @@ class RangeRead:
 
     data: bytes
     file_size: int
-    identity: tuple[int, ...] | None = None
+    identity: tuple[int, ...] | None = field(default=None, compare=False)
     """A local file's (device, inode, size, mtime ns, ctime ns) when it was read (None elsewhere): what verify
     holds the file it hashes to (the same file, not rewritten since its header was audited)."""
 

@@ -35,7 +35,14 @@ from kimi_audit.sources.hub_errors import (
     RepoNotFoundError,
     RevisionNotFoundError,
 )
-from kimi_audit.sources.hub_network import cannot_connect, default_endpoint, default_timeout, first_line
+from kimi_audit.sources.hub_network import (
+    DEADLINE_ENV,
+    cannot_connect,
+    default_deadline,
+    default_endpoint,
+    default_timeout,
+    first_line,
+)
 
 DEFAULT_PARALLEL_READS = 16
 DEFAULT_MAX_RETRIES = 3
@@ -56,6 +63,11 @@ class _Secret(str):
 
 class _BodyError(Exception):
     """A body that ended early or broke off: worth another try."""
+
+
+MAX_API_BYTES = 64_000_000
+"""The most an API answer (the repo's file listing) may hold, decompressed: Kimi K3's, with ~100 files, is under
+50 KB; a listing past this is refused, never inflated into memory."""
 
 
 class HubSource:
@@ -86,6 +98,8 @@ class HubSource:
         self.endpoint = (endpoint or default_endpoint()).rstrip("/")
         self._token: str | bool | None = _Secret(token) if isinstance(token, str) else token
         self.timeout = float(timeout) if timeout is not None else default_timeout()
+        self.deadline = default_deadline()
+        """Seconds one request may take in all (KIMI_AUDIT_HUB_DEADLINE): a body that trickles in is cut off."""
         self.parallel_reads = max(1, int(parallel_reads))
         self.max_retries = max(0, int(max_retries))
         self.retry_wait = max(0.0, float(retry_wait))
@@ -203,18 +217,19 @@ class HubSource:
     def _resolve(self) -> None:
         """One API call: the full commit of the revision, and every file with its size."""
         from huggingface_hub import constants
-        from huggingface_hub.utils import hf_raise_for_status, http_backoff
+        from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 
         if constants.is_offline_mode():
             raise self._offline_error()
         url = f"{self.endpoint}/api/models/{self.repo_id}/revision/{quote(self.requested_revision, safe='')}"
-        with self._translate_errors(f"revision {self.requested_revision!r}", "resolving"):
-            response = http_backoff(
-                "GET", url, headers=self._headers(), params={"blobs": True}, **self._backoff_kwargs()
-            )
+        started = time.monotonic()
+        with self._translate_errors(f"revision {self.requested_revision!r}", "resolving"), http_stream_backoff(
+            "GET", url, headers=self._headers(), params={"blobs": True}, **self._backoff_kwargs()
+        ) as response:
             hf_raise_for_status(response)
+            body = self._bounded_body(response, "the model info", MAX_API_BYTES, started)
             try:
-                info = decode_repo_info(response.content)
+                info = decode_repo_info(body)
             except ValueError as e:
                 raise HubError(
                     f"{self._where()} answered the model info call with unusable JSON: {first_line(e)}"
@@ -352,6 +367,32 @@ class HubSource:
                     raise ShortReadError(f"{name}: {e} ({attempt} attempts)") from None
                 time.sleep(min(self.retry_wait * 2 ** (attempt - 1), 8.0))
 
+    def _bounded_body(self, response: Any, what: str, cap: int, started: float) -> bytes:
+        """A whole answer's body, as it is decompressed, refused past `cap` bytes (a small gzip answer can inflate
+        to gigabytes) and past the request's deadline (a body that trickles in)."""
+        import httpx2
+
+        parts: list[bytes] = []
+        got = 0
+        try:
+            for chunk in response.iter_bytes():
+                got += len(chunk)
+                if got > cap:
+                    raise HubError(f"{what}: {self._where()} sent over {cap:,} bytes (decompressed): not read further")
+                parts.append(chunk)
+                self._check_deadline(what, started, got)
+        except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.DecodingError) as e:
+            raise HubError(f"{what}: the answer of {self._where()} broke after {got:,} bytes "
+                           f"({first_line(e)})") from None
+        return b"".join(parts)
+
+    def _check_deadline(self, what: str, started: float, got: int, want: int | None = None) -> None:
+        elapsed = time.monotonic() - started
+        if elapsed > self.deadline:
+            of = f" of {want:,}" if want is not None else ""
+            raise HubTimeoutError(f"{what}: {self._where()} sent {got:,}{of} bytes in {elapsed:.0f} s, past the "
+                                  f"{self.deadline:g} s a request may take ({DEADLINE_ENV}): the server stalls")
+
     def _take_body(self, name: str, response: Any, start: int, last: int) -> tuple[bytes, int | None]:
         import httpx2
 
@@ -372,6 +413,7 @@ class HubSource:
         want = end - first + 1
         parts: list[bytes] = []
         got = 0
+        started = time.monotonic()
         try:
             for chunk in response.iter_bytes():  # as each network read delivers it: no re-chunking copies
                 if len(chunk) > want - got:
@@ -380,6 +422,7 @@ class HubSource:
                 got += len(chunk)
                 if got >= want:
                     break
+                self._check_deadline(name, started, got, want)
         except (httpx2.RemoteProtocolError, httpx2.ReadError) as e:
             raise _BodyError(f"connection broke after {got:,} of {want:,} bytes ({first_line(e)})") from None
         if got < want:

@@ -107,6 +107,22 @@ def default_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
+DEFAULT_DEADLINE_S = 300.0
+DEADLINE_ENV = "KIMI_AUDIT_HUB_DEADLINE"
+"""Seconds one Hub request may take in all, its body included (HF_HUB_DOWNLOAD_TIMEOUT bounds each network read
+only: a server that sends a byte every few seconds never trips it)."""
+
+
+def default_deadline() -> float:
+    """KIMI_AUDIT_HUB_DEADLINE as set now (default 300 s); a value that is not a positive number is the default."""
+    raw = os.environ.get(DEADLINE_ENV)
+    try:
+        value = float(raw) if raw else DEFAULT_DEADLINE_S
+    except ValueError:
+        value = DEFAULT_DEADLINE_S
+    return value if value > 0 else DEFAULT_DEADLINE_S
+
+
 def default_timeout() -> float:
     """HF_HUB_DOWNLOAD_TIMEOUT as set now (huggingface_hub's own default is 10 s)."""
     raw = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT")
