@@ -11,7 +11,7 @@ import pytest
 from hub_repos import GATED_REPO, GATED_TOKEN, REPLICA_COMMIT, REPLICA_REPO, TINY_REPO
 from hub_server import FakeHub
 from kimi_audit.errors import FileMissingError, FileTooLargeError, KimiAuditError, ShortReadError
-from kimi_audit.sources.base import Source
+from kimi_audit.sources.base import Source, parse_content_range
 from kimi_audit.sources.hub import (
     GatedRepoError,
     HubOfflineError,
@@ -20,7 +20,6 @@ from kimi_audit.sources.hub import (
     RangeNotSupportedError,
     RepoNotFoundError,
     RevisionNotFoundError,
-    parse_content_range,
 )
 from kimi_audit.sources.local import LocalSource
 

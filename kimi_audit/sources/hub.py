@@ -24,8 +24,9 @@ from urllib.parse import quote, urlsplit
 
 from kimi_audit.constants import CONFIG_FILE, PINNED_REPO_ID, PINNED_REVISION
 from kimi_audit.errors import FileMissingError, FileTooLargeError, KimiAuditError, ShortReadError
-from kimi_audit.sources.base import RangeRead, parse_content_range, safe_member_name
+from kimi_audit.sources.base import RangeRead, safe_member_name
 from kimi_audit.sources.hub_api import decode_repo_info
+from kimi_audit.sources.hub_body import MAX_API_BYTES, BodyError, bounded_body, ranged_body
 from kimi_audit.sources.hub_errors import (
     GatedRepoError,
     HubError,
@@ -36,7 +37,6 @@ from kimi_audit.sources.hub_errors import (
     RevisionNotFoundError,
 )
 from kimi_audit.sources.hub_network import (
-    DEADLINE_ENV,
     cannot_connect,
     default_deadline,
     default_endpoint,
@@ -59,15 +59,6 @@ class _Secret(str):
 
     def __repr__(self) -> str:
         return "'***'"
-
-
-class _BodyError(Exception):
-    """A body that ended early or broke off: worth another try."""
-
-
-MAX_API_BYTES = 64_000_000
-"""The most an API answer (the repo's file listing) may hold, decompressed: Kimi K3's, with ~100 files, is under
-50 KB; a listing past this is refused, never inflated into memory."""
 
 
 class HubSource:
@@ -227,7 +218,7 @@ class HubSource:
             "GET", url, headers=self._headers(), params={"blobs": True}, **self._backoff_kwargs()
         ) as response:
             hf_raise_for_status(response)
-            body = self._bounded_body(response, "the model info", MAX_API_BYTES, started)
+            body = bounded_body(response, "the model info", self._where(), MAX_API_BYTES, self.deadline, started)
             try:
                 info = decode_repo_info(body)
             except ValueError as e:
@@ -361,71 +352,8 @@ class HubSource:
                     "GET", url, headers=headers, **backoff
                 ) as response:
                     hf_raise_for_status(response)
-                    return self._take_body(name, response, start, last)
-            except _BodyError as e:
+                    return ranged_body(response, name, start, last, self._where(), self.deadline)
+            except BodyError as e:
                 if not retry or attempt > self.max_retries:
                     raise ShortReadError(f"{name}: {e} ({attempt} attempts)") from None
                 time.sleep(min(self.retry_wait * 2 ** (attempt - 1), 8.0))
-
-    def _bounded_body(self, response: Any, what: str, cap: int, started: float) -> bytes:
-        """A whole answer's body, as it is decompressed, refused past `cap` bytes (a small gzip answer can inflate
-        to gigabytes) and past the request's deadline (a body that trickles in)."""
-        import httpx2
-
-        parts: list[bytes] = []
-        got = 0
-        try:
-            for chunk in response.iter_bytes():
-                got += len(chunk)
-                if got > cap:
-                    raise HubError(f"{what}: {self._where()} sent over {cap:,} bytes (decompressed): not read further")
-                parts.append(chunk)
-                self._check_deadline(what, started, got)
-        except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.DecodingError) as e:
-            raise HubError(f"{what}: the answer of {self._where()} broke after {got:,} bytes "
-                           f"({first_line(e)})") from None
-        return b"".join(parts)
-
-    def _check_deadline(self, what: str, started: float, got: int, want: int | None = None) -> None:
-        elapsed = time.monotonic() - started
-        if elapsed > self.deadline:
-            of = f" of {want:,}" if want is not None else ""
-            raise HubTimeoutError(f"{what}: {self._where()} sent {got:,}{of} bytes in {elapsed:.0f} s, past the "
-                                  f"{self.deadline:g} s a request may take ({DEADLINE_ENV}): the server stalls")
-
-    def _take_body(self, name: str, response: Any, start: int, last: int) -> tuple[bytes, int | None]:
-        import httpx2
-
-        if response.status_code != 206:
-            raise RangeNotSupportedError(
-                f"{name}: {self._where()} ignored the Range request (HTTP {response.status_code} instead of 206); "
-                "stopped without reading the body"
-            )
-        try:
-            first, end, total = parse_content_range(response.headers.get("Content-Range"))
-        except ValueError as e:
-            raise HubError(f"{name}: {e} in the answer to bytes={start}-{last}") from None
-        if first != start or end > last:
-            raise HubError(
-                f"{name}: asked for bytes={start}-{last}, "
-                f"{self._where()} sent {response.headers.get('Content-Range')!r}"
-            )
-        want = end - first + 1
-        parts: list[bytes] = []
-        got = 0
-        started = time.monotonic()
-        try:
-            for chunk in response.iter_bytes():  # as each network read delivers it: no re-chunking copies
-                if len(chunk) > want - got:
-                    chunk = chunk[: want - got]
-                parts.append(chunk)
-                got += len(chunk)
-                if got >= want:
-                    break
-                self._check_deadline(name, started, got, want)
-        except (httpx2.RemoteProtocolError, httpx2.ReadError) as e:
-            raise _BodyError(f"connection broke after {got:,} of {want:,} bytes ({first_line(e)})") from None
-        if got < want:
-            raise _BodyError(f"body ended after {got:,} of {want:,} bytes")
-        return b"".join(parts), total
-

@@ -42,8 +42,7 @@ E8M0_SCALE = "e8m0_scale"
 """DeepSeek-V4's F8_E8M0 scales and compressed-tensors' MXFP4 U8 exponents: 0xFF is NaN."""
 FP8_SCALE = "fp8_scale"
 """NVFP4's F8_E4M3 group scales: NaN codes, and scales that are not positive."""
-SCAN_DTYPES = SCANNED_FLOATS - {"F8_E4M3"}
-"""Floats scanned for NaN and Inf as they are (F8_E4M3 weights and scales have their own kinds)."""
+SCAN_DTYPES = SCANNED_FLOATS - {"F8_E4M3"}  # (F8_E4M3 weights and scales have kinds of their own)
 
 ProgressHook = Callable[[int], None]
 """Called with the bytes of each piece done (the pool's workers send them to the progress bar)."""
@@ -104,8 +103,7 @@ class FileTask:
     failed: str | None = None
     """Why the file is not to be read at all (its holes could not be asked about): its result is this error."""
     identity: tuple[int, ...] | None = None
-    """The identity of the file whose header the audit read (sources.files.file_identity): the file opened for
-    hashing must be that one, unchanged, or the result is FILE_CHANGED (what is hashed is what was audited)."""
+    """The audited file's identity (sources.files.file_identity): the file hashed must be it, else FILE_CHANGED."""
 
 
 @dataclass(frozen=True)
@@ -141,10 +139,9 @@ class FileResult:
     holes: tuple[tuple[int, int], ...] = ()
     error: str | None = None
     changed: str | None = None
+    """Why the bytes read are not the file as it is (appended, written, cut or replaced): no sha256 then."""
     cells: tuple[CellHealth, ...] = ()
     """Per (layer, expert) cell of the tensors planned with one: FP8 values, ±448 values, the scales' range."""
-    """Why the bytes read are not the file as it is (appended, written, cut or replaced during the read):
-    no sha256 then (FILE_CHANGED)."""
 
 
 def tensor_kind(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
@@ -153,9 +150,7 @@ def tensor_kind(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
         return FP8_SCALE if scale else FP8
     if dtype == "F8_E8M0" or (dtype == "U8" and scale):
         return E8M0_SCALE
-    if dtype not in SCAN_DTYPES:
-        return None
-    return SCALE if scale else FLOAT
+    return (SCALE if scale else FLOAT) if dtype in SCAN_DTYPES else None
 
 
 def unit_of(t: TensorPlan) -> int:
