@@ -76,7 +76,7 @@ def audit(
         resolve_ignores,
     )
 
-    out_format, severity = resolve_format(fmt, as_json), resolve_fail_on(fail_on)
+    out_format, severity = resolve_format(fmt, as_json, output), resolve_fail_on(fail_on)
     ignore_rules = resolve_ignores(ignore)
     for validate, value in ((parse_count, expect_params), (check_sha, expect_revision)):
         if value is not None:

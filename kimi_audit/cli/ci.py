@@ -24,17 +24,31 @@ FORMATS = ("table", "json", "junit", "markdown", "sarif", "html")
 FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING}
 
 
-def resolve_format(fmt: str | None, as_json: bool) -> str:
-    return choose_format(fmt, as_json, FORMATS)
+def resolve_format(fmt: str | None, as_json: bool, output: Path | None = None) -> str:
+    return choose_format(fmt, as_json, FORMATS, output)
 
 
-def choose_format(fmt: str | None, as_json: bool, formats: tuple[str, ...]) -> str:
-    """--format among `formats` (table by default); --json is --format json (exit 2 on a contradiction)."""
+BY_EXTENSION = {".json": "json", ".html": "html", ".htm": "html", ".xml": "junit", ".md": "markdown",
+                ".sarif": "sarif", ".txt": "table"}
+"""The format an --output file's extension names (`-o report.html` writes the page, not the text table)."""
+
+
+def choose_format(fmt: str | None, as_json: bool, formats: tuple[str, ...], output: Path | None = None) -> str:
+    """--format among `formats` (table by default, or what --output's extension names); --json is --format
+    json. A contradiction (--json with another --format, or a --format the output's extension does not name)
+    is exit 2."""
     if fmt is not None and fmt not in formats:
         raise KimiAuditError(f"--format must be one of {', '.join(formats)}, got {fmt!r}")
     if as_json and fmt not in (None, "json"):
         raise KimiAuditError(f"--json is --format json; it contradicts --format {fmt}")
-    return "json" if as_json else (fmt or "table")
+    chosen = "json" if as_json else fmt
+    named = BY_EXTENSION.get(output.suffix.lower()) if output is not None else None
+    if output is not None and named is not None and named in formats:
+        if chosen is not None and chosen != named:
+            raise KimiAuditError(f"--output {output.name} names the {named} format; it contradicts "
+                                 f"{'--json' if as_json else '--format ' + chosen}")
+        return named
+    return chosen or "table"
 
 
 def resolve_fail_on(value: str) -> Severity:

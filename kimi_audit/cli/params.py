@@ -51,7 +51,7 @@ def params(
     """
     from kimi_audit.cli.ci import choose_format, emit
 
-    out_format = choose_format(fmt, as_json, ("table", "json", "html"))
+    out_format = choose_format(fmt, as_json, ("table", "json", "html"), output)
     ckpt, acc = _load(source, revision, progress)
     if out_format == "table" and output is None:
         render_params(acc, stdout, depth)

@@ -92,7 +92,7 @@ def verify(
     from kimi_audit.verify.references import manifest_reference
     from kimi_audit.verify.run import VerifyOptions, finish_manifest, prepare, verify_files
 
-    out_format = choose_format(fmt, as_json, ("table", "json", "html"))
+    out_format = choose_format(fmt, as_json, ("table", "json", "html"), output)
     target = open_target(source, revision, local_dir, stream)
     refs = list(target.references)
     exclude = set(target.exclude)

@@ -170,7 +170,7 @@ class _Describe:
         after: list[Node] = [self.gain("norm", "norm", "Final RMSNorm", "final_norm", "model.norm.weight", h,
                                        ("torch_dtype", "rms_norm_eps"))]
         if not c.tie_word_embeddings:
-            after.append(Leaf("lm_head", "lm_head", "Output head (lm_head)", "lm_head",
+            after.append(Leaf("lm_head", "lm_head", "Output head", "lm_head",
                               (Linear("lm_head", (v,), (h,)),), ("torch_dtype", "tie_word_embeddings", QUANT_KEYS)))
         # n_routed_experts None (DeepseekV3Config allows it) makes every layer dense, the MTP layers too.
         mlp = self.dense_mlp() if c.n_routed_experts is None else self.moe()
