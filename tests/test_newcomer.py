@@ -36,3 +36,17 @@ def test_a_format_the_extension_contradicts_is_one_error_line(tiny_dir: Path, tm
 def test_params_names_the_output_head_once(tiny_dir: Path) -> None:
     r = runner.invoke(app, ["params", str(tiny_dir), "--no-progress"])
     assert r.exit_code == 0 and "Output head" in r.output and "(lm_head) (lm_head)" not in r.output
+
+
+@pytest.mark.parametrize("argv", [["--layer", "3", "--all"], ["--input", "x.npy", "--seed", "3"],
+                                  ["--from-embeddings", "1,2", "--tokens", "4"]])
+def test_conflicting_rmsnorm_options_are_one_error_line(tiny_dir: Path, argv: list[str]) -> None:
+    """`rmsnorm --layer 3 --all` and `--input x.npy --seed 3` silently ignored one of the two options."""
+    r = runner.invoke(app, ["rmsnorm", str(tiny_dir), *argv])
+    assert r.exit_code == 2 and ("exclusive" in r.output or "random input" in r.output), r.output
+
+
+def test_verify_stream_of_a_local_directory_says_so(tiny_dir: Path) -> None:
+    """`verify LOCAL_DIR --stream` took the directory for a Hub repo and failed on the network."""
+    r = runner.invoke(app, ["verify", str(tiny_dir), "--stream", "--no-progress"])
+    assert r.exit_code == 2 and "is a local directory" in r.output, r.output

@@ -64,9 +64,11 @@ def rmsnorm(
     all_layers: bool = typer.Option(False, "--all", help="Every layer (the MTP layer included)."),
     input_file: Path | None = typer.Option(None, "--input",
                                            help="A .npy array [B, T, q_lora_rank] (float; cast to bf16)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random bf16 input."),
-    tokens: int = typer.Option(16, "--tokens", "-t", min=1, max=1 << 16, help="Positions T of the random input."),
-    batch: int = typer.Option(1, "--batch", "-b", min=1, max=1 << 12, help="Batch B of the random input."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the random bf16 input (default 0)."),
+    tokens: int | None = typer.Option(None, "--tokens", "-t", min=1, max=1 << 16,
+                                      help="Positions T of the random input (default 16)."),
+    batch: int | None = typer.Option(None, "--batch", "-b", min=1, max=1 << 12,
+                                     help="Batch B of the random input (default 1)."),
     from_embeddings: str | None = typer.Option(
         None, "--from-embeddings",
         help="Token ids (e.g. '1,2,3'): their embedding rows -> the layer's input_layernorm -> dequantized "
@@ -90,6 +92,12 @@ def rmsnorm(
 
     if input_file is not None and from_embeddings is not None:
         raise KimiAuditError("--input and --from-embeddings are exclusive")
+    if layer and all_layers:
+        raise KimiAuditError("--layer and --all are exclusive: --all is every layer")
+    given = [o for o, v in (("--seed", seed), ("--tokens", tokens), ("--batch", batch)) if v is not None]
+    if given and (input_file is not None or from_embeddings is not None):
+        raise KimiAuditError(f"{', '.join(given)} shape the random input; "
+                             f"{'--input' if input_file is not None else '--from-embeddings'} gives the input")
     src = open_source(source, revision)
     _, cfg = load_config(src)
     if cfg.q_lora_rank is None:
@@ -109,6 +117,7 @@ def rmsnorm(
         shared_x = load_input(input_file, width, len(layers))
         input_desc = {"kind": "file", "path": str(input_file), "shape": list(shared_x.shape)}
     else:
+        seed, batch, tokens = seed or 0, batch or 1, tokens or 16
         check_input_memory((batch, tokens, width), len(layers))  # before anything is allocated or read
         shared_x = random_input(seed, batch, tokens, width)
         input_desc = {"kind": "random", "seed": seed, "shape": [batch, tokens, width], "dtype": "BF16"}

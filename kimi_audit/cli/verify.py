@@ -159,6 +159,9 @@ def open_target(spec: str, revision: str | None, local_dir: Path | None, stream:
     from kimi_audit.verify.references import cache_reference, hub_reference
     from kimi_audit.verify.run import VerifyTarget
 
+    if stream and os.path.isdir(spec):
+        raise KimiAuditError(f"--stream reads a Hub repo by ranged reads; {spec} is a local directory: verify it "
+                             "without --stream")
     opened = resolve_source(spec, revision, mode="stream" if stream else "copy", local_dir=local_dir)
     src = opened.source
     if opened.hub is not None:
