@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from kimi_audit.model.arch import deepseek_v4
+from kimi_audit.model.arch.spec import MTP
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.quant.deepseek import Fp4Experts, Fp8Block
 from kimi_audit.model.quant.dispatch import quant_plan
@@ -476,7 +477,7 @@ def write_v4_release(tmp_path: Path, quant: dict[str, Any] = V4_FP8, top: dict[s
     from transformers import AutoModelForCausalLM, DeepseekV4Config
 
     from kimi_audit.model.layout import expected_layout
-    from test_lineage_differential import RELEASE_SPELLING, TINY
+    from test_lineage_differential import RELEASE_SPELLING, TINY, with_v4_mtp
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(DeepseekV4Config(**TINY["deepseek_v4"]), dtype=torch.bfloat16)
@@ -493,6 +494,7 @@ def write_v4_release(tmp_path: Path, quant: dict[str, Any] = V4_FP8, top: dict[s
             for pattern, to in RELEASE_SPELLING["deepseek_v4"]:
                 n = re.sub(pattern, to, n)
             tensors[n] = t
+    with_v4_mtp({"all": tensors})  # the release's MTP stage, as vLLM's loader reads it
     block = tuple(quant["weight_block_size"])
     gen = torch.Generator().manual_seed(1)
     shapes = {}
@@ -532,7 +534,8 @@ def test_v4_release_in_deepseeks_fp8_and_fp4_audits_clean_and_dequantizes_as_tra
     doc = run_json("audit", str(d), "--values", "--no-progress")
     assert [f["code"] for f in doc["findings"]] == ["VALUES_CHECKED"], doc["findings"]
     assert run_json("params", str(d))["total"]["found"] == numel + sum(
-        e.numel for e in layout.values() if e.name.endswith("ffn.gate.bias"))  # transformers' buffers
+        e.numel for e in layout.values() if e.name.endswith("ffn.gate.bias") and e.block != MTP) + sum(  # buffers
+        e.logical for e in layout.values() if e.name.startswith("mtp."))  # the MTP stage transformers builds none of
     expert = next(n for n in layout if ".experts.1.w2.weight" in n)[: -len(".weight")]
     doc = run_json("tensor", str(d), expert, "--dequant")
     ref = Fp8Dequantize(None)._dequantize_one(tensors[expert + ".weight"], tensors[expert + ".scale"],
@@ -589,7 +592,9 @@ def v4_expected_missing_and_unexpected(model: Any, checkpoint: set[str]) -> None
     assert model.all_tied_weights_keys == {} and model.config.tie_word_embeddings is False
     assert set(model._keys_to_ignore_on_load_unexpected) == {r"(^|\.)mtp\..*"}
     patterns = [*model._keys_to_ignore_on_load_unexpected, r"rotary_emb\.inv_freq", r"(^|\.)position_ids$"]
-    assert [k for k in checkpoint if any(re.search(p, k) for p in patterns)] == []
+    # what transformers ignores is exactly the release's MTP stage (the audit checks it: vLLM loads it)
+    assert [k for k in checkpoint if any(re.search(p, k) for p in patterns)] == [
+        k for k in checkpoint if k.startswith("mtp.0.")] != []
     state = model.state_dict()
     transient = {n for n, _ in model.named_buffers() if n not in state}
     assert transient and all(re.search(r"\.rotary_emb\.(main|compress)(_original)?_inv_freq$", n) for n in transient)
@@ -621,7 +626,7 @@ def test_v4_release_loads_in_transformers_with_no_missing_or_unexpected_keys(tmp
     state = model.state_dict()
     fp8 = [m for m in model.modules() if isinstance(m, FP8Linear)]  # FP8GroupedLinear (o_a_proj) too
     experts = [m for m in model.modules() if isinstance(m, FP8Experts)]
-    routed = {m for m in release.shapes if ".experts." in m}
+    routed = {m for m in release.shapes if ".experts." in m and not m.startswith("mtp.")}
     if how == "dequantize":
         assert fp8 == [] and experts == []
         assert all(t.dtype != torch.float8_e4m3fn and t.dtype != torch.int8 for t in state.values())
@@ -650,7 +655,7 @@ def test_v4_release_loads_in_transformers_with_no_missing_or_unexpected_keys(tmp
         assert unequal == []
         return
     # quantized: one FP8Linear per FP8 module, one FP8Experts per MoE layer, every scale loaded as the checkpoint's
-    assert len(fp8) == len(release.shapes) - len(routed)
+    assert len(fp8) == sum(not m.startswith("mtp.") for m in release.shapes) - len(routed)  # no MTP stage built
     assert len(experts) == release.config["num_hidden_layers"]
     scales = [n for n in state if n.endswith("scale_inv")]
     assert len(scales) == len(fp8) + 2 * len(experts)

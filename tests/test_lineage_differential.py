@@ -36,10 +36,11 @@ from kimi_audit.cli import app
 from kimi_audit.constants import INDEX_FILE
 from kimi_audit.errors import ConfigError
 from kimi_audit.findings import Finding, Severity
+from kimi_audit.model.arch.spec import MTP
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.kinds import BUFFER
-from kimi_audit.model.layout import expected_layout
+from kimi_audit.model.layout import ExpectedTensor, expected_layout
 from kimi_audit.sources import LocalSource
 
 pytestmark = pytest.mark.usefixtures("quiet_transformers")
@@ -78,6 +79,11 @@ def fused_shape(parts: list[tuple[str, tuple[int, ...]]]) -> tuple[int, ...]:
     return (len(by["w1"]), g[0] + u[0], g[1])
 
 
+def built(cfg: ModelConfig) -> list[ExpectedTensor]:
+    """The layout less its MTP stages: what transformers 5.25 builds (it builds no MTP layer, for V3 as for V4)."""
+    return [t for t in expected_layout(cfg).values() if t.block != MTP]
+
+
 def against_state_dict(cfg: ModelConfig, model: PreTrainedModel) -> tuple[dict[str, int], dict[str, Any]]:
     """Our names by how they reach transformers' state_dict (`same`: one to one, or a FUSED kind), and what is
     left unexplained (must be empty)."""
@@ -88,7 +94,7 @@ def against_state_dict(cfg: ModelConfig, model: PreTrainedModel) -> tuple[dict[s
     counts = {"same": 0, **{k: 0 for k in FUSED}}
     unexplained: dict[str, Any] = {}
     fused: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
-    for t in expected_layout(cfg).values():
+    for t in built(cfg):
         key, pattern = rename_source_key(t.name, renamings, converters, "model", theirs)
         if pattern is None:
             counts["same"] += 1
@@ -101,7 +107,7 @@ def against_state_dict(cfg: ModelConfig, model: PreTrainedModel) -> tuple[dict[s
     for key, parts in fused.items():
         if theirs.get(key) != fused_shape(parts):
             unexplained[f"fused:{key}"] = (fused_shape(parts), theirs.get(key))
-    reached = {rename_source_key(t, renamings, converters, "model", theirs)[0] for t in expected_layout(cfg)}
+    reached = {rename_source_key(t.name, renamings, converters, "model", theirs)[0] for t in built(cfg)}
     unexplained.update({f"theirs:{k}": s for k, s in theirs.items() if k not in reached})
     return counts, unexplained
 
@@ -115,23 +121,22 @@ def full_size(model_type: str) -> tuple[ModelConfig, PreTrainedModel]:
 
 def router_biases(cfg: ModelConfig) -> int:
     """Elements of the routing biases the layout counts as parameters (transformers: buffers)."""
-    return sum(t.numel for t in expected_layout(cfg).values()
-               if t.name.endswith(("ffn.gate.bias", "gate.e_score_correction_bias")))
+    return sum(t.numel for t in built(cfg) if t.name.endswith(("ffn.gate.bias", "gate.e_score_correction_bias")))
 
 
 def test_deepseek_v4_flash_layout_is_transformers_state_dict() -> None:
     cfg, model = full_size("deepseek_v4")
-    assert len(cfg.layer_kinds) == 43
+    assert cfg.num_hidden_layers == 43 and cfg.layer_kinds[43:] == (MTP,)  # and DeepseekV4Config's one MTP stage
     counts, unexplained = against_state_dict(cfg, model)
     assert unexplained == {}
     # 43 MoE layers × 256 experts × 3 projections fused; everything else one to one under another name
     assert counts == {"same": counts["same"], "experts": 43 * 256 * 3, "conv": 0}
-    layout = expected_layout(cfg)
-    tables = [t for t in layout.values() if t.kind == BUFFER]
+    layout = built(cfg)
+    tables = [t for t in layout if t.kind == BUFFER]
     assert {t.name for t in tables} == {f"layers.{i}.ffn.gate.tid2eid" for i in range(3)}  # 3 hash-routed layers
     # parameters: transformers' parameters plus the 40 routing biases it holds as buffers; the hash tables
     # (I64 token -> expert ids) are buffers on both sides
-    params = sum(t.logical for t in layout.values())
+    params = sum(t.logical for t in layout)
     assert router_biases(cfg) == 40 * 256
     assert params == sum(p.numel() for p in model.parameters()) + router_biases(cfg)
     assert params + sum(t.numel for t in tables) == sum(v.numel() for v in model.state_dict().values())
@@ -146,7 +151,7 @@ def test_kimi_linear_layout_is_transformers_state_dict() -> None:
     kda, moe = sum(k.endswith("_kda") for k in kinds), sum(k.startswith("moe_") for k in kinds)
     assert (len(kinds), kda, moe) == (27, 21, 26)  # transformers' default schedule: MLA every 4th layer from 4
     assert counts == {"same": counts["same"], "experts": moe * 256 * 3, "conv": kda * 3}
-    params = sum(t.logical for t in expected_layout(cfg).values())
+    params = sum(t.logical for t in built(cfg))
     assert params == sum(p.numel() for p in model.parameters()) + router_biases(cfg)
     assert params == sum(v.numel() for v in model.state_dict().values())
 
@@ -167,7 +172,7 @@ def test_deepseek_v4_schedule_is_read_as_transformers_reads_it(keys: dict[str, A
     cfg = model_config_from_dict({"model_type": "deepseek_v4", **keys})
     want = tuple(f"{'moe_hash' if m == 'hash_moe' else 'moe'}_{V4_ATTENTION[a]}"
                  for m, a in zip(theirs.mlp_layer_types, theirs.layer_types))
-    assert cfg.layer_kinds == want
+    assert cfg.layer_kinds == want + (MTP,) * theirs.num_nextn_predict_layers  # the MTP stages after the layers
     assert (cfg.dim("csa_rate"), cfg.dim("hca_rate")) == tuple(theirs.compress_rates[k] for k in (
         "compressed_sparse_attention", "heavily_compressed_attention"))
 
@@ -255,18 +260,24 @@ def by_severity(report: AuditReport, severity: Severity) -> list[Finding]:
 def test_save_pretrained_audits_clean(saved: dict[str, tuple[Path, int]], model_type: str) -> None:
     d, numel = saved[model_type]
     report = audit(d)
-    assert by_severity(report, Severity.ERROR) == [] and by_severity(report, Severity.WARNING) == []
-    assert [f.code for f in report.findings] == ["LAYOUT_DIALECT"] and "transformers" in report.findings[0].message
     cfg = model_config_from_dict(json.loads((d / "config.json").read_text()))
+    mtp = ["MTP_ABSENT"] if cfg.num_nextn_predict_layers else []  # transformers saves no MTP stage (V4's config: 1)
+    assert by_severity(report, Severity.ERROR) == []
+    assert [f.code for f in by_severity(report, Severity.WARNING)] == mtp
+    assert [f.code for f in report.findings] == ["LAYOUT_DIALECT", *mtp]
+    assert "transformers" in report.findings[0].message
     assert report.stats.parameters == numel + router_biases(cfg)
-    assert report.stats.tensors == len(expected_layout(cfg))
+    assert report.stats.tensors == len(built(cfg))
 
 
 Shards = dict[str, dict[str, torch.Tensor]]
 
 RELEASE_SPELLING: dict[str, list[tuple[str, str]]] = {
+    # the attention's `kv_norm` as vLLM's loader reads the release (vllm-project/vllm@0a291a2e
+    # model_executor/layers/deepseek_v4_attention.py, DeepseekV4MLAModules.kv_norm, under `layers.N.attn.` with
+    # no renaming in deepseek_v4.py's WeightsMapper @f1b76c19); transformers' save writes it `attn.norm`
     "deepseek_v4": [(r"^model\.embed_tokens\.", "embed."), (r"^model\.hc_head\.hc_", "hc_head_"),
-                    (r"^model\.", "")],
+                    (r"\.attn\.norm\.", ".attn.kv_norm."), (r"^model\.", "")],
     "kimi_linear": [(r"\.block_sparse_moe\.(gate|up|down)_proj\.", r".mlp.\1_proj.")],
 }
 """transformers' spelling back to the release's (the conversion mapping's renames that save_pretrained
@@ -310,27 +321,64 @@ def test_params_agrees_with_the_audit(saved: dict[str, tuple[Path, int]], model_
     assert "MATCH" in r.stdout and "✗" not in r.stdout
 
 
+V4_MTP_OWN = {"e_proj.weight": ("h", "h"), "h_proj.weight": ("h", "h"), "enorm.weight": ("h",),
+              "hnorm.weight": ("h",), "norm.weight": ("h",), "hc_head_fn": ("c", "c*h"), "hc_head_base": ("c",),
+              "hc_head_scale": (1,)}
+"""An MTP stage's own tensors, as vLLM's loader reads them from the release (vllm-project/vllm@45292767
+model_executor/models/deepseek_v4_mtp.py: DeepSeekV4MultiTokenPredictorLayer's enorm, hnorm, e_proj, h_proj
+[hidden, hidden], hc_head_{fn,base,scale}, and `.norm.weight` for its shared head); beside them its `mtp_block`,
+a DeepseekV4DecoderLayer named like any layer, under `mtp.{i}.` (the loader maps `mtp.{i}.` onto it)."""
+
+
+def with_v4_mtp(shards: Shards) -> None:
+    """The release's MTP stage `mtp.0.*`: V4_MTP_OWN, and a decoder layer (sliding-window attention as the MTP
+    layer's compress ratio 0 gives, the routing bias as every layer past the hash-routed ones) built from the
+    tiny model's own layer 0 attention and layer 1 MoE."""
+    keys = TINY["deepseek_v4"]
+    h, c = keys["hidden_size"], keys["hc_mult"]
+    size = {"h": h, "c": c, "c*h": c * h, 1: 1}
+    first = next(iter(shards.values()))
+    for name, dims in V4_MTP_OWN.items():
+        dtype = torch.bfloat16 if name.endswith("proj.weight") else torch.float32
+        first["mtp.0." + name] = torch.ones(tuple(size[d] for d in dims), dtype=dtype) / 8
+    for ts in list(shards.values()):
+        for name, t in list(ts.items()):
+            for layer, parts in ((0, ("attn.", "attn_norm.", "hc_attn_")), (1, ("ffn.", "ffn_norm.", "hc_ffn_"))):
+                rest = name.removeprefix(f"layers.{layer}.")
+                if rest != name and rest.startswith(parts):
+                    first["mtp.0." + rest] = t.clone()
+
+
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_release_spelling_audits_clean(saved: dict[str, tuple[Path, int]], tmp_path: Path, model_type: str) -> None:
-    rewrite(saved[model_type][0], tmp_path / "release", respell(model_type))
+    """transformers' save respelled as the release (the loaders' names), with V4's MTP stage as vLLM reads it:
+    no finding at all."""
+    def change(shards: Shards) -> None:
+        respell(model_type)(shards)
+        if model_type == "deepseek_v4":
+            with_v4_mtp(shards)
+
+    rewrite(saved[model_type][0], tmp_path / "release", change)
     report = audit(tmp_path / "release")
     assert report.findings == ()
+    cfg = model_config_from_dict(json.loads((tmp_path / "release" / "config.json").read_text()))
+    assert report.stats.tensors == len(expected_layout(cfg))  # V4: its MTP stage included
 
 
-def test_v4_mtp_module_is_one_info(saved: dict[str, tuple[Path, int]], tmp_path: Path) -> None:
-    """The release's `mtp.N.*` (described by no source read): one TENSORS_UNDESCRIBED, not an error each;
-    anything else unknown stays an error."""
+def test_v4_mtp_stage_is_described_and_checked(saved: dict[str, tuple[Path, int]], tmp_path: Path) -> None:
+    """The release's `mtp.0.*` was set aside as undescribed (one TENSORS_UNDESCRIBED, its scales SCALE_UNEXPECTED);
+    it is now described and checked: a stage missing one tensor is that one finding, an unknown tensor inside it
+    is TENSOR_UNEXPECTED."""
     def change(shards: Shards) -> None:
         respell("deepseek_v4")(shards)
+        with_v4_mtp(shards)
         first = next(iter(shards.values()))
-        for name in ("mtp.0.e_proj.weight", "mtp.0.enorm.weight", "mtp.0.attn.wq_a.weight"):
-            first[name] = torch.zeros(4, 4)
-        first["layers.1.ffn.extra.weight"] = torch.zeros(2)
+        del first["mtp.0.hnorm.weight"]
+        first["mtp.0.ffn.extra.weight"] = torch.zeros(2)
     rewrite(saved["deepseek_v4"][0], tmp_path / "mtp", change)
     report = audit(tmp_path / "mtp")
-    assert [(f.code, f.severity.value, f.covers) for f in report.findings if f.code != "TENSOR_UNEXPECTED"] == [
-        ("TENSORS_UNDESCRIBED", "info", 3)]
-    assert [f.tensor for f in report.findings if f.code == "TENSOR_UNEXPECTED"] == ["layers.1.ffn.extra.weight"]
+    assert sorted((f.code, f.tensor) for f in report.findings) == [
+        ("TENSOR_MISSING", "mtp.0.hnorm.weight"), ("TENSOR_UNEXPECTED", "mtp.0.ffn.extra.weight")]
 
 
 def test_a_mixture_of_spellings_is_findings(saved: dict[str, tuple[Path, int]], tmp_path: Path) -> None:

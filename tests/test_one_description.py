@@ -369,3 +369,28 @@ def test_the_library_changes_no_process_wide_state(tiny_copy: Path) -> None:
     report, _ = verify_files(prepare(VerifyTarget(LocalSource(tiny_copy)), VerifyOptions(workers=1)), interrupt)
     assert report.interrupted
     assert process_state() == before
+
+
+def test_a_part_an_architecture_declares_undescribed_is_one_info(tmp_path: Path) -> None:
+    """`Architecture.undescribed`: names a release stores that the tree leaves out are one TENSORS_UNDESCRIBED
+    info, not an error each; anything else unknown stays an error (DeepSeek-V4's MTP stage used it until it was
+    described)."""
+    from dataclasses import replace
+
+    arch = replace(TOY, undescribed={r"^drafter\.": "the toy's drafter"})
+    register(arch)
+    ToyNibbles.register()
+    try:
+        write_toy(tmp_path / "toy", quantized=False)
+        from safetensors.numpy import load_file
+
+        tensors = load_file(str(tmp_path / "toy" / "model.safetensors"))
+        tensors.update({f"drafter.{i}.weight": np.zeros(4, np.float32) for i in range(3)})
+        tensors["model.layers.0.extra.weight"] = np.zeros(2, np.float32)
+        save_file(tensors, str(tmp_path / "toy" / "model.safetensors"))
+        report = kimi_audit.audit(tmp_path / "toy")
+    finally:
+        unregister(arch)
+        ToyNibbles.unregister()
+    assert sorted((f.code, f.covers) for f in report.findings) == [("TENSORS_UNDESCRIBED", 3),
+                                                                   ("TENSOR_UNEXPECTED", 0)]

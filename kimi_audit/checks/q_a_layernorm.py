@@ -75,7 +75,7 @@ def q_a_layernorm_report(cfg: ModelConfig, actual: TensorLookup,
     rows = []
     named: dict[int | None, str] | None = None
     for layer in range(cfg.total_layers):
-        name = f"{cfg.layer_prefix}{layer}.{COMPONENT}"
+        name = cfg.layer_name(layer) + COMPONENT
         if expected is not None and name not in expected:  # the layout in a dialect: its names, found once
             if named is None:
                 at = compress(count(), map(methodcaller("endswith", "." + COMPONENT), expected.names))

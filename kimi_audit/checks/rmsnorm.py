@@ -190,7 +190,7 @@ def linear_weight(fetch: TensorFetcher, cfg: ModelConfig, module: str, out: int,
 
 def query_latent(fetch: TensorFetcher, cfg: ModelConfig, layer: int, emb: np.ndarray) -> np.ndarray:
     """embedding rows -> layer's input_layernorm -> q_a_proj (dequantized), bf16 [1, T, q_lora_rank]."""
-    p = f"{cfg.layer_prefix}{layer}."
+    p = cfg.layer_name(layer)
     g_in, _, _ = fetch.read(p + INPUT_LAYERNORM)
     h = rms_norm(emb, g_in, cfg.rms_norm_eps)
     w = linear_weight(fetch, cfg, p + Q_A_PROJ[: -len(".weight")], cfg.q_lora_rank or 0, cfg.hidden_size)

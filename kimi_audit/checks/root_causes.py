@@ -91,12 +91,12 @@ def _mtp(ckpt: Checkpoint, expected: ExpectedLayout, positions: list[int | None]
     mtp = set(compress(range(len(expected)), (layer is not None and layer >= first for layer in expected.layer_of)))
     if not mtp or mtp & set(positions) or mtp <= out.positions:
         return  # some MTP tensor is stored (check it), or the absent shards that hold it cover it
-    layers = ", ".join(str(n) for n in range(first, first + cfg.num_nextn_predict_layers))
+    layers = ", ".join(cfg.layer_name(n)[:-1] for n in range(first, first + cfg.num_nextn_predict_layers))
     out.extra.append(warning(
         "MTP_ABSENT", f"config.json declares num_nextn_predict_layers = {cfg.num_nextn_predict_layers}, but no "
-        f"tensor of the multi-token-prediction layer ({cfg.layer_prefix}{layers}) is stored: {len(mtp):,} tensors. "
+        f"tensor of the multi-token-prediction layer ({layers}) is stored: {len(mtp):,} tensors. "
         "transformers drops that layer on load and never saves it; speculative decoding with it is not possible",
-        tensor=f"{cfg.layer_prefix}{first}", expected=len(mtp), actual=0, covers=len(mtp)))
+        tensor=cfg.layer_name(first)[:-1], expected=len(mtp), actual=0, covers=len(mtp)))
     out.positions |= mtp
 
 

@@ -124,7 +124,7 @@ def rmsnorm(
 
     results: list[LayerResult] = []
     for n in layers:
-        name = f"{cfg.layer_prefix}{n}.{Q_A_LAYERNORM}"
+        name = cfg.layer_name(n) + Q_A_LAYERNORM
         gain, t, shard = fetch.read(name)
         if t.shape != (width,):
             raise KimiAuditError(f"{name} has shape {list(t.shape)}, expected [{width}]")

@@ -90,6 +90,9 @@ class ModelConfig:
     """kimi_k25's MoonViT vision tower and projector; None: a text-only model."""
     layers_at: str = "model.layers."
     """Where the decoder layers sit in the text model (`model.layers.`; DeepSeek-V4's release: `layers.`)."""
+    mtp_at: str = ""
+    """Where the multi-token-prediction layers sit when not after the decoder layers under `layers_at`
+    (DeepSeek-V4's release: `mtp.`, its stages `mtp.0.`, `mtp.1.` ...); "": they follow the decoder layers."""
 
     def dim(self, key: str) -> int:
         return dict(self.dims)[key]
@@ -98,6 +101,13 @@ class ModelConfig:
     def layer_prefix(self) -> str:
         """What every decoder layer's names start with, before the layer index."""
         return f"{self.prefix}{self.layers_at}"
+
+    def layer_name(self, layer: int) -> str:
+        """The names of layer `layer` (MTP layers counted after the decoder layers) start with this:
+        `model.layers.61.`, DeepSeek-V4's `layers.42.` and, for its first MTP stage, `mtp.0.`."""
+        if self.mtp_at and layer >= self.num_hidden_layers:
+            return f"{self.prefix}{self.mtp_at}{layer - self.num_hidden_layers}."
+        return f"{self.layer_prefix}{layer}."
 
     @property
     def q_head_dim(self) -> int:

@@ -213,7 +213,7 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
     by_name = cfg.quant is not None and cfg.quant.by_name
     for layer in range(cfg.total_layers):
         block = layer_block(cfg, layer)
-        prefix = f"{cfg.layer_prefix}{layer}."
+        prefix = cfg.layer_name(layer)
         choices: tuple[int, ...] = ()
         if by_name and block in modules:
             assert cfg.quant is not None
@@ -244,7 +244,7 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
 def _linear_tensors(cfg: ModelConfig, module: str, out: int, inp: int, layer: int | None,
                     block: str | None) -> list[ExpectedTensor]:
     """The tensors storing one Linear module's weight, by the scheme the plan picks for its full name."""
-    full = module if layer is None else f"{cfg.layer_prefix}{layer}.{module}"
+    full = module if layer is None else cfg.layer_name(layer) + module
     scheme = scheme_of(cfg, full)
     return [_tensor(module + s.suffix, s.dtype, s.shape, s.kind, module + s.suffix, layer, block, s.logical,
                     scheme.key, i if s.kind == SCALE else 0) for i, s in enumerate(scheme.stored(out, inp))]

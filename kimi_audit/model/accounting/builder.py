@@ -193,7 +193,7 @@ class Builder:
         layers = self.layers_of.get(block, []) if block else []
         if not layers:
             return module
-        return f"{self.cfg.layer_prefix}{layers[0]}." + module.replace(".experts.", ".experts.0.", 1)
+        return self.cfg.layer_name(layers[0]) + module.replace(".experts.", ".experts.0.", 1)
 
     def linear_parts(self, block: str | None, module: str, out: list[Factor], inp: list[Factor],
                      bias: bool = False) -> list[Part]:
@@ -236,8 +236,8 @@ class Builder:
                 dtype = "/".join(sorted({t.dtype for t in ts}))
             else:
                 layers = self.layers_of.get(block, [])
-                prefix = self.cfg.layer_prefix
-                pattern = comp if not layers else ", ".join(collapse(f"{prefix}{i}.{comp}" for i in layers))
+                name = self.cfg.layer_name
+                pattern = comp if not layers else ", ".join(collapse(name(i) + comp for i in layers))
                 dtype = "/".join(sorted(dtypes.get(key, ())))
             rows.append(ExcludedRow(kind, pattern, dtype, d[0], len(ts), d[1], sum(t.numel for t in ts)))
         return tuple(rows)

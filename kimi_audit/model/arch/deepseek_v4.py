@@ -1,8 +1,9 @@
 """DeepSeek-V4 (`deepseek_v4`: V4-Flash, V4-Pro and their Base models; V4.1 where its config differs) as data.
 
 Mirrors transformers 5.25's modeling_deepseek_v4.py, named as DeepSeek's release names its tensors (the
-checkpoint conversion mapping of transformers 5.25, `deepseek_v4`, read backwards): no `model.` prefix,
-`embed.weight`, `layers.N.attn.*` (`wq_a`, `q_norm`, `wq_b`, `wkv`, `norm`, `wo_a`, `wo_b`, `attn_sink`),
+checkpoint conversion mapping of transformers 5.25, `deepseek_v4`, and vLLM's loader, which reads the release as
+it is: vllm-project/vllm@f1b76c19 `model_executor/models/deepseek_v4.py` and `deepseek_v4_mtp.py`): no `model.`
+prefix, `embed.weight`, `layers.N.attn.*` (`wq_a`, `q_norm`, `wq_b`, `wkv`, `kv_norm`, `wo_a`, `wo_b`, `attn_sink`),
 `layers.N.attn_norm`, `layers.N.ffn_norm`, `layers.N.ffn.*` (`gate.weight`, `gate.bias`: the routing bias,
 `gate.tid2eid` on hash-routed layers, `experts.E.{w1,w2,w3}`, `shared_experts.{w1,w2,w3}`), the
 hyper-connections `layers.N.hc_{attn,ffn}_{fn,base,scale}`, then `norm.weight`, `hc_head_{fn,base,scale}` and
@@ -13,13 +14,17 @@ wgate,ape,norm}`) or a compressor and a lightning indexer with its own compresso
 weights_proj}`, `attn.indexer.compressor.*`); the first `num_hash_layers` MoE layers route by a token-id table
 (`ffn.gate.tid2eid`, I64 [vocab, top-k], a buffer) instead of the routing bias.
 
-Dialect `transformers`: what transformers 5.x's save_pretrained writes: the same leaf names under
-`model.layers.N.`, and `model.embed_tokens.weight`, `model.norm.weight`, `model.hc_head.hc_{fn,base,scale}`
-at the top (`head.weight` unchanged).
+The multi-token-prediction stages are `mtp.K.*` (vLLM's DeepSeekV4MultiTokenPredictorLayer): `e_proj` and
+`h_proj` (FP8 Linear [hidden, hidden]), `enorm`, `hnorm`, `norm` (the shared head's), `hc_head_{fn,base,scale}`,
+and a whole decoder layer (sliding-window attention, bias-routed MoE with its own routed experts) under the same
+`mtp.K.` prefix; DeepSeek-V4-Flash's one stage is 1,575 tensors.
 
-Not described: the multi-token-prediction module (`mtp.N.*` in the release): transformers 5.25 builds none
-and ignores it on load, and no public source gives its tensors; quantization naming (FP8 `.scale`, FP4
-experts): the quantization scheme's (model.quant), not this tree's.
+Dialect `transformers`: what transformers 5.x's save_pretrained writes: the same leaf names under
+`model.layers.N.` (the attention's `kv_norm` as `norm`: its conversion's `.norm.` -> `.kv_norm.` reversed), and
+`model.embed_tokens.weight`, `model.norm.weight`, `model.hc_head.hc_{fn,base,scale}` at the top (`head.weight`
+unchanged); it builds no MTP stage and saves none (MTP_ABSENT).
+
+Quantization naming (FP8 `.scale`, FP4 experts) is the quantization scheme's (model.quant), not this tree's.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from kimi_audit.errors import ConfigError
 from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
+    MTP,
     Architecture,
     Buffer,
     Dialect,
@@ -63,12 +69,12 @@ TRANSFORMERS = Dialect(
     "transformers 5.25's DeepseekV4 modules: `model.` before the layers, `model.embed_tokens`, `model.norm`, "
     "`model.hc_head.*`")
 
-UNDESCRIBED = {r"^mtp\.\d+\.": "the multi-token-prediction module (`mtp.N.*`), which no source this tool "
-                                 "reads describes (transformers 5.25 builds none and drops it on load)"}
-"""Names stored by the release that this description leaves out: pattern -> what they are."""
 
 GAIN = "Learned gain"
 F32 = "F32"
+KV_NORM = "attn.kv_norm."
+"""The attention's key-value RMSNorm as the release names it (vLLM's DeepseekV4MLAModules.kv_norm, read under
+`layers.N.attn.` with no renaming; transformers 5.25's save writes `attn.norm`)."""
 
 # Block kinds: the MLP kind, then the attention kind (model_summary counts `moe*` as MoE layers).
 SWA, CSA, HCA = "swa", "csa", "hca"
@@ -129,6 +135,7 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
         "num_experts_per_tok": g("num_experts_per_tok"), "vocab_size": g("vocab_size"),
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)), "rms_norm_eps": read_eps(cfg, 1e-6),
         "layers_at": "layers.",  # the release's names: `layers.N.`, `embed`, `norm`, `hc_head_*` (no `model.`)
+        "mtp_at": "mtp.", "num_nextn_predict_layers": g("num_nextn_predict_layers"),
     }
     dims = {k: g(k) for k in ("head_dim", "hc_mult", "o_groups", "o_lora_rank", "index_n_heads", "index_head_dim",
                               "num_nextn_predict_layers")}
@@ -137,6 +144,7 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
     if dims["o_groups"] < 1 or (fields["num_attention_heads"] * head_dim) % dims["o_groups"]:
         raise ConfigError("config.json o_groups must divide num_attention_heads × head_dim")
     kinds = tuple(f"{V4_MLP[m]}_{V4_ATTENTION[a]}" for m, a in zip(mlp, attention))
+    kinds += (MTP,) * fields["num_nextn_predict_layers"]
     return scheduled(cfg, fields, dims, kinds, ARCHITECTURE.quant)
 
 
@@ -147,7 +155,10 @@ def describe(cfg: ModelConfig) -> ModelTree:
 
 
 def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
-    return (TRANSFORMERS,)
+    """transformers' spelling: TRANSFORMERS, after each layer's `attn.kv_norm` written `attn.norm`."""
+    kv_norms = tuple((f"{cfg.layer_name(i)}{KV_NORM}", f"model.{cfg.layer_name(i)}attn.norm.")
+                     for i in range(cfg.num_hidden_layers))
+    return (Dialect(TRANSFORMERS.name, kv_norms + TRANSFORMERS.renames, TRANSFORMERS.note),)
 
 
 class _Describe:
@@ -175,8 +186,26 @@ class _Describe:
         if not c.tie_word_embeddings:
             after.append(Leaf("lm_head", "head", "Output head", "lm_head", (Linear("head", (v,), (h,)),),
                               ("dtype", "tie_word_embeddings")))
-        blocks = {kind: self.layer(kind) for kind in dict.fromkeys(c.layer_kinds)}
+        blocks = {kind: self.mtp() if kind == MTP else self.layer(kind) for kind in dict.fromkeys(c.layer_kinds)}
         return ModelTree(before, blocks, tuple(after))
+
+    def mtp(self) -> tuple[Node, ...]:
+        """One multi-token-prediction stage (`mtp.K.`): the embedding's and the hidden state's norms and
+        projections, the shared head's norm and hyper-connection, then a sliding-window MoE layer."""
+        h = self.f("hidden_size", "hidden")
+        k = (BLOCK_KEYS, DTYPE_KEYS)
+        return (
+            Leaf("e_proj", "e_proj", "Embedding projection", "mtp_e_proj", (Linear("e_proj", (h,), (h,)),), k),
+            Leaf("h_proj", "h_proj", "Hidden-state projection", "mtp_h_proj", (Linear("h_proj", (h,), (h,)),), k),
+            Leaf("enorm", "enorm", "Embedding RMSNorm", "mtp_enorm", (Param(GAIN, "enorm.weight", (h,), F32),),
+                 (BLOCK_KEYS, "rms_norm_eps")),
+            Leaf("hnorm", "hnorm", "Hidden-state RMSNorm", "mtp_hnorm", (Param(GAIN, "hnorm.weight", (h,), F32),),
+                 (BLOCK_KEYS, "rms_norm_eps")),
+            Leaf("norm", "norm", "Shared head RMSNorm", "mtp_shared_head_norm",
+                 (Param(GAIN, "norm.weight", (h,), F32),), (BLOCK_KEYS, "rms_norm_eps")),
+            self.hyper("hc_head", "hc_head", "Output hyper-connection", "hc_head_", head=True),
+            *self.layer(f"moe_{SWA}"),
+        )
 
     def layer(self, kind: str) -> tuple[Node, ...]:
         h = self.f("hidden_size", "hidden")
@@ -222,8 +251,8 @@ class _Describe:
             Leaf("wq_b", "wq_b", "Query up-projection", "q_b_proj", (Linear("attn.wq_b", (heads, hd), (ql,)),), k),
             Leaf("wkv", "wkv", "Key-value projection (one shared head)", "kv_proj",
                  (Linear("attn.wkv", (hd,), (h,)),), k),
-            Leaf("kv_norm", "norm", "Key-value RMSNorm", "kv_a_layernorm",
-                 (Param(GAIN, "attn.norm.weight", (hd,), F32),), (BLOCK_KEYS,)),
+            Leaf("kv_norm", "kv_norm", "Key-value RMSNorm", "kv_a_layernorm",
+                 (Param(GAIN, KV_NORM + "weight", (hd,), F32),), (BLOCK_KEYS,)),
             Leaf("wo_a", "wo_a", "Grouped output projection", "o_a_proj",
                  (Linear("attn.wo_a", (o_mid,), (per_group,)),), (*k, "o_groups", "o_lora_rank")),
             Leaf("wo_b", "wo_b", "Output mixing projection", "o_proj", (Linear("attn.wo_b", (h,), (o_mid,)),), k),
@@ -301,7 +330,7 @@ class _Describe:
 
 ARCHITECTURE = register(Architecture(
     name="DeepSeek-V4", model_types=MODEL_TYPES, read=read, describe=describe, dialects=dialects,
-    class_names=("DeepseekV4ForCausalLM",), undescribed=UNDESCRIBED,
+    class_names=("DeepseekV4ForCausalLM",),
     quant=ReleaseQuant(scale_suffix=V4_SCALE_SUFFIX, e8m0_scales=True, blocks=(DEEPSEEK_FP8_BLOCK, (32, 32)),
                        fp4_experts=True, plain=("head",)),
     float32_routers=("ffn.gate.bias",), buffered=("ffn.gate.bias",), value_roles=(("ffn.gate.bias", ROUTER_BIAS),),
