@@ -161,14 +161,21 @@ def test_missing_and_wrong_dtype_tensors_are_flagged(tmp_path):
 
 
 def test_a_norm_kept_in_float32_is_writer_variance(tmp_path):
-    """A gain stored F32 in a BF16 checkpoint (a writer that keeps norms in float32): counted, not flagged, in
-    params as in audit (WRITER_DTYPE, info)."""
-    def mutate(s):
-        s[S2]["model.layers.2.self_attn.kv_a_layernorm.weight"] = \
-            s[S2]["model.layers.2.self_attn.kv_a_layernorm.weight"].astype(np.float32)
-    acc = acc_of(mutated(tmp_path, mutate))
+    """Gains stored F32 in a BF16 checkpoint (a writer that keeps norms in float32): counted, not flagged, in
+    params as in audit (WRITER_DTYPE, info), where every one is so; one cast on its own is flagged in both."""
+    def every(s):
+        for tensors in s.values():
+            for n in [n for n in tensors if n.endswith("self_attn.kv_a_layernorm.weight")]:
+                tensors[n] = tensors[n].astype(np.float32)
+    acc = acc_of(mutated(tmp_path / "every", every))
     kv = acc.node("blocks.moe.attention.kv_compression.kv_a_layernorm")
     assert kv.found == kv.derived and kv.dtype_ok and not acc.mismatch
+
+    def one(s):
+        s[S2]["model.layers.2.self_attn.kv_a_layernorm.weight"] = \
+            s[S2]["model.layers.2.self_attn.kv_a_layernorm.weight"].astype(np.float32)
+    kv = acc_of(mutated(tmp_path / "one", one)).node("blocks.moe.attention.kv_compression.kv_a_layernorm")
+    assert kv.found == kv.derived and not kv.dtype_ok
 
 
 def test_extra_expert_and_unknown_tensor_are_flagged(tmp_path):

@@ -75,13 +75,31 @@ def test_wrong_dtype(tmp_path):
     assert (f.expected, f.actual) == ("BF16", "F16")
 
 
+def cast_all(shards, suffix, dtype):
+    for tensors in shards.values():
+        for n in [n for n in tensors if n.endswith(suffix)]:
+            tensors[n] = tensors[n].astype(dtype)
+
+
 def test_a_norm_in_float32_is_writer_variance(tmp_path):
-    """Issue 23: a gain kept in float32 in a BF16 checkpoint (config's dtype or F32 explain it) is info."""
-    name = L1 + "input_layernorm.weight"
-    r = audit(mutated(tmp_path, lambda s: s[S2].__setitem__(name, s[S2][name].astype(np.float32))))
-    assert found(r, "WRITER_DTYPE") == [(name, "info")] and r.exit_code() == 0
+    """Issue 23: gains kept in float32 in a BF16 checkpoint (config's dtype or F32 explain it) are info, where the
+    writer kept every one of them so."""
+    r = audit(mutated(tmp_path, lambda s: cast_all(s, "input_layernorm.weight", np.float32)))
+    variance = found(r, "WRITER_DTYPE")
+    assert len(variance) == TINY_CONFIG["num_hidden_layers"] and {sev for _, sev in variance} == {"info"}
+    assert r.exit_code() == 0
     f = next(f for f in r.findings if f.code == "WRITER_DTYPE")
     assert (f.expected, f.actual) == ("BF16", "F32")
+
+
+def test_one_norm_cast_unlike_its_siblings_is_an_error(tmp_path):
+    """Issue 33: variance is uniform. One layer's gain in F32 where the others are BF16 was an info WRITER_DTYPE,
+    exit unaffected; a tensor cast on its own is an error naming how its siblings are stored."""
+    name = L1 + "input_layernorm.weight"
+    r = audit(mutated(tmp_path, lambda s: s[S2].__setitem__(name, s[S2][name].astype(np.float32))))
+    assert found(r, "DTYPE_MISMATCH") == [(name, "error")] and found(r, "WRITER_DTYPE") == []
+    f = next(f for f in r.findings if f.code == "DTYPE_MISMATCH")
+    assert (f.expected, f.actual) == ("BF16", "F32") and "unlike its siblings" in f.message
 
 
 def test_wrong_shape(tmp_path):

@@ -71,6 +71,7 @@ def layout_findings(
     if (len(actual) != len(expected) or None in positions) and not none_missing:
         out.extend(_missing(expected, positions, covered))
 
+    variance: list[tuple[int, Finding]] = []  # (row, WRITER_DTYPE / ROUTER_DTYPE): judged against siblings below
     for row in aligned.odd:
         name, shard, p = actual.names[row], actual.shards[row], positions[row]
         if p is None:
@@ -78,10 +79,45 @@ def layout_findings(
                 continue
             out.extend(_unexpected(name, actual.dtypes[row], shard, actual, expected))
         elif p not in covered:  # (a payload size alone that differs is the format's SIZE_MISMATCH)
-            out.extend(mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, expected.entry(p),
-                                         config_dtype))
-
+            found = mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, expected.entry(p),
+                                      config_dtype)
+            variance.extend((row, f) for f in found if f.code in VARIANCE_CODES)
+            out.extend(f for f in found if f.code not in VARIANCE_CODES)
+    out.extend(uniform_variance(variance, actual, aligned, expected))
     out.extend(_scale_shard_findings(actual, expected, positions))
+    return out
+
+
+VARIANCE_CODES = frozenset(("WRITER_DTYPE", "ROUTER_DTYPE"))
+
+
+def uniform_variance(variance: list[tuple[int, Finding]], actual: TensorTable, aligned: Alignment,
+                     expected: ExpectedLayout) -> list[Finding]:
+    """A writer's float dtype is variance (info) only where it is uniform: every stored tensor of that component
+    (a norm's gain in every layer) in the one other dtype. One tensor that differs from its siblings (one
+    layer's gain in F32 where the other 60 are BF16) was cast on its own: an error (DTYPE_MISMATCH)."""
+    if not variance:
+        return []
+    from collections import Counter
+
+    specs = expected.specs
+    present = Counter(specs[i].component for i in aligned.specs if i >= 0)
+    dtypes: dict[str, set[str]] = {}
+    for row, _ in variance:
+        dtypes.setdefault(specs[aligned.specs[row]].component, set()).add(actual.dtypes[row])
+    varied = Counter(specs[aligned.specs[row]].component for row, _ in variance)
+    out: list[Finding] = []
+    for row, f in variance:
+        component = specs[aligned.specs[row]].component
+        if varied[component] == present[component] and len(dtypes[component]) == 1:
+            out.append(f)
+            continue
+        kept = present[component] - varied[component]
+        others = f"{kept:,} of {present[component]:,} stored {f.expected}" if kept else \
+            f"stored in {', '.join(sorted(dtypes[component] - {str(f.actual)}))}"
+        out.append(error("DTYPE_MISMATCH", f"{f.tensor}: stored {f.actual}, unlike its siblings ({others}): a "
+                         "tensor cast on its own, not a writer's convention", tensor=f.tensor, shard=f.shard,
+                         expected=f.expected, actual=f.actual))
     return out
 
 

@@ -127,7 +127,8 @@ class Builder:
             mine = self.params.get(slot, [])
             tensors += mine
             variance = writer_variance(p)
-            explained = (self.cfg.dtype, "F32") if variance else ()
+            uniform = variance and len({t.dtype for t in mine}) == 1  # variance is one dtype for every sibling
+            explained = (self.cfg.dtype, "F32") if uniform else ()
             dtype_ok = dtype_ok and all(t.dtype == p.dtype or t.dtype in explained for t in mine)
             params.add(p.logical_dtype, p.numel * n_inst)
             written = {t.dtype for t in mine}
