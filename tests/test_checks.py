@@ -123,8 +123,8 @@ def test_fp8_weight_without_scale(tmp_path):
 def test_scale_without_weight(tmp_path):
     weight = L1 + "mlp.experts.3.up_proj.weight"
     r = audit(mutated(tmp_path, lambda s: s[S2].pop(weight)))
-    assert found(r, "SCALE_ORPHAN") == [(weight + "_scale_inv", "error")]
-    assert found(r, "TENSOR_MISSING") == [(weight, "error")]
+    assert found(r, "SCALE_ORPHAN") == []  # its weight's TENSOR_MISSING covers it (one cause)
+    assert found(r, "TENSOR_MISSING") == [(weight, "error")] and r.findings[0].covers == 1
 
 
 def test_scale_of_wrong_shape_and_dtype(tmp_path):
@@ -307,3 +307,16 @@ def test_a_checkpoint_outside_the_family_gets_the_format_checks_and_one_warning(
     assert r.stats.tensors == 2 and r.stats.parameters == 40
     (tmp_path / "model.safetensors").write_bytes(b"\x04\0\0\0\0\0\0\0{oops")
     assert only_codes(audit(tmp_path)) == {"LAYOUT_UNSUPPORTED", "HEADER_INVALID_JSON"}
+
+
+def test_a_missing_weight_covers_its_own_scales(tmp_path):
+    """Issue 33: a missing weight also reported its stored scale as SCALE_ORPHAN (two findings, one cause); the
+    weight's TENSOR_MISSING now stands for its quantization tensors and names them."""
+    name = "model.layers.1.self_attn.q_a_proj.weight"
+
+    def drop(s):
+        for tensors in s.values():
+            tensors.pop(name, None)
+    r = audit(mutated(tmp_path, drop))
+    assert [(f.code, f.tensor, f.covers) for f in r.findings] == [("TENSOR_MISSING", name, 1)]
+    assert "q_a_proj.weight_scale_inv stored without it" in r.findings[0].message

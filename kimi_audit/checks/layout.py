@@ -85,6 +85,30 @@ def layout_findings(
             out.extend(f for f in found if f.code not in VARIANCE_CODES)
     out.extend(uniform_variance(variance, actual, aligned, expected))
     out.extend(_scale_shard_findings(actual, expected, positions))
+    return fold_orphans(out)
+
+
+def fold_orphans(findings: list[Finding]) -> list[Finding]:
+    """A missing weight covers its own quantization tensors: their SCALE_ORPHANs are one cause, the weight's
+    TENSOR_MISSING (which then says how many it stands for)."""
+    missing = {f.tensor: i for i, f in enumerate(findings) if f.code == "TENSOR_MISSING"}
+    orphans: dict[int, list[str]] = {}
+    for f in findings:
+        if f.code == "SCALE_ORPHAN" and f.expected in missing:
+            orphans.setdefault(missing[f.expected], []).append(str(f.tensor))
+    if not orphans:
+        return findings
+    import dataclasses
+
+    out = []
+    for i, f in enumerate(findings):
+        if f.code == "SCALE_ORPHAN" and f.expected in missing:
+            continue
+        if i in orphans:
+            held = orphans[i]
+            f = dataclasses.replace(f, covers=f.covers + len(held), message=f"{f.message}; its quantization "
+                                    f"tensor{'s' if len(held) > 1 else ''} {', '.join(held)} stored without it")
+        out.append(f)
     return out
 
 
@@ -191,7 +215,7 @@ def scale_pair_finding(scale: str, weight: str, scale_shard: str, weight_shard: 
     """Present quantization metadata whose weight is absent (None) or in another shard."""
     if weight_shard is None:
         return error("SCALE_ORPHAN", f"{scale}: quantization metadata without its weight {weight}", tensor=scale,
-                     shard=scale_shard)
+                     shard=scale_shard, expected=weight)
     # info (issue 23): the published DeepSeek-V3 itself splits pairs, and its loaders pair through the index
     return info("SCALE_SHARD_SPLIT", f"{scale} is in {scale_shard} but its weight is in "
                 f"{weight_shard}; loaders pair them through the index, tools that convert one shard at a time "
