@@ -147,3 +147,21 @@ def test_the_table_verdict_agrees_with_the_exit_code(tmp_path, tiny_copy):
     os.unlink(tiny_copy / S1)
     r = runner.invoke(app, ["audit", str(tiny_copy), "--no-progress"], env={"COLUMNS": "200"})
     assert r.exit_code == 1 and r.stdout.strip().splitlines()[-1].startswith("PARTIAL: 1 of 3 shards absent")
+
+
+def test_a_shard_cut_inside_its_data_names_the_tensors_it_cuts(tiny_copy):
+    """Issue 33: a truncated shard named the shard but not the tensors whose bytes are lost; DATA_PAST_EOF now
+    counts them (covers), names the first, and lists a few."""
+    import os
+
+    from kimi_audit.format.header import read_shard_header
+
+    header = read_shard_header(LocalSource(tiny_copy), S2)
+    size = (tiny_copy / S2).stat().st_size
+    os.truncate(tiny_copy / S2, size - 1)  # the last byte of the last tensor: exactly one tensor cut
+    (f,) = [f for f in audit_source(LocalSource(tiny_copy)).findings if f.code == "DATA_PAST_EOF"]
+    last = max(header.tensors, key=lambda n: header.tensors[n].end)
+    assert f.covers == 1 and f.tensor == last and "the bytes of 1 tensor are cut" in f.message
+    os.truncate(tiny_copy / S2, header.data_start + 1)  # all but one byte of the data gone: every tensor cut
+    (f,) = [f for f in audit_source(LocalSource(tiny_copy)).findings if f.code == "DATA_PAST_EOF"]
+    assert f.covers == len(header.tensors) and "more)" in f.message

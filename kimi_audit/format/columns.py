@@ -117,8 +117,14 @@ def extent_findings(columns: TensorColumns, shard: str, n: int, file_size: int) 
         pos = ends[-1] if ends else 0
     data_end = HEADER_LENGTH_BYTES + n + pos
     if data_end > file_size:
+        room = file_size - HEADER_LENGTH_BYTES - n  # the data bytes the file holds
+        cut = [(b, nm) for b, e, nm in zip(begins, ends, columns.names) if e > room]
+        cut.sort()
+        first = ", ".join(label(nm, 120) for _, nm in cut[:3]) + (f" and {len(cut) - 3:,} more" if len(cut) > 3 else "")
         out.append(error("DATA_PAST_EOF", f"tensor data ends at byte {data_end:,}, past the end of the "
-                         f"{file_size:,}-byte file", shard=shard, expected=file_size, actual=data_end))
+                         f"{file_size:,}-byte file: the bytes of {len(cut):,} tensor{'s' if len(cut) != 1 else ''} "
+                         f"are cut ({first})", tensor=cut[0][1] if cut else None, shard=shard, expected=file_size,
+                         actual=data_end, covers=len(cut)))
     elif data_end < file_size:
         out.append(error("TRAILING_BYTES", f"{file_size - data_end:,} bytes follow the last tensor",
                          shard=shard, expected=data_end, actual=file_size))
