@@ -17,6 +17,7 @@ from kimi_audit.cli.application import app, shard_progress, sigterm_exits, stder
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import DirectoryNotEmptyError, KimiAuditError
 from kimi_audit.replica.models import DEFAULT_MODEL, REPLICA_MODELS
+from kimi_audit.replica.tiny import FAULTS as TINY_FAULTS
 from kimi_audit.report.json_report import render_json
 from kimi_audit.report.table import render_table
 from kimi_audit.sources import LocalSource, open_source
@@ -109,6 +110,12 @@ def demo(
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report on stdout."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", metavar="NAME", help="The release to replicate: "
                               f"{', '.join(REPLICA_MODELS)}."),
+    tiny: bool = typer.Option(False, "--tiny", help="Instead: a tiny Kimi-K2-shaped checkpoint with real values (a "
+                              "few MB, 3 shards), on which every command can be tried offline: verify, diff "
+                              "--content, tensor --dequant, rmsnorm. Audited with --values."),
+    fault: str | None = typer.Option(None, "--fault", metavar="NAME", help="With --tiny: break it as NAME says, "
+                                     "to see what a broken checkpoint looks like: " + ", ".join(
+                                         f"{k} ({v[0]})" for k, v in TINY_FAULTS.items()) + "."),
 ) -> None:
     """Build a full-scale header replica of a family member (default Kimi-K2-Instruct, 61 sparse shards) and
     audit it, offline.
@@ -122,8 +129,18 @@ def demo(
     spec = REPLICA_MODELS.get(model)
     if spec is None:
         raise KimiAuditError(f"--model {model!r}: no replica of it; one of {', '.join(REPLICA_MODELS)}")
+    if fault is not None and not tiny:
+        raise KimiAuditError("--fault breaks the tiny checkpoint: pass --tiny with it")
+    if fault is not None and fault not in TINY_FAULTS:
+        raise KimiAuditError(f"--fault {fault!r}: one of {', '.join(TINY_FAULTS)}")
+    if tiny and model != DEFAULT_MODEL:
+        raise KimiAuditError("--tiny is a Kimi-K2-shaped checkpoint of its own: it takes no --model")
     if directory is not None:
         _check_demo_directory(directory, force)
+    where = str(directory) if directory is not None else \
+        "a temporary directory (removed when the demo ends: pass DIRECTORY to keep it)"
+    if tiny:
+        _tiny_demo(directory, fault, as_json, where)
     with sigterm_exits(), ExitStack() as cleanup:
         target = directory or _temporary_directory(cleanup)
         try:
@@ -133,9 +150,27 @@ def demo(
                 build_replica(target, model=model, progress=lambda shard: bar.advance(task))
         except OSError as e:
             raise KimiAuditError(f"cannot write the replica in {target}: {e.strerror or e}") from None
-        stderr.print(f"replica of the {spec.title} layout ({spec.shards} shards) written to {target}")
+        stderr.print(f"replica of the {spec.title} layout ({spec.shards} shards) written to {where}")
         with shard_progress("reading headers") as update:
             report = audit_source(LocalSource(target), update)
+        emit_report(report, as_json)
+    raise typer.Exit(report.exit_code())
+
+
+def _tiny_demo(directory: Path | None, fault: str | None, as_json: bool, where: str) -> None:
+    """`demo --tiny`: the tiny real checkpoint written, then audited with --values; exits."""
+    from kimi_audit.checks.values import audit_with_values
+    from kimi_audit.replica.tiny import build_tiny
+
+    with sigterm_exits(), ExitStack() as cleanup:
+        target = directory or _temporary_directory(cleanup)
+        try:
+            build_tiny(target, fault=fault)
+        except OSError as e:
+            raise KimiAuditError(f"cannot write the tiny checkpoint in {target}: {e.strerror or e}") from None
+        broken = f", broken: {TINY_FAULTS[fault][0]}" if fault is not None else ""
+        stderr.print(f"tiny Kimi-K2-shaped checkpoint (3 shards, real values{broken}) written to {where}")
+        report = audit_with_values(LocalSource(target))
         emit_report(report, as_json)
     raise typer.Exit(report.exit_code())
 
