@@ -20,3 +20,6 @@ class NoCapabilities:
 
     def outside_links(self):
         return ()
+
+    def reported_parameters(self):
+        return None

@@ -60,6 +60,7 @@ class Repo:
     commit: str
     branches: dict[str, str]
     token: str | None = None  # gated: requests need `Authorization: Bearer <token>`
+    hub_total: int | None = None  # model info safetensors.total served instead of the one computed
 
 
 @dataclass
@@ -119,6 +120,7 @@ class FakeHub:
         self._gen = 0
         self._in_flight = 0
         self._hash_cache: dict[tuple[str, int, int], tuple[str, str]] = {}
+        self._hub_totals: dict[tuple[str, str], int | None] = {}
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -293,6 +295,49 @@ class FakeHub:
             return h[1] if self.is_lfs(path, st.st_size) else h[0]
         # Too big to hash: stable per (name, size, mtime), like a content id would be.
         return hashlib.sha256(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+
+    def safetensors_total(self, repo: Repo) -> int | None:
+        """The model info's `safetensors.total` as the Hub computes it (huggingface.js parseSafetensorsMetadata,
+        family.md): every stored element of every shard header, less, with a quantization_config, the names
+        ending weight_scale_inv, weight_scale, weight_zero_point, weight_shape and every F8_E8M0 tensor; the
+        index's total_parameters where it is not above that. `repo.hub_total` overrides it (a Hub that counted
+        other files); None for a repo without safetensors."""
+        if repo.hub_total is not None:
+            return repo.hub_total
+        key = (repo.repo_id, repo.commit)
+        if key not in self._hub_totals:
+            self._hub_totals[key] = self._count(repo)
+        return self._hub_totals[key]
+
+    def _count(self, repo: Repo) -> int | None:
+        names = [n for n in self.list_files(repo) if n.endswith(".safetensors")]
+        if not names:
+            return None
+        config_path = self.file_path(repo, "config.json")
+        config = json.loads(config_path.read_bytes()) if config_path is not None else {}
+        quantized = isinstance(config, dict) and config.get("quantization_config") is not None
+        left_out = ("weight_scale_inv", "weight_scale", "weight_zero_point", "weight_shape")
+        total = 0
+        for name in names:
+            path = self.file_path(repo, name)
+            if path is None:
+                continue
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n))
+            for key, entry in header.items():
+                if key == "__metadata__" or (quantized and (entry["dtype"] == "F8_E8M0" or key.endswith(left_out))):
+                    continue
+                count = 1
+                for d in entry["shape"]:
+                    count *= d
+                total += count
+        index_path = self.file_path(repo, "model.safetensors.index.json")
+        if index_path is not None:
+            reported = (json.loads(index_path.read_bytes()).get("metadata") or {}).get("total_parameters")
+            if isinstance(reported, int) and reported <= total:
+                return reported
+        return total
 
     def list_files(self, repo: Repo) -> list[str]:
         out = []
@@ -521,6 +566,9 @@ class _Handler(BaseHTTPRequestHandler):
             "tags": ["safetensors"],
             "siblings": [self.hub.entry(repo, n, blobs=blobs) for n in self.hub.list_files(repo)],
         }
+        total = self.hub.safetensors_total(repo)
+        if total is not None:
+            info["safetensors"] = {"parameters": {}, "total": total}
         self._send(200, json.dumps(info).encode(), {"X-Repo-Commit": commit})
 
     def _api_tree(self, repo: Repo, rev: str, sub: str) -> None:

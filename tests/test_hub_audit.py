@@ -186,3 +186,28 @@ def test_remote_index_that_keeps_failing_is_a_one_line_error(hub: FakeHub, tiny_
     with pytest.raises(HubError) as e:
         audit_source(src)
     assert "model.safetensors.index.json" in str(e.value) and "HTTP 500" in str(e.value)
+
+
+def test_the_hubs_parameter_count_is_a_reference(hub: FakeHub, tiny_dir: Path) -> None:
+    """Issue 33: on a Hub source the model info's `safetensors.total` (the loopback Hub computes it from the shard
+    headers by the Hub's own rule, independently of the tool) is compared with the files: silent where the rule
+    explains it, one HUB_PARAMETERS warning where the Hub counted something else."""
+    import dataclasses
+
+    from hub_repos import TINY_REPO
+    from kimi_audit.api import audit
+    from kimi_audit.sources.hub import HubSource
+
+    src = HubSource(TINY_REPO, endpoint=hub.endpoint)
+    assert src.reported_parameters() == hub.safetensors_total(hub.repos[TINY_REPO]) > 0
+    report = audit(TINY_REPO)
+    assert "HUB_PARAMETERS" not in {f.code for f in report.findings}
+    repo = hub.repos[TINY_REPO]
+    hub.repos[TINY_REPO] = dataclasses.replace(repo, hub_total=src.reported_parameters() + 12)
+    try:
+        report = audit(TINY_REPO)
+    finally:
+        hub.repos[TINY_REPO] = repo
+    (f,) = [f for f in report.findings if f.code == "HUB_PARAMETERS"]
+    assert f.severity.value == "warning" and f.actual == f.expected + 12 and report.exit_code() == 0
+    assert f"logical count is {report.stats.parameters:,}" in f.message  # the rotary buffers: stored, not params

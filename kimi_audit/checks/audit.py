@@ -163,6 +163,13 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         buffers = sum(s.logical for s in found if s.component in kept_as_buffers)
         all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes)),
                                                             parameters - buffers))
+    if ckpt.reported_parameters is not None and not cov.shards and (
+            index is None or all(shard in ckpt.headers for shard in index.shards)):
+        from kimi_audit.checks.hub_count import hub_parameters_findings
+
+        logical = sum(s.logical for s in (expected.specs[expected.spec_of[p]] for p in aligned.positions
+                                          if p is not None))
+        all_findings.extend(hub_parameters_findings(ckpt, actual, logical))
     all_findings = fold_quantization(fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected)
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)

@@ -54,6 +54,8 @@ class Checkpoint:
     """Shard name -> parsed header, for every shard that could be read, in natural order."""
     findings: tuple[Finding, ...]
     """What loading itself found: absent or unlisted shards, pickle files, unreadable files."""
+    reported_parameters: int | None = None
+    """The parameter total the source reports (the Hub's model info), checks.hub_count compares it."""
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -200,4 +202,4 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
                                                          [h.columns.names for h in headers.values()])
     findings += failures + dialect_findings
     return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
-                      tuple(findings))
+                      tuple(findings), source.reported_parameters())

@@ -41,7 +41,9 @@ LAYOUT_CODES = {"TENSOR_MISSING", "TENSOR_UNEXPECTED", "TENSOR_DUPLICATE", "DTYP
 FILE_CODES = {"NO_SAFETENSORS", "PICKLE_NOT_INSPECTED", "CHECKPOINT_TOO_LARGE", "SYMLINK_OUTSIDE",
               # kimi-audit verify: the files' bytes against their references
               "FILE_HASH_MISMATCH", "TENSOR_HASH_MISMATCH", "FILE_ABSENT", "FILE_UNLISTED", "MANIFEST_REVISION",
-              "MANIFEST_NOT_WRITTEN", "NO_REFERENCE", "FILE_CHANGED", "CACHE_FILE_NOT_BLOB"}
+              "MANIFEST_NOT_WRITTEN", "NO_REFERENCE", "FILE_CHANGED", "CACHE_FILE_NOT_BLOB",
+              # the Hub's own parameter count of the files
+              "HUB_PARAMETERS"}
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,12 @@ RULES: dict[str, Rule] = {
                               "Loading by the index fails on this tensor.", INDEX_HELP),
     "INDEX_TOTAL_SIZE": Rule("warning", "`metadata.total_size` ≠ sum of tensor payloads",
                            "The index's metadata.total_size disagrees with the shards' payload bytes.", INDEX_HELP),
+    "HUB_PARAMETERS": Rule("warning", "the Hub's parameter count (model info `safetensors.total`) is not what the "
+                           "shard headers give by the Hub's own rule",
+                           "The Hub computes its count from the shard headers: every stored element, less the "
+                           "quantization metadata and E8M0 tensors when the config quantizes. A different total "
+                           "means the Hub counted other files than the ones audited.",
+                           "Audit the revision the Hub page shows, or re-upload the shards."),
     "INDEX_TOTAL_PARAMETERS": Rule("info", "`metadata.total_parameters` ≠ the model's parameters",
                                    "The index's metadata.total_parameters (llmcompressor writes it) is not the "
                                    "parameter count: an info where it counts the stored elements (packed words and "

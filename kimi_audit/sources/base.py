@@ -92,6 +92,11 @@ class Source(Protocol):
         """Symlinks under the root that resolve outside the checkpoint (never opened); () when remote."""
         ...
 
+    def reported_parameters(self) -> int | None:
+        """The parameter total the source reports of the checkpoint (the Hub's model info `safetensors.total`,
+        computed by the Hub from the shard headers), or None."""
+        ...
+
 
 def safe_member_name(name: object) -> str:
     """Validate a file name taken from untrusted input (index.json) as a plain relative path.

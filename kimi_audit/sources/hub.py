@@ -98,6 +98,7 @@ class HubSource:
         self._sizes: dict[str, int | None] = {}
         self._lfs_sha256: dict[str, str] = {}
         self._fatal: HubError | None = None
+        self._reported_parameters: int | None = None
         self._early: dict[str, bytes] = {}
         early = self._fetch_config_early() if _COMMIT_RE.match(revision) else None
         try:
@@ -235,6 +236,8 @@ class HubSource:
                 f"{self._where()} answered commit {sha} for the requested commit {self.requested_revision}"
             )
         self.revision = sha
+        total = info.safetensors.total if info.safetensors is not None else None
+        self._reported_parameters = total if isinstance(total, int) and total >= 0 else None
         for sib in info.siblings or []:
             name = sib.rfilename
             self._sizes[name] = sib.size if isinstance(sib.size, int) and sib.size >= 0 else None
@@ -263,6 +266,9 @@ class HubSource:
     def file_size(self, name: str) -> int | None:
         """Size listed by the Hub for this commit (None: not listed or no size given)."""
         return self._sizes.get(name)
+
+    def reported_parameters(self) -> int | None:
+        return self._reported_parameters
 
     def lfs_sha256(self, name: str) -> str | None:
         return self._lfs_sha256.get(name)

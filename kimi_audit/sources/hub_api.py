@@ -21,9 +21,17 @@ class Sibling(msgspec.Struct):
     lfs: Lfs | None = None
 
 
+class SafetensorsInfo(msgspec.Struct):
+    """The Hub's parameter count, computed from the shard headers (huggingface.js parseSafetensorsMetadata)."""
+
+    total: int | None = None
+    parameters: dict[str, int] = msgspec.field(default_factory=dict)
+
+
 class RepoInfo(msgspec.Struct):
     sha: str | None = None
     siblings: list[Sibling] = msgspec.field(default_factory=list)
+    safetensors: SafetensorsInfo | None = None
     gated: bool | str = False
     """False, or how access is granted ("auto", "manual"): then files are served only to granted tokens."""
 

@@ -108,6 +108,9 @@ class LocalSource:
         """None: a local directory lists no sizes (a file is sized when it is opened)."""
         return None
 
+    def reported_parameters(self) -> int | None:
+        return None
+
     def lfs_sha256(self, name: str) -> str | None:
         """None: a local file carries no digest (an HF cache blob's name does: verify/references.py)."""
         return None
