@@ -389,15 +389,21 @@ def test_verify_scans_each_formats_scales(checkpoints: dict[str, Path], tmp_path
 
 
 @pytest.mark.parametrize("given,expect", [("stored", ("INDEX_TOTAL_PARAMETERS", "info")), ("parameters", None),
+                                          ("less-buffers", ("INDEX_TOTAL_PARAMETERS", "info")),
                                           ("other", ("INDEX_TOTAL_PARAMETERS", "warning"))])
 def test_index_total_parameters_is_compared_with_the_models(checkpoints: dict[str, Path], tmp_path: Path,
                                                             given: str, expect: tuple[str, str] | None) -> None:
-    """llmcompressor's metadata.total_parameters counts the stored elements (compressed words and scales): an
-    info naming both counts; the model's own count: nothing; anything else: a warning."""
+    """llmcompressor's metadata.total_parameters counts the stored elements (compressed words and scales), or
+    those less the buffers (family.md: gaps of 4, 12, 16 seen): an info naming both counts; the model's own
+    count: nothing; anything else: a warning."""
     d = Path(shutil.copytree(checkpoints["nvfp4a16"], tmp_path / "nv"))
-    stored = sum(t.numel() for shard in set(weight_map(d).values()) for t in load_file(str(d / shard)).values())
+    tensors = {n: t for shard in set(weight_map(d).values()) for n, t in load_file(str(d / shard)).items()}
+    stored = sum(t.numel() for t in tensors.values())
+    buffers = sum(t.numel() for n, t in tensors.items() if n.endswith("rotary_emb.inv_freq"))
+    assert buffers > 0  # the case is not the stored one
     index = json.loads((d / "model.safetensors.index.json").read_text())
-    index["metadata"]["total_parameters"] = {"stored": stored, "parameters": unquantized_total(), "other": 12}[given]
+    index["metadata"]["total_parameters"] = {"stored": stored, "parameters": unquantized_total(), "other": 12,
+                                             "less-buffers": stored - buffers}[given]
     (d / "model.safetensors.index.json").write_text(json.dumps(index))
     doc = run_json("audit", str(d), "--no-progress")
     got = [(f["code"], f["severity"]) for f in doc["findings"]]

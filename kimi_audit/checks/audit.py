@@ -23,6 +23,7 @@ from kimi_audit.format.table import tensor_table
 from kimi_audit.model.arch.registry import buffered, model_types
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
+from kimi_audit.model.kinds import BUFFER
 from kimi_audit.model.layout import layer_block
 from kimi_audit.sources.base import Source
 
@@ -161,8 +162,10 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         parameters = sum(s.logical for s in found)
         kept_as_buffers = buffered()  # router biases transformers registers as buffers: its save's count lacks them
         buffers = sum(s.logical for s in found if s.component in kept_as_buffers)
+        stored_buffers = sum(math.prod(s.shape) for s in found if s.kind == BUFFER)  # rotary caches, hash tables
         all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes)),
-                                                            parameters - buffers))
+                                                            parameters - buffers,
+                                                            (stored_buffers, stored_buffers + buffers)))
     if ckpt.reported_parameters is not None and not cov.shards and (
             index is None or all(shard in ckpt.headers for shard in index.shards)):
         from kimi_audit.checks.hub_count import hub_parameters_findings

@@ -54,17 +54,24 @@ def index_total_size_findings(index: IndexFile, headers: dict[str, ShardHeader])
 
 
 def index_total_parameters_findings(index: IndexFile | None, parameters: int, stored_elements: int,
-                                    without_buffers: int | None = None) -> list[Finding]:
+                                    without_buffers: int | None = None,
+                                    stored_buffers: tuple[int, ...] = ()) -> list[Finding]:
     """metadata.total_parameters against the parameters of the tensors found (packed words standing for the out x
     in parameters of their module, quantization metadata not counted), or `without_buffers`, that count less the
     router biases transformers keeps as buffers (its save writes num_parameters()): an info where it counts the
-    stored elements instead (llmcompressor's: compressed words and scales), a warning where it is neither."""
+    stored elements instead (llmcompressor's: compressed words and scales, or those less the buffers: each of
+    `stored_buffers` is a buffer total it may leave out), a warning where it is neither."""
     if index is None or index.total_parameters is None or index.total_parameters in (parameters, without_buffers):
         return []
     given = index.total_parameters
     if given == stored_elements:
         return [info("INDEX_TOTAL_PARAMETERS", f"{INDEX_FILE} metadata.total_parameters is {given:,}: the stored "
                      f"elements (packed words, scales and metadata counted as they are stored); the model has "
+                     f"{parameters:,} parameters", expected=parameters, actual=given)]
+    less = next((b for b in stored_buffers if b and given == stored_elements - b), None)
+    if less is not None:
+        return [info("INDEX_TOTAL_PARAMETERS", f"{INDEX_FILE} metadata.total_parameters is {given:,}: the stored "
+                     f"elements less {less:,} buffer elements, as llmcompressor writes it; the model has "
                      f"{parameters:,} parameters", expected=parameters, actual=given)]
     return [warning("INDEX_TOTAL_PARAMETERS", f"{INDEX_FILE} metadata.total_parameters is {given:,}; the model "
                     f"has {parameters:,} parameters ({stored_elements:,} stored elements)",
