@@ -91,3 +91,15 @@ def test_demo_in_a_temporary_directory_does_not_say_it_keeps_it() -> None:
     """`demo` with no DIRECTORY printed "written to" a temporary directory it had already removed."""
     r = runner.invoke(app, ["demo", "--tiny"])
     assert r.exit_code == 0 and "removed when the demo ends" in r.output
+
+
+def test_off_a_terminal_each_finding_is_one_line_and_names_never_wrap(tmp_path: Path) -> None:
+    """Off a terminal, tables wrapped tensor and file names mid-word (`model.layers.2.` / `mlp.experts.2.g…`),
+    so logs could not be grepped: each finding group is now one line, its name whole, at any width."""
+    d = tmp_path / "t"
+    runner.invoke(app, ["demo", "--tiny", str(d), "--fault", "missing-scale"])
+    name = "model.layers.1.mlp.experts.3.up_proj.weight_scale_inv"
+    for argv in ([], ["--plain"]):
+        r = runner.invoke(app, ["audit", str(d), "--no-progress", *argv], env={"COLUMNS": "40"})
+        line = next(x for x in r.output.splitlines() if "SCALE_MISSING" in x)
+        assert name in line and r.exit_code == 1, r.output

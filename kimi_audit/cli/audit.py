@@ -43,7 +43,10 @@ def audit(
     fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json, junit, markdown, "
                                    "sarif (SARIF 2.1.0 for GitHub code scanning) or html (one self-contained page "
                                    "with the model drawn)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout (the "
+                                       "format follows its extension: .json, .html, .sarif, .xml, .md, .txt)."),
+    plain: bool = typer.Option(False, "--plain", help="Table format: one line per finding group, names never "
+                               "wrapped (the default off a terminal, as in CI logs)."),
     fail_on: str = typer.Option("error", "--fail-on", help="Exit 1 on findings of this severity or worse: "
                                 "error or warning."),
     expect_params: str | None = typer.Option(None, "--expect-params", metavar="N", help="Gate: PARAMS_GATE "
@@ -93,7 +96,7 @@ def audit(
         else:
             report = audit_source(src, update)
     report = apply_ignores(apply_gates(report, expect_params, expect_revision), ignore_rules)
-    deliver(report, out_format, output, severity, time.monotonic() - started, stdout, all_findings)
+    deliver(report, out_format, output, severity, time.monotonic() - started, stdout, all_findings, plain)
     raise typer.Exit(report.exit_code(severity))
 
 

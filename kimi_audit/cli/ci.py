@@ -98,12 +98,12 @@ def emit(text: str, output: Path | None) -> None:
 
 
 def deliver(report: AuditReport, fmt: str, output: Path | None, fail_on: Severity, elapsed: float,
-            console: Console, all_findings: bool = False) -> None:
+            console: Console, all_findings: bool = False, plain: bool = False) -> None:
     """Write the report (stdout, or --output FILE), and a markdown summary to $GITHUB_STEP_SUMMARY if set."""
     if output is None:
         if fmt == "table":
             from kimi_audit.report.table import render_table
-            render_table(report, console, fail_on)
+            render_table(report, console, fail_on, plain=True if plain else None)
         else:
             sys.stdout.write(render(report, fmt, fail_on, elapsed, all_findings=all_findings))
     else:

@@ -9,7 +9,7 @@ from rich.text import Text
 
 from kimi_audit.checks.audit import AuditReport
 from kimi_audit.findings import Severity
-from kimi_audit.report.grouping import group_findings, ignored_line
+from kimi_audit.report.grouping import FindingGroup, group_findings, ignored_line
 from kimi_audit.text import printable
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -25,7 +25,12 @@ def _n(v: int) -> str:
     return f"{v:,}"
 
 
-def render_table(report: AuditReport, console: Console, fail_on: Severity = Severity.ERROR) -> None:
+def render_table(report: AuditReport, console: Console, fail_on: Severity = Severity.ERROR,
+                 plain: bool | None = None) -> None:
+    """The report for a reader. `plain` (default: when the console is not a terminal, as in a CI log): each
+    finding group on one line, names never wrapped, so that a log can be grepped."""
+    if plain is None:
+        plain = not console.is_terminal
     m, s, qa = report.model, report.stats, report.q_a_layernorm
     head = Table.grid(padding=(0, 2))
     head.add_row("source", _plain(report.source))
@@ -61,26 +66,37 @@ def render_table(report: AuditReport, console: Console, fail_on: Severity = Seve
                 console.print(f"  [red]layer {r.layer} ({r.block}): {got}[/red]")
 
     groups = group_findings(report.findings)
-    if groups:
+    if groups and plain:
+        console.print(f"Findings ({counted(report)})", soft_wrap=True)
+        for g in groups[:MAX_GROUPS]:
+            console.print(Text.assemble((f"{g.severity:<8}", SEVERITY_STYLE[g.severity]),
+                                        f"  {g.code}  {_n(g.count)}  ", _plain(g.pattern or "-"), "  ",
+                                        _plain(_detail(g))), soft_wrap=True)
+    elif groups:
         t = Table(title=f"Findings ({counted(report)})", title_justify="left")
         for col in ("severity", "code", "count", "tensor / shard", "detail (first)"):
             t.add_column(col, overflow="fold")
         for g in groups[:MAX_GROUPS]:
-            detail = g.example.message
-            if g.example.tensor and detail.startswith(g.example.tensor + ": "):
-                detail = detail[len(g.example.tensor) + 2:]
             # Names and messages come from the checkpoint: plain Text, never parsed as rich markup.
             t.add_row(Text(g.severity, style=SEVERITY_STYLE[g.severity]), g.code, _n(g.count), _plain(g.pattern),
-                      _plain(detail))
+                      _plain(_detail(g)))
         console.print(t)
-        if len(groups) > MAX_GROUPS:
-            console.print(f"… and {len(groups) - MAX_GROUPS} more groups (use --json --all-findings for every finding)")
+    if len(groups) > MAX_GROUPS:
+        console.print(f"… and {len(groups) - MAX_GROUPS} more groups (use --json --all-findings for every finding)")
     ignored = ignored_line(report)
     if ignored is not None:
         console.print(_plain(ignored))
     headline = report.verdict(fail_on)  # agrees with the exit code: PASS exactly when it is 0
     verdict = Text(headline, style="bold green" if headline == "PASS" else "bold red")
     console.print(Group(Text.assemble(verdict, f"  {counted(report)}")))
+
+
+def _detail(g: FindingGroup) -> str:
+    """The group's first message, without the tensor name it starts with (the pattern shows it)."""
+    detail = g.example.message
+    if g.example.tensor and detail.startswith(g.example.tensor + ": "):
+        detail = detail[len(g.example.tensor) + 2:]
+    return detail
 
 
 def plural(n: int, word: str) -> str:
