@@ -103,3 +103,22 @@ def test_off_a_terminal_each_finding_is_one_line_and_names_never_wrap(tmp_path: 
         r = runner.invoke(app, ["audit", str(d), "--no-progress", *argv], env={"COLUMNS": "40"})
         line = next(x for x in r.output.splitlines() if "SCALE_MISSING" in x)
         assert name in line and r.exit_code == 1, r.output
+
+
+def test_a_verify_page_of_data_not_present_claims_no_health(tmp_path: Path) -> None:
+    """`verify --format html` of a copy whose data is not present showed FAIL but also "No NaN codes ... found"
+    and an all-green grid: nothing was scanned. It says so now, and the grid marks the cells not read."""
+    import os
+
+    d = tmp_path / "t"
+    runner.invoke(app, ["demo", "--tiny", str(d)])
+    for shard in d.glob("*.safetensors"):  # header kept, data punched out (a header-only copy)
+        header_end = 8 + int.from_bytes(shard.read_bytes()[:8], "little")
+        size = shard.stat().st_size
+        os.truncate(shard, header_end)
+        os.truncate(shard, size)
+    page = tmp_path / "v.html"
+    r = runner.invoke(app, ["verify", str(d), "-o", str(page), "--no-progress", "-j", "1"])
+    html = page.read_text()
+    assert r.exit_code == 1 and "No NaN codes" not in html
+    assert "No value was scanned" in html or "not scanned" in html

@@ -215,6 +215,7 @@ def render_verify_html(report: VerifyReport, audit: AuditReport | None = None) -
     grid = audit_grid(audit, report.findings) if audit is not None else None
     layout = audit.checkpoint.expected if audit is not None and audit.checkpoint is not None else None
     sections = [section("summary", "Summary", definitions(rows)), files_section(d["files"]),
-                health_section(report.findings, grid, layout, report.layers, report.experts), model_section(grid),
+                health_section(report.findings, grid, layout, report.layers, report.experts, report.tensors_scanned),
+                model_section(grid),
                 findings_section(report.findings)]
     return page("verify", report.source, r["verdict"], sections)

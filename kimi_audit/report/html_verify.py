@@ -137,17 +137,27 @@ def figures_charts(layers: tuple[CellHealth, ...], experts: tuple[CellHealth, ..
 
 
 def health_section(findings: tuple[Finding, ...], grid: Grid | None, layout: ExpectedLayout | None,
-                   layer_health: tuple[CellHealth, ...] = (), expert_health: tuple[CellHealth, ...] = ()) -> str:
+                   layer_health: tuple[CellHealth, ...] = (), expert_health: tuple[CellHealth, ...] = (),
+                   scanned: int | None = None) -> str:
     """Per health code: the values (blocks) flagged, summed per layer and per expert index; then the
-    saturation share and the scales' range per layer and per expert."""
+    saturation share and the scales' range per layer and per expert. `scanned`: the tensors whose values were
+    read; a "none found" says how many, and where none was read the section says nothing was scanned."""
     health = [f for f in findings if f.code in HEALTH_CODES]
     saturated = [f for f in findings if f.code == "FP8_SATURATED"]
     parts: list[str] = []
     if saturated:
         parts.append(f"<p>{esc(saturated[0].message)}</p>")
     figures = figures_charts(layer_health, expert_health, grid)
+    absent = [f for f in findings if f.code == "DATA_NOT_PRESENT"]
+    if absent:
+        parts.append(f"<p>{plural(len(absent), 'file')} hold sparse holes (the data is not present): their tensors "
+                     "there were not scanned.</p>")
+    if not health and scanned == 0:
+        parts.append("<p>No value was scanned: nothing can be said of the weights' health.</p>")
+        return section("health", "Weight health", *parts)
     if not health:
-        parts.append("<p>No NaN codes, all-zero blocks, NaN/Inf values or non-positive scales found.</p>")
+        of = f" in the {plural(scanned, 'tensor')} scanned" if scanned is not None else ""
+        parts.append(f"<p>No NaN codes, all-zero blocks, NaN/Inf values or non-positive scales found{of}.</p>")
         if figures:
             parts.append('<div class="multiples">' + "".join(figures) + "</div>")
         return section("health", "Weight health", *parts)

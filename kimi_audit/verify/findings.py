@@ -44,7 +44,7 @@ def file_findings(r: FileResult, refs: tuple[Reference, ...], differ: dict[str, 
             "DATA_NOT_PRESENT", f"{r.name}: {holed:,} of {r.size:,} bytes are sparse holes ({len(r.holes):,} "
             f"range{'s' if len(r.holes) > 1 else ''}, the first at byte {r.holes[0][0]:,}): the data is not "
             f"present (a header-only or partial copy); {len(r.not_present):,} tensors not checked, the file's "
-            "sha256 not computed", shard=r.name, actual=holed, expected=0))
+            "sha256 not computed", shard=r.name, actual=holed, expected=0, covers=len(r.not_present)))
     if r.sha256 is None:
         return out
     for ref in refs:
