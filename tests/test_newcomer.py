@@ -122,3 +122,14 @@ def test_a_verify_page_of_data_not_present_claims_no_health(tmp_path: Path) -> N
     html = page.read_text()
     assert r.exit_code == 1 and "No NaN codes" not in html
     assert "No value was scanned" in html or "not scanned" in html
+
+
+def test_auditing_one_shard_says_to_audit_the_directory(tmp_path: Path) -> None:
+    """`audit DIR/model-1-of-61.safetensors` exited 1 with every other shard's tensors missing, and nothing
+    suggested passing the directory."""
+    d = tmp_path / "t"
+    runner.invoke(app, ["demo", "--tiny", str(d)])
+    r = runner.invoke(app, ["audit", str(d / "model-1-of-3.safetensors"), "--no-progress"])
+    assert r.exit_code == 1 and "one shard of 3" in r.output and f"audit the directory {d}" in r.output
+    r = runner.invoke(app, ["audit", str(d), "--no-progress"])
+    assert r.exit_code == 0 and "one shard of" not in r.output
