@@ -156,10 +156,10 @@ PACKED_NAME = "language_model.model.layers.2.mlp.experts.3.down_proj.weight_pack
 
 def test_missing_expert_weight_packed_is_named_once(int4_dir: Path, tmp_path: Path) -> None:
     r = audit(rewrite(int4_dir, tmp_path / "x", {PACKED_NAME: None}))
-    # its group scale and weight_shape, still stored, are orphans: named as such, each once
-    assert errors(r) == [("TENSOR_MISSING", PACKED_NAME),
-                         ("SCALE_ORPHAN", PACKED_NAME.replace("weight_packed", "weight_scale")),
-                         ("SCALE_ORPHAN", PACKED_NAME.replace("weight_packed", "weight_shape"))]
+    # its group scale and weight_shape, still stored, are covered by it (one cause) and named in its message
+    assert errors(r) == [("TENSOR_MISSING", PACKED_NAME)]
+    (f,) = [f for f in r.findings if f.code == "TENSOR_MISSING"]
+    assert f.covers == 2 and PACKED_NAME.replace("weight_packed", "weight_shape") in f.message
 
 
 def test_a_whole_dialect_is_one_info_and_a_mixture_is_findings(int4_dir: Path, tmp_path: Path) -> None:

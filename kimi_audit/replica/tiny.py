@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,38 +27,8 @@ from kimi_audit.outputs import write_atomic
 if TYPE_CHECKING:
     import numpy as np
 
-TINY_CONFIG: dict[str, Any] = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "kimi_k2",
-    "attention_bias": False,
-    "first_k_dense_replace": 1,
-    "hidden_size": 320,
-    "intermediate_size": 640,
-    "kv_lora_rank": 96,
-    "moe_intermediate_size": 160,
-    "moe_layer_freq": 1,
-    "n_group": 1,
-    "n_routed_experts": 8,
-    "n_shared_experts": 1,
-    "norm_topk_prob": True,
-    "num_attention_heads": 4,
-    "num_experts_per_tok": 2,
-    "num_hidden_layers": 4,
-    "num_key_value_heads": 4,
-    "num_nextn_predict_layers": 0,
-    "q_lora_rank": 192,
-    "qk_nope_head_dim": 32,
-    "qk_rope_head_dim": 16,
-    "v_head_dim": 32,
-    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                            "weight_block_size": [128, 128]},
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 50000.0,
-    "tie_word_embeddings": False,
-    "topk_method": "noaux_tc",
-    "torch_dtype": "bfloat16",
-    "vocab_size": 1000,
-}
+TINY_CONFIG: dict[str, Any] = json.loads(resources.files("kimi_audit").joinpath(
+    "data/tiny-kimi-k2.config.json").read_text())
 """Kimi-K2-Instruct's config.json with every dimension scaled down (its keys, its quantization_config)."""
 
 Shards = dict[str, dict[str, "np.ndarray"]]
