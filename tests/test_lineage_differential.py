@@ -442,3 +442,27 @@ def test_an_absent_shard_is_one_finding(saved: dict[str, tuple[Path, int]], tmp_
     rewrite(src, tmp_path / "absent", lambda s: None, drop=shard)
     errors = by_severity(audit(tmp_path / "absent"), Severity.ERROR)
     assert [(f.code, f.shard) for f in errors] == [("INDEX_SHARD_ABSENT", shard)] and errors[0].covers
+
+
+def test_a_module_family_in_another_spelling_is_one_finding(saved: dict[str, tuple[Path, int]],
+                                                            tmp_path: Path) -> None:
+    """llmcompressor writes Kimi-Linear's routed experts `gate/up/down_proj` where the release has `w1/w3/w2`
+    (family.md): 218 findings on a tiny model, one TENSOR_MISSING and one TENSOR_UNEXPECTED per tensor. Each
+    respelled family is now one TENSORS_RESPELLED, covering its pairs; a lone odd name stays its own finding."""
+    spelled = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+
+    def change(shards: Shards) -> None:
+        respell("kimi_linear")(shards)
+        for f, ts in shards.items():
+            shards[f] = {re.sub(r"(\.experts\.\d+\.)(w[123])\.", lambda m: m.group(1) + spelled[m.group(2)] + ".", n):
+                         t for n, t in ts.items()}
+        first = next(iter(shards.values()))
+        first["model.layers.1.block_sparse_moe.stray.weight"] = torch.zeros(2)
+    rewrite(saved["kimi_linear"][0], tmp_path / "llmc", change)
+    report = audit(tmp_path / "llmc")
+    respelled = [(f.expected, f.actual, f.covers) for f in report.findings if f.code == "TENSORS_RESPELLED"]
+    experts = sum(1 for k in TINY["kimi_linear"]["mlp_layer_types"] if k == "sparse") * \
+        TINY["kimi_linear"]["num_local_experts"]
+    assert respelled == [(["w1", "w2", "w3"], ["down_proj", "gate_proj", "up_proj"], 2 * 3 * experts)]
+    assert [(f.code, f.tensor) for f in report.findings if f.code != "TENSORS_RESPELLED"] == [
+        ("TENSOR_UNEXPECTED", "model.layers.1.block_sparse_moe.stray.weight")]

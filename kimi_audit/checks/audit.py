@@ -16,6 +16,7 @@ from kimi_audit.checks.index import index_findings, index_total_parameters_findi
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
+from kimi_audit.checks.respelled import fold_respelled
 from kimi_audit.checks.root_causes import attribute, covered, fold_quantization, fold_undescribed
 from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import EXIT_INCONCLUSIVE, Finding, Severity, exit_code_of, warning
@@ -149,8 +150,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         stored = Counter(actual.dtypes) if cfg.quant is None else None
         all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
         all_findings.extend(cov.extra)
-        all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything, cfg.dtype,
-                                            cov.invalid))
+        all_findings.extend(fold_respelled(layout_findings(actual, expected, aligned, cov.positions, cov.everything,
+                                                           cfg.dtype, cov.invalid)))
     else:
         all_findings.append(layout_unsupported(ckpt))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards, cov.invalid))

@@ -153,6 +153,11 @@ RULES: dict[str, Rule] = {
                                "Only the format, index and file checks ran: no tensor was checked against a layout.",
                                "Point the audit at a DeepseekV3 / Kimi-K2 checkpoint, or read the other checks "
                                "only."),
+    "TENSORS_RESPELLED": Rule("error", "a module family stored under another spelling than the release's",
+                              "Tensors missing and tensors unexpected that differ in one name segment the same way "
+                              "(a writer's `gate_proj` for the release's `w1`): one finding for the family.",
+                              "Rename the tensors as the release names them, or write them with the release's "
+                              "conventions."),
     "TENSORS_UNDESCRIBED": Rule("info", "tensors of a part of the release that the architecture's description "
                                 "leaves out: stored, not checked",
                                 "The release stores a part no source this tool reads describes (DeepSeek-V4's "
