@@ -394,3 +394,28 @@ def test_a_part_an_architecture_declares_undescribed_is_one_info(tmp_path: Path)
         ToyNibbles.unregister()
     assert sorted((f.code, f.covers) for f in report.findings) == [("TENSORS_UNDESCRIBED", 3),
                                                                    ("TENSOR_UNEXPECTED", 0)]
+
+
+def test_a_compressed_tensors_config_decides_what_v4_quantizes() -> None:
+    """Issue 33: the release's BF16 defaults (V4's compressor and indexer projections) overrode a
+    compressed-tensors config that quantizes them, and `ignore: [lm_head]` did not reach V4's `head`. The
+    release's own FP8 keeps them plain (ReleaseQuant.plain_suffixes); a compressed-tensors config's targets
+    and ignore decide for its checkpoints, read in the release's names (ReleaseQuant.aliases)."""
+    keys = {"vocab_size": 64, "hidden_size": 32, "moe_intermediate_size": 16, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "head_dim": 16, "q_lora_rank": 24, "num_experts_per_tok": 2,
+            "n_routed_experts": 4, "o_groups": 2, "o_lora_rank": 8, "index_n_heads": 2, "index_head_dim": 8,
+            "hc_mult": 2, "mlp_layer_types": ["moe", "moe"],
+            "layer_types": ["compressed_sparse_attention", "heavily_compressed_attention"]}
+    fp8_channel = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+                   "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                       "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True,
+                       "dynamic": False}}}}
+    ct = kimi_audit.layout({"model_type": "deepseek_v4", **keys, "quantization_config": fp8_channel})
+    for module in ("layers.0.attn.compressor.wkv", "layers.0.attn.indexer.compressor.wgate",
+                   "layers.0.attn.indexer.weights_proj", "layers.0.attn.wq_a"):
+        assert ct[module + ".weight"].dtype == "F8_E4M3" and module + ".weight_scale" in ct, module
+    assert ct["head.weight"].dtype == "BF16" and "head.weight_scale" not in ct  # `lm_head` is V4's `head`
+    release = kimi_audit.layout({"model_type": "deepseek_v4", **keys, "quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}})
+    assert release["layers.0.attn.compressor.wkv.weight"].dtype == "BF16"
+    assert "layers.0.attn.compressor.wkv.scale" not in release and "layers.0.attn.wq_a.scale" in release

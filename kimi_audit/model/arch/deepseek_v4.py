@@ -269,26 +269,26 @@ class _Describe:
         return Group("attention", title, tuple(children))
 
     def compressor(self, key: str, stem: str, dim: Factor, rate: str, overlap: bool) -> Group:
-        """DeepseekV4{CSA,HCA}Compressor (and the indexer's): `wkv`, `wgate` (stored as they are, unquantized,
-        transformers' _keep_in_fp32_modules), the positional bias `ape` [rate, width] and the RMSNorm [dim];
+        """DeepseekV4{CSA,HCA}Compressor (and the indexer's): the Linear modules `wkv`, `wgate` (left unquantized
+        by the release's FP8, transformers' _keep_in_fp32_modules: ReleaseQuant.plain_suffixes; a
+        compressed-tensors config's targets decide for its checkpoints),
+        the positional bias `ape` [rate, width] and the RMSNorm [dim];
         the overlapping (CSA) compressor's width is 2 × dim."""
-        c = self.cfg
         h = self.f("hidden_size", "hidden")
         width = Factor(2 * dim.value, "2 × " + dim.label, dim.keys, f"(2 × {dim.value:,})") if overlap else dim
         r = Factor(self.cfg.dim(rate), "compress rate", ("compress_rates",))
         keys = (BLOCK_KEYS, "compress_rates")
         return Group(key, "KV compressor", (
             Leaf("wkv", "wkv", "Compressor key-value projection", "compressor_wkv",
-                 (Param("Weight", f"{stem}wkv.weight", (width, h), c.dtype),), (*keys, "dtype")),
+                 (Linear(f"{stem}wkv", (width,), (h,)),), (*keys, DTYPE_KEYS)),
             Leaf("wgate", "wgate", "Compressor gate projection", "compressor_wgate",
-                 (Param("Weight", f"{stem}wgate.weight", (width, h), c.dtype),), (*keys, "dtype")),
+                 (Linear(f"{stem}wgate", (width,), (h,)),), (*keys, DTYPE_KEYS)),
             Leaf("ape", "ape", "Compressor positional bias", "compressor_ape",
                  (Param("Bias", f"{stem}ape", (r, width), F32),), keys),
             Leaf("norm", "norm", "Compressor RMSNorm", "compressor_norm",
                  (Param(GAIN, f"{stem}norm.weight", (dim,), F32),), keys)))
 
     def indexer(self) -> Group:
-        c = self.cfg
         h, ql = self.f("hidden_size", "hidden"), self.f("q_lora_rank", "q latent")
         ih, idim = self.d("index_n_heads", "indexer heads"), self.d("index_head_dim", "indexer head dim")
         keys = (BLOCK_KEYS, "index_n_heads", "index_head_dim")
@@ -296,7 +296,7 @@ class _Describe:
             Leaf("wq_b", "wq_b", "Indexer query projection", "indexer_wq_b",
                  (Linear("attn.indexer.wq_b", (ih, idim), (ql,)),), (*keys, DTYPE_KEYS)),
             Leaf("weights_proj", "weights_proj", "Indexer head weights", "indexer_weights_proj",
-                 (Param("Weight", "attn.indexer.weights_proj.weight", (ih, h), c.dtype),), (*keys, "dtype")),
+                 (Linear("attn.indexer.weights_proj", (ih,), (h,)),), (*keys, DTYPE_KEYS)),
             self.compressor("compressor", "attn.indexer.compressor.", idim, "csa_rate", overlap=True)))
 
     def moe(self, hashed: bool) -> tuple[Node, ...]:
@@ -332,7 +332,9 @@ ARCHITECTURE = register(Architecture(
     name="DeepSeek-V4", model_types=MODEL_TYPES, read=read, describe=describe, dialects=dialects,
     class_names=("DeepseekV4ForCausalLM",),
     quant=ReleaseQuant(scale_suffix=V4_SCALE_SUFFIX, e8m0_scales=True, blocks=(DEEPSEEK_FP8_BLOCK, (32, 32)),
-                       fp4_experts=True, plain=("head",)),
+                       fp4_experts=True, plain=("head",),
+                       plain_suffixes=(".compressor.wkv", ".compressor.wgate", ".indexer.weights_proj"),
+                       aliases=(("lm_head", "head"),)),
     float32_routers=("ffn.gate.bias",), buffered=("ffn.gate.bias",), value_roles=(("ffn.gate.bias", ROUTER_BIAS),),
     block_titles={f"{m}_{a}": f"{'hash-routed MoE' if m == 'moe_hash' else 'MoE'} {a.upper()}"
                   for m in V4_MLP.values() for a in V4_ATTENTION.values()}))

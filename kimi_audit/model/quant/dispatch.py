@@ -53,7 +53,7 @@ def quant_plan(q: Any, dtype: str, config: Mapping[str, Any] | None = None,
         raise ConfigError(f"config.json quantization_config is a {type(q).__name__}, not an object")
     method, fmt = q.get("quant_method"), q.get("format")
     if method == compressed.METHOD:  # one registered class per config group's format (mixed-precision too)
-        return compressed.compressed_tensors_plan(q, Unquantized(dtype))
+        return compressed.compressed_tensors_plan(q, Unquantized(dtype), release)
     scheme = None
     if isinstance(method, str):
         scheme = Scheme.registry.get((method, fmt if isinstance(fmt, str) else None))

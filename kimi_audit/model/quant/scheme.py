@@ -57,6 +57,18 @@ class ReleaseQuant:
     """`expert_dtype: fp4` stores the routed experts as FP4 (DeepSeek-V4)."""
     plain: tuple[str, ...] = ()
     """Modules the release leaves unquantized by exact name (DeepSeek-V4's `head`)."""
+    plain_suffixes: tuple[str, ...] = ()
+    """Module-name suffixes the release's own FP8 leaves unquantized (DeepSeek-V4's compressor and indexer
+    projections, kept in float32 by transformers): a convention of its `fp8` format only; a compressed-tensors
+    config's own targets and ignore decide for its checkpoints."""
+    aliases: tuple[tuple[str, str], ...] = ()
+    """(a name other writers' configs give a module, the release's): `ignore: [lm_head]` is DeepSeek-V4's
+    `head`."""
+
+    def alias(self, names: set[str]) -> set[str]:
+        """`names` with each alias replaced by the release's name of the module."""
+        table = dict(self.aliases)
+        return {table.get(n, n) for n in names}
 
 
 DEEPSEEK_RELEASE = ReleaseQuant()

@@ -80,7 +80,7 @@ class CompressedTensors(Scheme):
     @classmethod
     def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any],
              release: ReleaseQuant) -> QuantPlan:
-        return compressed_tensors_plan(q, plain)
+        return compressed_tensors_plan(q, plain, release)
 
     @classmethod
     def from_group(cls, weights: dict[str, Any], group: dict[str, Any], plain: Unquantized) -> Scheme:
@@ -170,9 +170,10 @@ def _matchers(entries: Any, what: str) -> tuple[set[str], list[str], bool]:
     return names, patterns, linear
 
 
-def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized) -> QuantPlan:
+def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized, release: ReleaseQuant | None = None) -> QuantPlan:
     """The plan of a compressed-tensors quantization_config: each config group's scheme (by the group's
-    `format`, else the config's) for its targets, `ignore` left plain."""
+    `format`, else the config's) for its targets, `ignore` left plain; names the architecture's release spells
+    otherwise (`release.aliases`: `lm_head` for DeepSeek-V4's `head`) read as the release's."""
 
     top = q.get("format")
     if top is not None and top != MIXED and (METHOD, top) not in Scheme.registry:
@@ -204,6 +205,9 @@ def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized) -> QuantPlan:
             every = scheme
         summaries.append((scheme, {"targets": list(group.get("targets") or [])}))
     ig_names, ig_patterns, ig_linear = _matchers(q.get("ignore"), "ignore")
+    if release is not None:
+        ig_names = release.alias(ig_names)
+        exact = {n2: s for n, s in exact.items() for n2 in release.alias({n})}
     if ig_linear:
         every = None
     ignore_re = compile_patterns(ig_patterns, "config.json quantization_config.ignore")
