@@ -732,3 +732,12 @@ def test_v4_release_missing_a_tensor_in_transformers_and_the_audit(tmp_path: Pat
         assert module + ".scale stored without it" in doc["findings"][0]["message"]
     else:
         assert [t for _, t in errors] == [dropped], doc["findings"]
+
+
+def test_rmsnorm_reads_v4s_own_query_norm(tmp_path: Path) -> None:
+    """Issue 32: `rmsnorm` on a DeepSeek-V4 checkpoint named a tensor that does not exist
+    (`…self_attn.q_a_layernorm.weight`); the part is the architecture's (V4: `attn.q_norm`)."""
+    release = write_v4_release(tmp_path)
+    doc = run_json("rmsnorm", str(release.path), "--all")
+    assert [r["tensor"] for r in doc["layers"]][:2] == ["layers.0.attn.q_norm.weight", "layers.1.attn.q_norm.weight"]
+    assert doc["ok"]

@@ -19,7 +19,7 @@ import numpy as np
 
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.config_fields import ModelConfig
-from kimi_audit.model.layout import scheme_of
+from kimi_audit.model.layout import role_name, scheme_of
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.scheme import FP8_DTYPE, fp8_block
 from kimi_audit.numerics.kernels import (
@@ -191,9 +191,10 @@ def linear_weight(fetch: TensorFetcher, cfg: ModelConfig, module: str, out: int,
 def query_latent(fetch: TensorFetcher, cfg: ModelConfig, layer: int, emb: np.ndarray) -> np.ndarray:
     """embedding rows -> layer's input_layernorm -> q_a_proj (dequantized), bf16 [1, T, q_lora_rank]."""
     p = cfg.layer_name(layer)
-    g_in, _, _ = fetch.read(p + INPUT_LAYERNORM)
+    g_in, _, _ = fetch.read(role_name(cfg, layer, "input_layernorm") or p + INPUT_LAYERNORM)
     h = rms_norm(emb, g_in, cfg.rms_norm_eps)
-    w = linear_weight(fetch, cfg, p + Q_A_PROJ[: -len(".weight")], cfg.q_lora_rank or 0, cfg.hidden_size)
+    w = linear_weight(fetch, cfg, role_name(cfg, layer, "q_a_proj") or p + Q_A_PROJ[: -len(".weight")],
+                      cfg.q_lora_rank or 0, cfg.hidden_size)
     # F.linear: float32 accumulation, one rounding to bf16 (not bit-matched to a particular GEMM)
     q = to_float32(h) @ to_float32(w).T
     return f32_to_bf16(q)[None]

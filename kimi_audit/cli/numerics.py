@@ -19,7 +19,7 @@ from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.config_fields import ModelConfig
-from kimi_audit.model.layout import layer_block
+from kimi_audit.model.layout import layer_block, role_name
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher
 from kimi_audit.report.tensor import json_text, render_rmsnorm, render_tensor
 from kimi_audit.sources import open_source
@@ -82,7 +82,6 @@ def rmsnorm(
     """
     from kimi_audit.checks.rmsnorm import (
         EMBED,
-        Q_A_LAYERNORM,
         check_input_memory,
         load_input,
         normalize_and_check,
@@ -110,7 +109,7 @@ def rmsnorm(
     if from_embeddings is not None:
         ids = _parse_token_ids(from_embeddings)
         check_input_memory((1, len(ids), max(width, cfg.hidden_size)), len(layers))
-        emb, _, _ = fetch.read_rows(cfg.prefix + EMBED, ids)
+        emb, _, _ = fetch.read_rows(role_name(cfg, None, "embedding") or cfg.prefix + EMBED, ids)
         shared_x = None
         input_desc: dict[str, Any] = {"kind": "embeddings", "token_ids": ids, "shape": [1, len(ids), width]}
     elif input_file is not None:
@@ -124,7 +123,10 @@ def rmsnorm(
 
     results: list[LayerResult] = []
     for n in layers:
-        name = cfg.layer_name(n) + Q_A_LAYERNORM
+        found = role_name(cfg, n, "q_a_layernorm")
+        if found is None:
+            raise KimiAuditError(f"{src.label}: layer {n} has no query latent RMSNorm (q_a_layernorm)")
+        name = found
         gain, t, shard = fetch.read(name)
         if t.shape != (width,):
             raise KimiAuditError(f"{name} has shape {list(t.shape)}, expected [{width}]")

@@ -286,3 +286,22 @@ def _walk(cfg: ModelConfig, node: Node, layer: int | None, block: str | None, mo
             yield e._replace(component=t.module + e.component[len(module):]) if index is not None else e
         if t.bias:
             yield _tensor(module + ".bias", cfg.dtype, (out,), PARAMETER, t.module + ".bias", layer, block)
+
+
+def role_name(cfg: ModelConfig, layer: int | None, role: str) -> str | None:
+    """The name of the tensor (a Param's) or Linear module playing `role` (the explain catalogue's key:
+    `q_a_layernorm`, `input_layernorm`, `q_a_proj`, `embedding`) in layer `layer`, or outside the layers for
+    None; None where the architecture has no such part. Its description says, not a name written here:
+    DeepSeek-V4's query norm is `attn.q_norm`, DeepseekV3's `self_attn.q_a_layernorm`."""
+    tree = describe(cfg)
+    nodes = tree.blocks.get(layer_block(cfg, layer), ()) if layer is not None else (*tree.before, *tree.after)
+    prefix = cfg.layer_name(layer) if layer is not None else ""
+    stack = list(nodes)
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, Group):
+            stack[:0] = node.children
+        elif not isinstance(node, Buffer) and node.role == role and node.tensors:
+            t = node.tensors[0]
+            return prefix + (t.component if isinstance(t, Param) else t.module)
+    return None
