@@ -133,3 +133,13 @@ def test_auditing_one_shard_says_to_audit_the_directory(tmp_path: Path) -> None:
     assert r.exit_code == 1 and "one shard of 3" in r.output and f"audit the directory {d}" in r.output
     r = runner.invoke(app, ["audit", str(d), "--no-progress"])
     assert r.exit_code == 0 and "one shard of" not in r.output
+
+
+def test_grouped_names_keep_their_zero_padding() -> None:
+    """verify grouped `model-00001-of-000046…` as `model-{1-46}-of-46`, names no file holds."""
+    from kimi_audit.model.accounting.tree import collapse
+
+    assert collapse([f"model-{i:05d}-of-000046.safetensors" for i in (*range(1, 5), 9, 10)]) == [
+        "model-{00001-00004,00009-00010}-of-000046.safetensors"]
+    assert collapse([f"model.layers.{i}.mlp.gate.weight" for i in range(1, 61)]) == [
+        "model.layers.{1-60}.mlp.gate.weight"]

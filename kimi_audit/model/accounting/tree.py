@@ -307,15 +307,16 @@ def layer_prefixes(cfg: ModelConfig) -> tuple[str, ...]:
 
 
 def collapse(names: Iterable[str]) -> list[str]:
-    """Names with their varying numbers shown as ranges: `model.layers.{1-60}.mlp.gate.weight`."""
-    groups: dict[str, list[list[int]]] = {}
+    """Names with their varying numbers shown as ranges: `model.layers.{1-60}.mlp.gate.weight`; zero-padded
+    numbers keep their padding (`model-{00001-00046}-of-000046.safetensors`)."""
+    groups: dict[str, list[list[str]]] = {}
     order: list[str] = []
     for n in names:
         template = DIGITS_RE.sub("#", n)
         if template not in groups:
             groups[template] = []
             order.append(template)
-        groups[template].append([int(d) for d in DIGITS_RE.findall(n)])
+        groups[template].append(DIGITS_RE.findall(n))
     out = []
     for template in order:
         rows = groups[template]
@@ -323,7 +324,10 @@ def collapse(names: Iterable[str]) -> list[str]:
         s = pieces[0]
         for i, rest in enumerate(pieces[1:]):
             col = [r[i] for r in rows]
-            r = ranges(col)
+            width = max(map(len, col)) if any(len(d) > 1 and d[0] == "0" for d in col) else 0
+            r = ranges([int(d) for d in col])
+            if width:
+                r = "-".join(",".join(x.zfill(width) for x in part.split(",")) for part in r.split("-"))
             s += r if "," not in r and "-" not in r else "{" + r + "}"
             s += rest
         out.append(s)
