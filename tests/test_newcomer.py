@@ -4,6 +4,8 @@ error line, and the accounting names each part once."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from typer.testing import CliRunner
 from kimi_audit.cli import app
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(("name", "start"), [("report.html", "<!DOCTYPE html>"), ("report.json", "{"),
@@ -143,3 +146,17 @@ def test_grouped_names_keep_their_zero_padding() -> None:
         "model-{00001-00004,00009-00010}-of-000046.safetensors"]
     assert collapse([f"model.layers.{i}.mlp.gate.weight" for i in range(1, 61)]) == [
         "model.layers.{1-60}.mlp.gate.weight"]
+
+
+def test_verify_ray_without_a_cluster_names_the_tools_own_options(tmp_path: Path) -> None:
+    """`verify --ray` without a cluster repeated Ray's advice to pass `--address`; the option is --ray-address."""
+    import os
+
+    d = tmp_path / "t"
+    runner.invoke(app, ["demo", "--tiny", str(d)])
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    r = subprocess.run([sys.executable, "-m", "kimi_audit", "verify", str(d), "--ray", "--no-progress"],
+                       capture_output=True, text=True, env={**env, "PYTHONPATH": str(ROOT)}, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 2 and "--ray-address" in r.stderr and "--address" not in r.stderr.replace(
+        "--ray-address", ""), r.stderr

@@ -142,6 +142,13 @@ def _drain(q: Any, progress: ProgressFn | None) -> None:
         progress(name, done)
 
 
+def first_sentence(text: str) -> str:
+    """The first sentence of a library's message (Ray's go on with advice for its own API), on one line."""
+    line = " ".join(text.split())
+    cut = line.find(". ")
+    return (line[:cut] if cut > 0 else line)[:300]
+
+
 def run_ray(tasks: list[FileTask], address: str | None = None,
             progress: ProgressFn | None = None) -> Generator[FileResult, None, None]:
     """The same tasks as Ray tasks (one CPU each) on the cluster at `address` ("auto": the one RAY_ADDRESS or
@@ -157,7 +164,11 @@ def run_ray(tasks: list[FileTask], address: str | None = None,
             ray.init(address=None if address == "local" else (address or "auto"), include_dashboard=False,
                      logging_level=logging.ERROR, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise KimiAuditError(f"cannot connect to a Ray cluster at {address or 'auto'}: {e}") from None
+            # Ray's own advice names its API's `address=`: the tool's options are --ray-address ADDRESS, or `local`
+            why = first_sentence(str(e))
+            raise KimiAuditError(f"cannot connect to a Ray cluster at {address or 'auto'} ({why}): start one with "
+                                 "`ray start --head`, name it with --ray-address ADDRESS, or run one inside this "
+                                 "process with --ray-address local") from None
     remote = ray.remote(num_cpus=1, max_retries=0)(verify_file)
     queued = iter(sorted(tasks, key=lambda t: -t.size))
     cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
