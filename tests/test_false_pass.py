@@ -343,3 +343,15 @@ def run_cli_env(env: dict[str, str], *argv: str, timeout: float = 120) -> subpro
     return subprocess.run([sys.executable, "-m", "kimi_audit", *argv], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env}, timeout=timeout,
                           errors="surrogateescape")
+
+
+def test_a_config_named_by_its_class_is_described_by_that_architecture() -> None:
+    """A near-miss model_type beside a registered `architectures` class is read by that class's architecture,
+    and its tree is that architecture's too (it fell back to DeepseekV3's tree for a DeepSeek-V4 config)."""
+    import kimi_audit
+
+    config = json.loads((DATA / "deepseek-v4-flash.config.json").read_text())
+    config["model_type"] = "deepseek_v4 "
+    layout = kimi_audit.layout(config)
+    assert "embed.weight" in layout and "layers.0.attn.kv_norm.weight" in layout
+    assert layout == kimi_audit.layout(dict(config, model_type="deepseek_v4"))

@@ -5,6 +5,7 @@ with model.config_fields' readers; a config of no registered architecture gets a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
@@ -30,7 +31,10 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     model_type = cfg.get("model_type")
     if model_type is not None and not isinstance(model_type, str):  # a family member by its architectures
         raise ConfigError(f"config.json model_type must be a string, got {type(model_type).__name__}")
-    return arch.read(cfg)
+    parsed = arch.read(cfg)
+    if parsed.model_type in arch.model_types:
+        return parsed
+    return replace(parsed, described_as=arch.model_types[0])  # named by its class: the tree is that one's
 
 
 def parse_config_bytes(raw: bytes) -> tuple[dict[str, Any], ModelConfig]:

@@ -90,6 +90,9 @@ class ModelConfig:
     """kimi_k25's MoonViT vision tower and projector; None: a text-only model."""
     layers_at: str = "model.layers."
     """Where the decoder layers sit in the text model (`model.layers.`; DeepSeek-V4's release: `layers.`)."""
+    described_as: str = ""
+    """The registered model_type whose architecture read this config, where config.json's own model_type is not
+    one (a config named by its `architectures` class: `"deepseek_v4 "` beside DeepseekV4ForCausalLM)."""
     mtp_at: str = ""
     """Where the multi-token-prediction layers sit when not after the decoder layers under `layers_at`
     (DeepSeek-V4's release: `mtp.`, its stages `mtp.0.`, `mtp.1.` ...); "": they follow the decoder layers."""

@@ -63,7 +63,7 @@ def architecture_of(cfg: dict[str, Any]) -> Architecture | None:
 
 
 def _arch(cfg: ModelConfig) -> Architecture:
-    return REGISTERED.get(cfg.model_type) or REGISTERED[DEFAULT_TYPE]
+    return REGISTERED.get(cfg.described_as or cfg.model_type) or REGISTERED[DEFAULT_TYPE]
 
 
 def describe(cfg: ModelConfig) -> ModelTree:
@@ -73,7 +73,7 @@ def describe(cfg: ModelConfig) -> ModelTree:
 
 def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
     """The other spellings of the config's tree that writers are known to use (none for most)."""
-    arch = REGISTERED.get(cfg.model_type)
+    arch = REGISTERED.get(cfg.described_as or cfg.model_type)
     return () if arch is None else arch.dialects(cfg)
 
 
