@@ -156,7 +156,7 @@ def test_flipped_byte_names_the_file_and_the_tensor(pristine: tuple[Path, Path],
     found = codes(report)
     assert set(found) == {"FILE_HASH_MISMATCH", "TENSOR_HASH_MISMATCH", "FP8_SATURATED"}
     (file_f,) = found["FILE_HASH_MISMATCH"]
-    assert file_f.shard == S2 and Q_B in file_f.message and "1 tensor differ" in file_f.message
+    assert file_f.shard == S2 and Q_B in file_f.message and "1 tensor differs:" in file_f.message
     (tensor_f,) = found["TENSOR_HASH_MISMATCH"]
     assert (tensor_f.tensor, tensor_f.shard) == (Q_B, S2)
     assert {f.name: f.status for f in report.files}[S2] == "mismatch" and report.exit_code == 1

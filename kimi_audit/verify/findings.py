@@ -55,7 +55,7 @@ def file_findings(r: FileResult, refs: tuple[Reference, ...], differ: dict[str, 
         if ref.kind == MANIFEST and r.name in differ:
             d = differ[r.name]
             shown = ", ".join(d[:MAX_TENSORS_NAMED]) + (", ..." if len(d) > MAX_TENSORS_NAMED else "")
-            named = (f"; {len(d):,} tensor{'s' if len(d) != 1 else ''} differ: {shown}" if d
+            named = (f"; {len(d):,} tensor{'s differ' if len(d) != 1 else ' differs'}: {shown}" if d
                      else "; every tensor matches: the header or padding differs")
         out.append(error("FILE_HASH_MISMATCH", f"{r.name}: sha256 {r.sha256} differs from {ref.where} "
                          f"({want}){named}", shard=r.name, expected=want, actual=r.sha256))
