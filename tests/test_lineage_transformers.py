@@ -293,7 +293,7 @@ def test_absent_shard_is_named(saved: dict[str, tuple[Path, int]], tmp_path: Pat
 
 def test_glm_config_defaults_are_transformers() -> None:
     """An absent key of a glm_moe_dsa config means GlmMoeDsaConfig's default: no MTP layer declared, an
-    indexer of 32 heads x 128; layers sharing an indexer ("shared") are refused, not misread."""
+    indexer of 32 heads x 128; an indexer mode other than full or shared is refused, not misread."""
     from kimi_audit.errors import ConfigError
     from kimi_audit.model.config import model_config_from_dict
 
@@ -302,5 +302,30 @@ def test_glm_config_defaults_are_transformers() -> None:
     d = GlmMoeDsaConfig()
     assert (cfg.num_nextn_predict_layers, cfg.index_n_heads, cfg.index_head_dim) == (0, d.index_n_heads,
                                                                                       d.index_head_dim)
-    with pytest.raises(ConfigError, match="shared"):
-        model_config_from_dict({**base, "indexer_types": ["full", "shared", "full"]})
+    with pytest.raises(ConfigError, match="full or shared"):
+        model_config_from_dict({**base, "indexer_types": ["full", "sometimes", "full"]})
+    with pytest.raises(ConfigError, match="F and S"):
+        model_config_from_dict({**base, "index_topk_pattern": "FXF"})
+
+
+@pytest.mark.parametrize("keys", [{"indexer_types": ["full", "shared", "full"]}, {"index_topk_pattern": "FSS"},
+                                  {"index_topk_freq": 2, "index_skip_topk_offset": 1}],
+                         ids=["indexer_types", "pattern", "schedule"])
+def test_glm_shared_indexer_layers_are_transformers(tmp_path: Path, keys: dict[str, Any]) -> None:
+    """Issue 33: GLM-5.x's per-layer indexer. A layer whose indexer_types entry is `shared` reuses the previous
+    full layer's selection and holds no indexer (GlmMoeDsaAttention); its configs were refused. A tiny model
+    transformers 5.25 builds with each way of saying it audits clean, its total transformers' own."""
+    torch.manual_seed(0)
+    glm = {k: v for k, v in TEXT.items() if k not in ("n_group", "topk_group")}
+    model = GlmMoeDsaForCausalLM(GlmMoeDsaConfig(**glm, **keys, index_n_heads=2, index_head_dim=8)).to(torch.bfloat16)
+    shared = [t == "shared" for t in model.config.indexer_types]
+    assert any(shared)
+    d = tmp_path / "glm"
+    model.save_pretrained(d, max_shard_size="20KB")
+    report = audit(d)
+    assert [f for f in report.findings if f.severity is not Severity.INFO] == [], report.findings
+    biases = sum(b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
+    assert report.stats.parameters == sum(p.numel() for p in model.parameters()) + biases
+    names = set(model.state_dict())
+    for i, is_shared in enumerate(shared):
+        assert any(f"layers.{i}.self_attn.indexer." in n for n in names) != is_shared
