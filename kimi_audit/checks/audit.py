@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from kimi_audit.checks.hub_count import hub_parameters_findings
 from kimi_audit.checks.index import index_findings, index_total_parameters_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
@@ -156,24 +157,23 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         all_findings.append(layout_unsupported(ckpt))
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards, cov.invalid))
     index = ckpt.index
-    if index is not None and index.total_parameters is not None and cfg.layout_supported \
-            and cfg.quant_unsupported is None and all(shard in ckpt.headers for shard in index.shards):
+    every_shard = index is None or all(shard in ckpt.headers for shard in index.shards)
+    count_index = index is not None and index.total_parameters is not None and cfg.layout_supported \
+        and cfg.quant_unsupported is None and every_shard
+    count_hub = ckpt.reported_parameters is not None and not cov.shards and every_shard
+    if count_index or count_hub:
         specs, spec_of = expected.specs, expected.spec_of  # the parameters of the tensors found (MTP_ABSENT apart)
         found = [specs[spec_of[p]] for p in aligned.positions if p is not None]
         parameters = sum(s.logical for s in found)
-        kept_as_buffers = buffered()  # router biases transformers registers as buffers: its save's count lacks them
-        buffers = sum(s.logical for s in found if s.component in kept_as_buffers)
-        stored_buffers = sum(math.prod(s.shape) for s in found if s.kind == BUFFER)  # rotary caches, hash tables
-        all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes)),
-                                                            parameters - buffers,
-                                                            (stored_buffers, stored_buffers + buffers)))
-    if ckpt.reported_parameters is not None and not cov.shards and (
-            index is None or all(shard in ckpt.headers for shard in index.shards)):
-        from kimi_audit.checks.hub_count import hub_parameters_findings
-
-        logical = sum(s.logical for s in (expected.specs[expected.spec_of[p]] for p in aligned.positions
-                                          if p is not None))
-        all_findings.extend(hub_parameters_findings(ckpt, actual, logical))
+        if count_index:
+            kept_as_buffers = buffered()  # router biases transformers registers as buffers: its save lacks them
+            buffers = sum(s.logical for s in found if s.component in kept_as_buffers)
+            stored_buffers = sum(math.prod(s.shape) for s in found if s.kind == BUFFER)  # rotary caches, hashes
+            all_findings.extend(index_total_parameters_findings(index, parameters, sum(map(math.prod, actual.shapes)),
+                                                                parameters - buffers,
+                                                                (stored_buffers, stored_buffers + buffers)))
+        if count_hub:
+            all_findings.extend(hub_parameters_findings(ckpt, actual, parameters))
     all_findings = fold_quantization(fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected)
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)
