@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 
-from kimi_audit.errors import NotRegularFileError, SourceError
+from kimi_audit.errors import FileTooLargeError, NotRegularFileError, SourceError
 
 _FILE_TYPES = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
                stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
@@ -41,20 +41,24 @@ def open_regular(path: str | os.PathLike[str], name: str, *, follow: bool = True
     return fd
 
 
+def read_bounded(path: str | os.PathLike[str], name: str, max_bytes: int) -> bytes:
+    """The whole of a small regular file (a config.json, an index.json), `name` in messages: refused past
+    `max_bytes` (FileTooLargeError), never read past it. OS errors are raised as they are."""
+    with os.fdopen(open_regular(path, name), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise FileTooLargeError(f"{name} is {size:,} bytes, over the {max_bytes:,}-byte limit")
+        return f.read(max_bytes + 1)[:max_bytes]
+
+
 def read_small_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
-    """A whole small regular file (a config.json given by path): refused past `max_bytes`, never read past it;
-    an OS error is a SourceError naming the file."""
+    """read_bounded for a file given by path (a config.json named on the command line): an OS error is a
+    SourceError naming the file."""
     name = os.fspath(path)
     try:
-        with os.fdopen(open_regular(path, name), "rb") as f:
-            raw = f.read(max_bytes + 1)
-    except NotRegularFileError:
-        raise
+        return read_bounded(path, name, max_bytes)
     except OSError as e:
         raise SourceError(f"{name}: cannot be read ({e.strerror or e})") from None
-    if len(raw) > max_bytes:
-        raise SourceError(f"{name} is over {max_bytes:,} bytes: not read")
-    return raw
 
 
 def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:

@@ -11,13 +11,12 @@ from pathlib import Path
 from kimi_audit.constants import CONFIG_FILE, INDEX_FILE
 from kimi_audit.errors import (
     FileMissingError,
-    FileTooLargeError,
     SourceError,
     UnsafePathError,
 )
 from kimi_audit.sources.base import RangeRead, safe_member_name
 from kimi_audit.sources.cache import snapshot_of
-from kimi_audit.sources.files import file_identity, open_regular
+from kimi_audit.sources.files import file_identity, open_regular, read_bounded
 
 CHECKPOINT_FILES = frozenset((CONFIG_FILE, INDEX_FILE))
 
@@ -126,11 +125,7 @@ class LocalSource:
     def read_file(self, name: str, max_bytes: int) -> bytes:
         path = self._path(name)
         try:
-            with os.fdopen(open_regular(path, name), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > max_bytes:
-                    raise FileTooLargeError(f"{name} is {size:,} bytes, over the {max_bytes:,}-byte limit")
-                return f.read(max_bytes + 1)[:max_bytes]
+            return read_bounded(path, name, max_bytes)
         except FileNotFoundError:
             raise FileMissingError(f"{name}: no such file in {self.root}") from None
         except OSError as e:
