@@ -19,6 +19,7 @@ from kimi_audit.constants import INDEX_FILE, MAX_INDEX_BYTES, PINNED_REPO_ID, SA
 from kimi_audit.errors import DirectoryNotEmptyError, KimiAuditError
 from kimi_audit.replica.models import DEFAULT_MODEL, REPLICA_MODELS
 from kimi_audit.replica.tiny import FAULTS as TINY_FAULTS
+from kimi_audit.replica.tiny import build_tiny
 from kimi_audit.report.json_report import render_json
 from kimi_audit.report.table import render_table
 from kimi_audit.sources import LocalSource, open_source
@@ -151,8 +152,6 @@ def demo(
     apparent, a few hundred MB on disk), so this shows the whole audit on a machine with no Hub access.
     A DIRECTORY that holds files is refused (exit 2, nothing written) unless --force.
     """
-    from kimi_audit.replica.build import build_replica
-
     spec = REPLICA_MODELS.get(model)
     if spec is None:
         raise KimiAuditError(f"--model {model!r}: no replica of it; one of {', '.join(REPLICA_MODELS)}")
@@ -166,40 +165,40 @@ def demo(
         _check_demo_directory(directory, force)
     where = str(directory) if directory is not None else \
         "a temporary directory (removed when the demo ends: pass DIRECTORY to keep it)"
+    broken = f", broken: {TINY_FAULTS[fault][0]}" if fault is not None else ""
+    built = f"tiny Kimi-K2-shaped checkpoint (3 shards, real values{broken})" if tiny else \
+        f"replica of the {spec.title} layout ({spec.shards} shards)"
+    with sigterm_exits(), ExitStack() as cleanup:
+        target = directory or _temporary_directory(cleanup)
+        try:
+            _build_demo(target, tiny, fault, model, spec.shards)
+        except OSError as e:
+            raise KimiAuditError(f"cannot write the {'tiny checkpoint' if tiny else 'replica'} in {target}: "
+                                 f"{e.strerror or e}") from None
+        stderr.print(f"{built} written to {where}")
+        if tiny:  # real values: audited with --values
+            from kimi_audit.checks.values import audit_with_values
+
+            report = audit_with_values(LocalSource(target))
+        else:
+            with shard_progress("reading headers") as update:
+                report = audit_source(LocalSource(target), update)
+        emit_report(report, as_json)
+    raise typer.Exit(report.exit_code())
+
+
+def _build_demo(target: Path, tiny: bool, fault: str | None, model: str, shards: int) -> None:
+    """Write the demo's checkpoint in `target`: the tiny one (broken as `fault` says), or the replica of `model`
+    with a progress bar over its `shards`."""
     if tiny:
-        _tiny_demo(directory, fault, as_json, where)
-    with sigterm_exits(), ExitStack() as cleanup:
-        target = directory or _temporary_directory(cleanup)
-        try:
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), console=stderr, transient=True) as bar:
-                task = bar.add_task("building replica", total=spec.shards)
-                build_replica(target, model=model, progress=lambda shard: bar.advance(task))
-        except OSError as e:
-            raise KimiAuditError(f"cannot write the replica in {target}: {e.strerror or e}") from None
-        stderr.print(f"replica of the {spec.title} layout ({spec.shards} shards) written to {where}")
-        with shard_progress("reading headers") as update:
-            report = audit_source(LocalSource(target), update)
-        emit_report(report, as_json)
-    raise typer.Exit(report.exit_code())
+        build_tiny(target, fault=fault)
+        return
+    from kimi_audit.replica.build import build_replica
 
-
-def _tiny_demo(directory: Path | None, fault: str | None, as_json: bool, where: str) -> None:
-    """`demo --tiny`: the tiny real checkpoint written, then audited with --values; exits."""
-    from kimi_audit.checks.values import audit_with_values
-    from kimi_audit.replica.tiny import build_tiny
-
-    with sigterm_exits(), ExitStack() as cleanup:
-        target = directory or _temporary_directory(cleanup)
-        try:
-            build_tiny(target, fault=fault)
-        except OSError as e:
-            raise KimiAuditError(f"cannot write the tiny checkpoint in {target}: {e.strerror or e}") from None
-        broken = f", broken: {TINY_FAULTS[fault][0]}" if fault is not None else ""
-        stderr.print(f"tiny Kimi-K2-shaped checkpoint (3 shards, real values{broken}) written to {where}")
-        report = audit_with_values(LocalSource(target))
-        emit_report(report, as_json)
-    raise typer.Exit(report.exit_code())
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=stderr, transient=True) as bar:
+        task = bar.add_task("building replica", total=shards)
+        build_replica(target, model=model, progress=lambda shard: bar.advance(task))
 
 
 def _temporary_directory(cleanup: ExitStack) -> Path:
