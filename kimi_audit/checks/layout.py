@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from itertools import compress, count, filterfalse
 from operator import ne, or_, sub
 from typing import NamedTuple
@@ -98,8 +100,6 @@ def fold_orphans(findings: list[Finding]) -> list[Finding]:
             orphans.setdefault(missing[f.expected], []).append(str(f.tensor))
     if not orphans:
         return findings
-    import dataclasses
-
     out = []
     for i, f in enumerate(findings):
         if f.code == "SCALE_ORPHAN" and f.expected in missing:
@@ -122,8 +122,6 @@ def uniform_variance(variance: list[tuple[int, Finding]], actual: TensorTable, a
     layer's gain in F32 where the other 60 are BF16) was cast on its own: an error (DTYPE_MISMATCH)."""
     if not variance:
         return []
-    from collections import Counter
-
     specs = expected.specs
     present = Counter(specs[i].component for i in aligned.specs if i >= 0)
     dtypes: dict[str, set[str]] = {}
