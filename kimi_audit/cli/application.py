@@ -225,15 +225,24 @@ def sigterm_exits() -> Iterator[None]:
     def terminate(signum: int, frame: FrameType | None) -> None:
         raise SystemExit(128 + signum)
 
+    with signal_handled(signal.SIGTERM, terminate):
+        yield
+
+
+@contextmanager
+def signal_handled(signum: int, handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Within the block `handler` takes `signum`; after it the previous disposition is back, unless the handler
+    has set another meanwhile (that one stays). Outside the main thread nothing changes."""
     try:
-        previous = signal.signal(signal.SIGTERM, terminate)
+        previous = signal.signal(signum, handler)
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if signal.getsignal(signum) is handler:
+            signal.signal(signum, previous)
 
 
 @contextmanager

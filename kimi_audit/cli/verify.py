@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kimi_audit.cli.application import app, byte_progress, shard_progress, sigterm_exits, stderr, stdout, user_errors
+from kimi_audit.cli.application import (
+    app,
+    byte_progress,
+    shard_progress,
+    signal_handled,
+    sigterm_exits,
+    stderr,
+    stdout,
+    user_errors,
+)
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.outputs import refuse_input
 
@@ -32,16 +41,8 @@ def _first_sigint_only() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt
 
-    try:
-        previous = signal.signal(signal.SIGINT, first)
-    except ValueError:  # not the main thread: Python's default handling stays
+    with signal_handled(signal.SIGINT, first):
         yield
-        return
-    try:
-        yield
-    finally:
-        if signal.getsignal(signal.SIGINT) is first:
-            signal.signal(signal.SIGINT, previous)
 
 
 @app.command()
