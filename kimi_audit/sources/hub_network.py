@@ -115,19 +115,20 @@ only: a server that sends a byte every few seconds never trips it)."""
 
 def default_deadline() -> float:
     """KIMI_AUDIT_HUB_DEADLINE as set now (default 300 s); a value that is not a positive number is the default."""
-    raw = os.environ.get(DEADLINE_ENV)
-    try:
-        value = float(raw) if raw else DEFAULT_DEADLINE_S
-    except ValueError:
-        value = DEFAULT_DEADLINE_S
-    return value if value > 0 else DEFAULT_DEADLINE_S
+    return _seconds_from_env(DEADLINE_ENV, DEFAULT_DEADLINE_S)
 
 
 def default_timeout() -> float:
     """HF_HUB_DOWNLOAD_TIMEOUT as set now (huggingface_hub's own default is 10 s)."""
-    raw = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT")
+    return _seconds_from_env("HF_HUB_DOWNLOAD_TIMEOUT", DEFAULT_TIMEOUT_S)
+
+
+def _seconds_from_env(name: str, default: float) -> float:
+    """The environment variable `name` as a number of seconds; unset, empty, not a number or not positive: the
+    default."""
+    raw = os.environ.get(name)
     try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT_S
+        value = float(raw) if raw else default
     except ValueError:
-        value = DEFAULT_TIMEOUT_S
-    return value if value > 0 else DEFAULT_TIMEOUT_S
+        value = default
+    return value if value > 0 else default
