@@ -75,7 +75,6 @@ the 671B defaults; their absence is a ConfigError that names the key.
 """
 
 
-
 def read(cfg: dict[str, Any]) -> ModelConfig:
     return read_family(cfg, REFERENCE_DEFAULTS, indexer=cfg.get("model_type") == V32,
                        norm_f32=cfg.get("model_type") == V32)

@@ -79,6 +79,8 @@ def _vision(cfg: dict[str, Any]) -> VisionConfig:
         raise ConfigError(f"config.json projection_hidden_size must be a positive integer, got {proj!r}")
     return VisionConfig(v["hidden_size"], v["intermediate_size"], v["num_hidden_layers"], v["patch_size"],
                         v["pos_emb_height"], v["pos_emb_width"], (merge[0], merge[1]), proj)
+
+
 TEXT_PREFIX = "language_model."
 
 TRANSFORMERS = Dialect(

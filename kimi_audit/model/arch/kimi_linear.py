@@ -110,8 +110,6 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
     return scheduled(cfg, fields, dims, kinds, ARCHITECTURE.quant)
 
 
-
-
 def describe(cfg: ModelConfig) -> ModelTree:
     return _Describe(cfg).tree()
 
