@@ -7,6 +7,8 @@
   that is invalid (unknown dtype, invalid shape or offsets, not an object) is not also reported unexpected by
   the layout nor missing from the index: one cause, one finding.
 - A declared multi-token-prediction layer of which no tensor is stored is one MTP_ABSENT warning.
+- A shard the index does not list (SHARD_NOT_IN_INDEX, SHARD_LOADED_UNINDEXED) covers what is found in it
+  (its tensors duplicated elsewhere, or absent from the index): one finding per stray shard.
 - A wrong or missing quantization_config is one QUANT_CONFIG error covering the per-tensor dtype and
   scale findings it explains.
 """
@@ -123,6 +125,34 @@ def attribute(findings: list[Finding], ckpt: Checkpoint, cov: Covered) -> list[F
             done.add("everything")
             f = replace(f, message=f"{f.message} (with no {INDEX_FILE}, the tensors it may hold are unknown: "
                         "none is reported missing)")
+        out.append(f)
+    return out
+
+
+UNINDEXED_CODES = frozenset(("SHARD_NOT_IN_INDEX", "SHARD_LOADED_UNINDEXED"))
+
+
+def fold_unindexed(findings: list[Finding]) -> list[Finding]:
+    """Each shard the index does not list covers the findings about the tensors found in it."""
+    stray = {f.shard for f in findings if f.code in UNINDEXED_CODES and f.shard}
+    if not stray:
+        return findings
+
+    def found_in(f: Finding) -> str | None:
+        """The stray shard a finding is about (a duplicate names the shard read first as `expected`)."""
+        if f.code == "TENSOR_DUPLICATE" and f.expected in stray:
+            return str(f.expected)
+        return f.shard if f.shard in stray else None
+
+    under = Counter(found_in(f) for f in findings if f.code not in UNINDEXED_CODES)
+    out = []
+    for f in findings:
+        if f.code not in UNINDEXED_CODES and found_in(f) is not None:
+            continue
+        if f.code in UNINDEXED_CODES:
+            n = under[f.shard]
+            if n:
+                f = replace(f, message=f"{f.message} ({n:,} findings about its tensors covered)", covers=n)
         out.append(f)
     return out
 

@@ -5,6 +5,7 @@ is dequantized by its scheme (model.quant) and its statistics given. Nothing her
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,11 @@ def _resolve(fetch: TensorFetcher, name: str) -> str:
     return name  # not found: the read says so
 
 
+PROBE_WIDTH = 4096
+"""An input width every format quantizes (a multiple of every group and block): what the module's stored
+weight is, asked of its scheme before its real width is known (MLX leaves widths off its groups plain)."""
+
+
 def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Scheme, int | None, int | None] | None:
     """(module, scheme, out, in) for a quantized module's stored weight (the first tensor its scheme stores: an FP8
     or INT8 `weight`, packed `weight_packed` words, DeepSeek-V4's FP4 `weight` bytes), else None. The scheme is the
@@ -71,7 +77,7 @@ def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Schem
             raise
         return module, Fp8Block(), t.shape[0], t.shape[1]  # no usable config: DeepSeek's blocks
     scheme = scheme_of(cfg, module)
-    main = scheme.stored(1, 1)[0]
+    main = scheme.stored(1, PROBE_WIDTH)[0]
     if fp8 and main.dtype != FP8_DTYPE:  # FP8 weights the config does not describe as such: DeepSeek's blocks
         return module, Fp8Block(fp8_block(cfg.quant)), t.shape[0], t.shape[1]
     if role == WEIGHT and (isinstance(scheme, Unquantized) or t.dtype != main.dtype):
@@ -80,11 +86,12 @@ def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Schem
         raise KimiAuditError(f"{name}: config.json does not describe {module} as stored in {t.dtype} "
                              f"{name[len(module) + 1:]} ({scheme.describe()})")
     e = expected_layout(cfg).get(name)
-    if e is None or not e.shape[0]:
+    rows = 0 if e is None else math.prod(e.shape[:-1])  # a stacked module's [E, out, ...]: E x out rows
+    if e is None or not rows:
         if main.kind == PARAMETER and len(t.shape) == 2:
             return module, scheme, t.shape[0], t.shape[1]
         return module, scheme, None, None
-    return module, scheme, e.shape[0], e.logical // e.shape[0]
+    return module, scheme, rows, e.logical // rows
 
 
 def check_tensor(src: Source, name: str, *, dequant: bool = False,

@@ -45,6 +45,10 @@ SCALE = "scale"
 GROUP_SCALE = "group_scale"
 GLOBAL_SCALE = "global_scale"
 WEIGHT_SHAPE = "weight_shape"
+AFFINE_SCALE = "affine_scale"
+"""MLX's affine group scales: finite and non-zero (either sign is legitimate)."""
+AFFINE_BIAS = "affine_bias"
+"""MLX's affine group offsets: finite."""
 VALUES = "values"
 """Any other tensor (check_values: NaN and Inf only)."""
 
@@ -72,7 +76,7 @@ Job = tuple[str, int, int, int, list[TensorInfo]]
 
 VALUE_KINDS = {kinds.BLOCK_SCALE: SCALE, kinds.V4_SCALE: SCALE, kinds.GROUP_SCALE: GROUP_SCALE,
                kinds.GLOBAL_SCALE: GLOBAL_SCALE, kinds.WEIGHT_SHAPE: WEIGHT_SHAPE, kinds.ROUTER_BIAS: ROUTER_BIAS,
-               kinds.GAIN: GAIN}
+               kinds.GAIN: GAIN, kinds.AFFINE_SCALE: AFFINE_SCALE, kinds.AFFINE_BIAS: AFFINE_BIAS}
 """The roles (model.kinds) of the small tensors this pass reads, and the class it checks each as."""
 
 
@@ -183,7 +187,7 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
                 if hits.size and first_off is None:
                     first_off = float(f[hits[0]])
                 off += int(hits.size)
-        elif kind == GAIN:
+        elif kind in (GAIN, AFFINE_SCALE):
             zero += int(np.count_nonzero(f == 0))
     out: list[Finding] = []
     where = {"tensor": name, "shard": shard}
@@ -203,6 +207,10 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
         out.append(severity("SCALE_NOT_UE8M0", f"{name}: {off:,} of {n:,} block scales are not powers of two "
                             f"(scale_fmt ue8m0); the first is {first_off:.9g}", actual=off,
                             expected=_expected("SCALE_NOT_UE8M0"), **where))
+    if kind == AFFINE_SCALE and zero:
+        out.append(error("SCALE_ZERO", f"{name}: {zero:,} of {n:,} affine group scales are 0 (every weight of the "
+                         "group collapses to its bias; mx.quantize never writes 0)", actual=zero,
+                         expected=_expected("SCALE_ZERO"), **where))
     if kind == GAIN and n and zero == n:
         out.append(error("GAIN_ALL_ZERO", f"{name}: all {n:,} RMSNorm gains are zero "
                          "(the normalized output is identically zero)", actual=n,
@@ -267,7 +275,8 @@ def value_findings(
     totals: dict[tuple[str, Severity], int] = {}
     findings: list[Finding] = []
     checked = 0
-    checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0, GROUP_SCALE: 0, GLOBAL_SCALE: 0, WEIGHT_SHAPE: 0}
+    checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0, GROUP_SCALE: 0, GLOBAL_SCALE: 0, WEIGHT_SHAPE: 0,
+                     AFFINE_SCALE: 0, AFFINE_BIAS: 0}
     shapes = weight_shapes or {}
     fetched_bytes = 0
     workers = max(1, min(source.parallel_reads, 32))
@@ -314,7 +323,9 @@ def value_findings(
         f"{counts[ROUTER_BIAS]:,} router biases, {counts[SCALE]:,} FP8 scales"
         + (f", {counts[GROUP_SCALE]:,} weight scales, {counts[WEIGHT_SHAPE]:,} weight_shapes"
            if counts[GROUP_SCALE] or counts[WEIGHT_SHAPE] else "")
-        + (f", {counts[GLOBAL_SCALE]:,} global scales" if counts[GLOBAL_SCALE] else "") + "), "
+        + (f", {counts[GLOBAL_SCALE]:,} global scales" if counts[GLOBAL_SCALE] else "")
+        + (f", {counts[AFFINE_SCALE]:,} affine scales, {counts[AFFINE_BIAS]:,} affine biases"
+           if counts[AFFINE_SCALE] or counts[AFFINE_BIAS] else "") + "), "
         f"{fetched_bytes:,} bytes fetched in {len(jobs):,} reads"
         + (f"; {len(absent):,} not present (sparse holes)" if absent else ""),
         actual=checked,
@@ -354,6 +365,7 @@ def _expected(code: str) -> str | None:
         "SCALE_NOT_POSITIVE": "finite scales > 0",
         "SCALE_NOT_UE8M0": "powers of two (scale_fmt ue8m0)",
         "GAIN_ALL_ZERO": "a non-zero gain",
+        "SCALE_ZERO": "non-zero affine scales",
     }.get(code)
 
 

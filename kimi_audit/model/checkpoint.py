@@ -73,9 +73,12 @@ def load_config(source: Source) -> tuple[dict[str, Any], ModelConfig]:
 
 
 def shards_to_read(files: tuple[str, ...], index: IndexFile | None,
-                   index_present: bool = False) -> tuple[list[str], list[Finding]]:
+                   index_present: bool = False,
+                   loader_reads_every_shard: bool = False) -> tuple[list[str], list[Finding]]:
     """The shards to read, and what the index says of them (`index_present`: an index file is there but none
-    of it could be read, so INDEX_MISSING does not apply)."""
+    of it could be read, so INDEX_MISSING does not apply; `loader_reads_every_shard`: the format's loader reads
+    every `model*.safetensors` whatever the index says (Scheme.reads_every_shard), so a shard the index does not
+    list is SHARD_LOADED_UNINDEXED, an error)."""
     on_disk = [f for f in files if f.endswith(SAFETENSORS_SUFFIX)]
     findings: list[Finding] = []
     present = set(on_disk)
@@ -86,7 +89,11 @@ def shards_to_read(files: tuple[str, ...], index: IndexFile | None,
                 findings.append(error("INDEX_SHARD_ABSENT", f"{INDEX_FILE} maps {count:,} tensors to {shard}, "
                                       "which is not in the checkpoint", shard=shard, actual=count))
         for shard in on_disk:
-            if shard not in listed:
+            if shard not in listed and loader_reads_every_shard and shard.startswith("model"):
+                findings.append(error("SHARD_LOADED_UNINDEXED", f"{shard} is not listed in {INDEX_FILE}, but this "
+                                      "format's loader (mlx-lm) reads every model*.safetensors: its tensors load "
+                                      "and may replace the indexed ones", shard=shard))
+            elif shard not in listed:
                 findings.append(warning("SHARD_NOT_IN_INDEX", f"{shard} is not listed in {INDEX_FILE}; loaders "
                                         "that follow the index will not read it", shard=shard))
     elif len(on_disk) > 1 and not index_present:
@@ -193,7 +200,8 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
     if index is not None and unreadable:  # its INDEX_INVALID is the one finding: no entry missing, no shard unlisted
         findings += index.findings
         index = None
-    shards, shard_findings = shards_to_read(files, index, index_present=unreadable)
+    every = config.quant is not None and config.quant.reads_every_shard
+    shards, shard_findings = shards_to_read(files, index, index_present=unreadable, loader_reads_every_shard=every)
     findings += shard_findings
     headers, failures = read_headers(source, shards, index, progress, expected)
     if expected is None:

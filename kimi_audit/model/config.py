@@ -32,6 +32,10 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     if model_type is not None and not isinstance(model_type, str):  # a family member by its architectures
         raise ConfigError(f"config.json model_type must be a string, got {type(model_type).__name__}")
     parsed = arch.read(cfg)
+    q = parsed.quant
+    if q is not None and q.tree and q.tree not in arch.writer_trees:
+        parsed = replace(parsed, quant=None, quant_unsupported=f"{q.quantized.key} ({arch.name} as {q.tree} "
+                         "writes it: that module tree is not described)")
     if parsed.model_type in arch.model_types:
         return parsed
     return replace(parsed, described_as=arch.model_types[0])  # named by its class: the tree is that one's

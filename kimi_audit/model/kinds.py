@@ -27,6 +27,10 @@ WEIGHT_SHAPE = "weight_shape"
 ZERO_POINT = "zero_point"
 GROUP_INDEX = "group_index"
 INPUT_SCALE = "input_scale"
+AFFINE_SCALE = "affine_scale"
+"""`.scales`: MLX's affine group scale (either sign, never zero: mx.quantize writes -1e-7 for a constant group)."""
+AFFINE_BIAS = "affine_bias"
+"""`.biases`: MLX's affine group offset (any finite value)."""
 PACKED_WEIGHT = "packed_weight"
 ROTARY_BUFFER = "rotary_buffer"
 ROUTER_BIAS = "router_bias"
@@ -36,7 +40,8 @@ WEIGHT = "weight"
 OTHER = "other"
 
 KIND_OF_ROLE = {BLOCK_SCALE: SCALE, GROUP_SCALE: SCALE, GLOBAL_SCALE: SCALE, V4_SCALE: SCALE, WEIGHT_SHAPE: SCALE,
-                ZERO_POINT: SCALE, GROUP_INDEX: SCALE, INPUT_SCALE: SCALE, PACKED_WEIGHT: PACKED, ROTARY_BUFFER: BUFFER}
+                ZERO_POINT: SCALE, GROUP_INDEX: SCALE, INPUT_SCALE: SCALE,
+                AFFINE_SCALE: SCALE, AFFINE_BIAS: SCALE, PACKED_WEIGHT: PACKED, ROTARY_BUFFER: BUFFER}
 SCALE_ROLES = frozenset((BLOCK_SCALE, GROUP_SCALE, GLOBAL_SCALE))
 """Roles whose tensors are scales whatever their dtype. A `.scale` (V4_SCALE) is one only as F8_E8M0: transformers'
 dialects name other tensors so too (DeepSeek-V4's `attn_hc.scale`, norm gains elsewhere)."""

@@ -242,12 +242,15 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
 
 
 def _linear_tensors(cfg: ModelConfig, module: str, out: int, inp: int, layer: int | None,
-                    block: str | None) -> list[ExpectedTensor]:
-    """The tensors storing one Linear module's weight, by the scheme the plan picks for its full name."""
+                    block: str | None, stack: tuple[int, ...] = ()) -> list[ExpectedTensor]:
+    """The tensors storing one Linear module's weight, by the scheme the plan picks for its full name (`stack`:
+    leading dimensions of a stacked module, spec.Linear.stack)."""
     full = module if layer is None else cfg.layer_name(layer) + module
     scheme = scheme_of(cfg, full)
-    return [_tensor(module + s.suffix, s.dtype, s.shape, s.kind, module + s.suffix, layer, block, s.logical,
-                    scheme.key, i if s.kind == SCALE else 0) for i, s in enumerate(scheme.stored(out, inp))]
+    n = math.prod(stack)
+    return [_tensor(module + s.suffix, s.dtype, stack + s.shape, s.kind, module + s.suffix, layer, block,
+                    n * s.logical, scheme.key, i if s.kind == SCALE else 0)
+            for i, s in enumerate(scheme.stored(out, inp))]
 
 
 def layer_block(cfg: ModelConfig, layer: int) -> str:
@@ -282,7 +285,8 @@ def _walk(cfg: ModelConfig, node: Node, layer: int | None, block: str | None, mo
         module = t.module if index is None else indexed(t.module, *index)
         modules.append(module)
         out = product(t.out)
-        for e in _linear_tensors(cfg, module, out, product(t.inp), layer, block):
+        stack = tuple(f.value for f in t.stack)
+        for e in _linear_tensors(cfg, module, out, product(t.inp), layer, block, stack):
             yield e._replace(component=t.module + e.component[len(module):]) if index is not None else e
         if t.bias:
             yield _tensor(module + ".bias", cfg.dtype, (out,), PARAMETER, t.module + ".bias", layer, block)

@@ -116,6 +116,10 @@ RULES: dict[str, Rule] = {
     "INDEX_MISSING": Rule("warning", "several shards and no index",
                         "There are several shards and no model.safetensors.index.json; loaders need it.",
                         INDEX_HELP),
+    "SHARD_LOADED_UNINDEXED": Rule("error", "a shard the index never mentions, which the format's loader reads",
+                                   "mlx-lm loads every model*.safetensors in the directory and ignores the index: a "
+                                   "stray shard's tensors enter the model (and may replace the indexed ones).",
+                                   "Remove the stray shard, or add its tensors to the index."),
     "SHARD_NOT_IN_INDEX": Rule("warning", "a shard the index never mentions",
                              "A .safetensors file in the directory holds no tensor the index maps; loaders "
                              "ignore it.", "Remove the stray shard, or add its tensors to the index."),
@@ -224,6 +228,9 @@ RULES: dict[str, Rule] = {
                     "A tensor holds infinite values.", VALUES_HELP),
     "SCALE_NOT_POSITIVE": Rule("error", "a `weight_scale_inv` block scale or INT4 `weight_scale` group scale ≤ 0",
                              "Dequantized weights of that block would be zero or sign-flipped.", VALUES_HELP),
+    "SCALE_ZERO": Rule("error", "an MLX affine group scale of 0",
+                       "Every weight of that group would equal its bias; mx.quantize never writes a zero scale.",
+                       VALUES_HELP),
     "SCALE_NOT_UE8M0": Rule("error", "`scale_fmt: ue8m0` and a `weight_scale_inv` holds scales that are not exact "
                             "powers of two",
                             "DeepSeek-V3.1 and later expect every FP8 block scale to be a power of two (UE8M0); one "

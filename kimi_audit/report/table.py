@@ -50,8 +50,8 @@ def render_table(report: AuditReport, console: Console, fail_on: Severity = Seve
     classes.add_section()
     classes.add_row("all", "", _n(s.tensors), _n(s.elements), _n(s.parameters), style="bold")
     console.print(classes)
-    console.print(f"parameters (logical: packed INT4 words count for out x in; quantization metadata and stored "
-                  f"buffers excluded): [bold]{_n(s.parameters)}[/bold]")
+    console.print(f"parameters (logical: packed words count for their module's out x in; quantization metadata "
+                  f"and stored buffers excluded): [bold]{_n(s.parameters)}[/bold]")
 
     if qa.width is None:
         console.print("q_a_layernorm: not applicable (config has no q_lora_rank, or not the DeepseekV3 family's)")

@@ -197,15 +197,19 @@ class Builder:
         return self.cfg.layer_name(layers[0]) + module.replace(".experts.", ".experts.0.", 1)
 
     def linear_parts(self, block: str | None, module: str, out: list[Factor], inp: list[Factor],
-                     bias: bool = False) -> list[Part]:
-        """The Linear module's weight (out × in parameters, as its scheme stores them) and its bias."""
+                     bias: bool = False, stack: list[Factor] | None = None) -> list[Part]:
+        """The Linear module's weight (out × in parameters, as its scheme stores them, times a stacked module's
+        leading dimensions) and its bias."""
+        stack = stack or []
+        lead = tuple(f.value for f in stack)
         scheme = scheme_of(self.cfg, self.full_name(block, module))
         stored = scheme.stored(math.prod(f.value for f in out), math.prod(f.value for f in inp))
         main = next(s for s in stored if s.kind in (PARAMETER, PACKED))
-        meta = tuple(StoredPart(module + s.suffix, s.dtype, s.shape, s.kind, 0) for s in stored if s is not main)
+        meta = tuple(StoredPart(module + s.suffix, s.dtype, lead + s.shape, s.kind, 0)
+                     for s in stored if s is not main)
         param_dtype = scheme.param_dtype
         label = f"Weight ({param_dtype}, packed in {main.dtype} words)" if main.kind == PACKED else "Weight"
-        parts = [Part(label, module + main.suffix, tuple(out + inp), main.dtype, main.kind, main.shape,
+        parts = [Part(label, module + main.suffix, tuple(stack + out + inp), main.dtype, main.kind, lead + main.shape,
                       param_dtype, scheme.describe(), meta)]
         if bias:
             parts.append(Part("Bias", f"{module}.bias", tuple(out), self.cfg.dtype))

@@ -82,7 +82,7 @@ class ModelBuilder(Builder):
         parts: list[Part] = []
         for t in d.tensors:
             if isinstance(t, Linear):
-                parts += self.linear_parts(block, t.module, list(t.out), list(t.inp), t.bias)
+                parts += self.linear_parts(block, t.module, list(t.out), list(t.inp), t.bias, list(t.stack))
             else:
                 parts.append(Part(t.label, t.component, t.shape, t.dtype))
         return self.leaf(key, d.name, d.title, d.role, block, parts, mult, self.keys(d.keys, block), d.note)

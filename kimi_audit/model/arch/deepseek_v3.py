@@ -96,7 +96,9 @@ def read_family(cfg: dict[str, Any], defaults: dict[str, Any], *, indexer: bool,
     moe_layer_freq = i("moe_layer_freq")
     if moe_layer_freq == 0:
         raise ConfigError("config.json moe_layer_freq must be at least 1")
-    bounded(i("num_hidden_layers") + i("num_nextn_predict_layers"), i("n_routed_experts", optional=True) or 0)
+    # mlx-lm's sanitize drops the MTP layer (`model.layers.61`): its checkpoints hold none
+    mtp = 0 if plan is not None and plan.tree == MLX_TREE else i("num_nextn_predict_layers")
+    bounded(i("num_hidden_layers") + mtp, i("n_routed_experts", optional=True) or 0)
     return ModelConfig(
         model_type=str(cfg.get("model_type", MODEL_TYPES[0])),
         hidden_size=i("hidden_size"),
@@ -117,7 +119,7 @@ def read_family(cfg: dict[str, Any], defaults: dict[str, Any], *, indexer: bool,
         topk_method=d("topk_method"),
         vocab_size=i("vocab_size"),
         tie_word_embeddings=bool(d("tie_word_embeddings")),
-        num_nextn_predict_layers=i("num_nextn_predict_layers"),
+        num_nextn_predict_layers=mtp,
         attention_bias=bool(d("attention_bias")),
         dtype=dtype,
         rms_norm_eps=eps,
@@ -134,6 +136,12 @@ MTP_EMBED_NOTE = ("A copy of model.embed_tokens.weight: the MTP module shares th
 MTP_HEAD_NOTE = ("A copy of lm_head.weight: the MTP module shares the main output head at inference. "
                  "Left out of the total counted once.")
 GAIN = "Learned gain"
+MLX_TREE = "mlx-lm"
+"""mlx-lm's DeepseekV3 tree (mlx-lm 0.32 models/deepseek_v3.py `Model.sanitize`, ml-explore/mlx-lm@v0.32.2, the
+loader of mlx-community's Kimi-K2 and DeepSeek-V3 conversions): the routed experts of a layer stacked into one
+`mlp.switch_mlp.{gate,up,down}_proj` [E, out, in]; kv_b_proj split per head into `self_attn.embed_q`
+[heads, kv_lora_rank, qk_nope_head_dim] (the key half, transposed) and `self_attn.unembed_out`
+[heads, v_head_dim, kv_lora_rank]; the embedding quantized as a Linear; no MTP layer and no rotary buffer."""
 NORM_KEYS = (BLOCK_KEYS, "torch_dtype", "rms_norm_eps")
 
 
@@ -151,6 +159,7 @@ class _Describe:
     def __init__(self, cfg: ModelConfig) -> None:
         self.cfg = cfg
         self.norm_dtype = cfg.norm_dtype or cfg.dtype
+        self.mlx = cfg.quant is not None and cfg.quant.tree == MLX_TREE
 
     def f(self, key: str, label: str) -> Factor:
         return Factor(getattr(self.cfg, key), label, (key,))
@@ -163,9 +172,11 @@ class _Describe:
     def tree(self) -> ModelTree:
         c = self.cfg
         h, v = self.f("hidden_size", "hidden"), self.f("vocab_size", "vocab")
+        table: Linear | Param = (Linear("model.embed_tokens", (v,), (h,)) if self.mlx else
+                                 Param("Embedding table", "model.embed_tokens.weight", (v, h), c.dtype))
         before: tuple[Node, ...] = (
-            Leaf("embedding", "embed_tokens", "Token embedding", "embedding",
-                 (Param("Embedding table", "model.embed_tokens.weight", (v, h), c.dtype),), ("torch_dtype",)),)
+            Leaf("embedding", "embed_tokens", "Token embedding", "embedding", (table,),
+                 ("torch_dtype", QUANT_KEYS) if self.mlx else ("torch_dtype",)),)
         after: list[Node] = [self.gain("norm", "norm", "Final RMSNorm", "final_norm", "model.norm.weight", h,
                                        ("torch_dtype", "rms_norm_eps"))]
         if not c.tie_word_embeddings:
@@ -213,20 +224,30 @@ class _Describe:
                         ("kv_lora_rank", "qk_rope_head_dim"), f"({c.kv_lora_rank:,} + {c.qk_rope_head_dim:,})")
         kvb = Factor(c.qk_nope_head_dim + c.v_head_dim, "nope key + value dim", ("qk_nope_head_dim", "v_head_dim"),
                      f"({c.qk_nope_head_dim:,} + {c.v_head_dim:,})")
+        vd = self.f("v_head_dim", "value dim")
+        if self.mlx:  # kv_b_proj split per head (MLX_TREE)
+            nope = self.f("qk_nope_head_dim", "nope key dim")
+            up: tuple[Node, ...] = (
+                Leaf("embed_q", "embed_q", "Key up-projection, per head (kv_b_proj's key half)", "kv_b_proj",
+                     (Linear("self_attn.embed_q", (kvl,), (nope,), stack=(heads,)),), bk),
+                Leaf("unembed_out", "unembed_out", "Value up-projection, per head (kv_b_proj's value half)",
+                     "kv_b_proj", (Linear("self_attn.unembed_out", (vd,), (kvl,), stack=(heads,)),), bk))
+        else:
+            up = (Leaf("kv_b_proj", "kv_b_proj", "Key-value up-projection", "kv_b_proj",
+                       (Linear("self_attn.kv_b_proj", (heads, kvb), (kvl,)),), bk),)
         kv = Group("kv_compression", "Key-value compression", (
             Leaf("kv_a_proj_with_mqa", "kv_a_proj_with_mqa", "Joint key-value down-projection", "kv_a_proj_with_mqa",
                  (Linear("self_attn.kv_a_proj_with_mqa", (kv_out,), (h,), bias),), bk),
             self.gain("kv_a_layernorm", "kv_a_layernorm", "Key-value latent RMSNorm", "kv_a_layernorm",
-                      "self_attn.kv_a_layernorm.weight", kvl),
-            Leaf("kv_b_proj", "kv_b_proj", "Key-value up-projection", "kv_b_proj",
-                 (Linear("self_attn.kv_b_proj", (heads, kvb), (kvl,)),), bk)))
-        vd = self.f("v_head_dim", "value dim")
+                      "self_attn.kv_a_layernorm.weight", kvl), *up))
         o = Group("output_projection", "Output projection", (
             Leaf("o_proj", "o_proj", "Attention output projection", "o_proj",
                  (Linear("self_attn.o_proj", (h,), (heads, vd), bias),), bk),))
-        last: Node = self.indexer() if c.index_n_heads and c.index_head_dim else Buffer(
-            "self_attn.rotary_emb.inv_freq", (c.qk_rope_head_dim // 2,), c.dtype)
-        return Group("attention", "Latent attention", (q, kv, o, last))
+        if c.index_n_heads and c.index_head_dim:
+            last: tuple[Node, ...] = (self.indexer(),)
+        else:
+            last = () if self.mlx else (Buffer("self_attn.rotary_emb.inv_freq", (c.qk_rope_head_dim // 2,), c.dtype),)
+        return Group("attention", "Latent attention", (q, kv, o, *last))
 
     def indexer(self) -> Group:
         """DeepSeek-V3.2's sparse-attention indexer (DSA): query and key projections, a LayerNorm on the keys
@@ -251,10 +272,13 @@ class _Describe:
     def mlp(self, key: str, title: str, role: str, module: str, inter: Factor, keys: tuple[str, ...],
             repeat: Factor | None = None) -> Group:
         h = self.f("hidden_size", "hidden")
+        stack: tuple[Factor, ...] = ()
+        if repeat is not None and self.mlx:  # one stacked tensor per projection (MLX_TREE)
+            module, stack, repeat = module.replace(".experts", ".switch_mlp"), (repeat,), None
         return Group(key, title, tuple(
             Leaf(p, p, t, f"{role}_{p}",
                  (Linear(f"{module}.{p}", (h,) if p == "down_proj" else (inter,),
-                         (inter,) if p == "down_proj" else (h,)),), (*keys, DTYPE_KEYS))
+                         (inter,) if p == "down_proj" else (h,), stack=stack),), (*keys, DTYPE_KEYS))
             for p, t in (("gate_proj", "Gate projection"), ("up_proj", "Up projection"),
                          ("down_proj", "Down projection"))),
             repeat=repeat, index_at="experts." if repeat is not None else "")
@@ -313,7 +337,7 @@ ROUTER_BIAS_SUFFIX = ".e_score_correction_bias"
 
 ARCHITECTURE = register(Architecture(
     name="DeepSeek-V3", model_types=MODEL_TYPES, read=read, describe=describe,
-    class_names=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"),
+    class_names=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"), writer_trees=(MLX_TREE,),
     titles={"kimi_k2": "Kimi K2", V32: "DeepSeek-V3.2"},
     float32_routers=ROUTER_FP32, buffered=("mlp.gate.e_score_correction_bias",),
     value_roles=((ROUTER_BIAS_SUFFIX, ROUTER_BIAS), (".inv_freq", ROTARY_BUFFER))))

@@ -62,6 +62,10 @@ class Linear:
     out: tuple[Factor, ...]
     inp: tuple[Factor, ...]
     bias: bool = False
+    stack: tuple[Factor, ...] = ()
+    """Leading dimensions of a module stored as one tensor per stack (mlx-lm's `switch_mlp` experts [E, out, in],
+    its per-head `embed_q` [heads, out, in]): each stored tensor's shape starts with them and counts for their
+    product times out x in."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,9 @@ class Architecture:
     model_type nor architectures says)."""
     dialects: Callable[[ModelConfig], tuple[Dialect, ...]] = no_dialects
     """Other writers' spellings of the tree (transformers' save_pretrained)."""
+    writer_trees: tuple[str, ...] = ()
+    """Other writers' module trees `describe` knows (a format's Scheme.tree: `mlx-lm`); a checkpoint in a
+    format whose tree it does not know is QUANT_UNSUPPORTED (format checks only)."""
     titles: Mapping[str, str] = field(default_factory=dict)
     """model_type -> the product's name where it differs from `name` (`kimi_k2` -> Kimi K2)."""
     undescribed: Mapping[str, str] = field(default_factory=dict)

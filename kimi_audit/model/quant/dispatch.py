@@ -47,11 +47,17 @@ def quant_plan(q: Any, dtype: str, config: Mapping[str, Any] | None = None,
                release: ReleaseQuant = DEEPSEEK_RELEASE) -> QuantPlan | None:
     """The plan quantization_config describes (None: nothing quantized), made by the scheme class registered
     for its (quant_method, format). UnsupportedQuantization names an unknown method or format."""
+    if q is None and config is not None and isinstance(config.get("quantization"), dict):
+        q = config["quantization"]  # mlx-lm before #957 wrote only `quantization`
     if q is None:
         return None
     if not isinstance(q, dict):
         raise ConfigError(f"config.json quantization_config is a {type(q).__name__}, not an object")
     method, fmt = q.get("quant_method"), q.get("format")
+    if method is None:
+        claimed = next((c for c in Scheme.classes if c.claims(q, config or {})), None)
+        if claimed is not None:
+            return claimed.plan(q, Unquantized(dtype), config or {}, release)
     if method == compressed.METHOD:  # one registered class per config group's format (mixed-precision too)
         return compressed.compressed_tensors_plan(q, Unquantized(dtype), release)
     scheme = None

@@ -107,6 +107,13 @@ class Scheme:
     roles: ClassVar[tuple[tuple[str, str], ...]] = ()
     """The tensor-name suffixes this format stores beside (or instead of) `.weight`, and the role of each
     (model.kinds' roles: a block scale, packed words ...): model.roles derives the suffix classifier from them."""
+    tree: ClassVar[str] = ""
+    """The writer whose module tree a checkpoint in this format holds, where the format implies one (MLX:
+    `mlx-lm`, whose models stack the routed experts and split kv_b_proj); "": the release's tree. An
+    architecture describes the trees it knows (`Architecture.writer_trees`); another is QUANT_UNSUPPORTED."""
+    reads_every_shard: ClassVar[bool] = False
+    """The format's loader reads every `model*.safetensors` whatever the index says (mlx-lm): a shard the index
+    does not list then changes the model, an error rather than a warning."""
     registry: ClassVar[dict[tuple[str, str | None], type[Scheme]]] = {}
     classes: ClassVar[list[type[Scheme]]] = []
     """Every registered scheme class, in registration order (those with no pair of their own included)."""
@@ -137,6 +144,11 @@ class Scheme:
                 del Scheme.registry[pair]
         if cls in Scheme.classes:
             Scheme.classes.remove(cls)
+
+    @classmethod
+    def claims(cls, q: dict[str, Any], config: Mapping[str, Any]) -> bool:
+        """Whether a quantization_config with no `quant_method` is this format's (MLX writes none)."""
+        return False
 
     @classmethod
     def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any],
@@ -250,6 +262,15 @@ class QuantPlan:
             if s not in out:
                 out.append(s)
         return tuple(out)
+
+    @property
+    def tree(self) -> str:
+        """The writer's module tree its formats imply (Scheme.tree), "" for the release's."""
+        return next((s.tree for s in self.schemes if s.tree), "")
+
+    @property
+    def reads_every_shard(self) -> bool:
+        return any(s.reads_every_shard for s in self.schemes)
 
     @property
     def quantized(self) -> Scheme:
