@@ -1,0 +1,201 @@
+"""MLX affine checkpoints written by MLX's own writer, mlx-lm 0.32 (`load_model` + `quantize_model` +
+`save_model` + `save_config`: mlx_lm.convert's steps without a tokenizer), from the tiny Kimi-K2 checkpoint
+(`demo --tiny`, DeepSeek FP8): mlx-lm's DeepseekV3 `sanitize` dequantizes the FP8 weights, stacks the experts
+into `switch_mlp`, splits kv_b_proj into `embed_q`/`unembed_out`, and its loader (`load_model`, strict) reads
+them back. Each audits clean with the unquantized model's logical parameter count, dequantizes bit for bit as
+`mx.dequantize`, and each fault kind is one finding."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kimi_audit
+from kimi_audit.model.config import model_config_from_dict
+from kimi_audit.numerics.kernels import tensor_stats
+from tiny_checkpoint import build_tiny
+
+mx = pytest.importorskip("mlx.core")
+mlx_utils = pytest.importorskip("mlx_lm.utils")
+
+RECIPES: dict[str, dict[str, Any]] = {
+    "4bit-g64": {"bits": 4, "group_size": 64},
+    "8bit-g32": {"bits": 8, "group_size": 32},
+    "3bit-g32": {"bits": 3, "group_size": 32},
+    # mlx-lm's mixed recipes give some modules their own bits: written per path into the config
+    "mixed": {"bits": 4, "group_size": 64, "quant_predicate": lambda path, module: (
+        {"bits": 8, "group_size": 32, "mode": "affine"} if "shared_experts" in path or "lm_head" in path else True)},
+}
+
+
+def convert(src: Path, dst: Path, bits: int, group_size: int, quant_predicate: Any = None) -> Path:
+    """mlx_lm.convert(src, dst, quantize=True) without the tokenizer step."""
+    model, config = mlx_utils.load_model(src, lazy=True)
+    model, config = mlx_utils.quantize_model(model, config, group_size=group_size, bits=bits,
+                                             quant_predicate=quant_predicate)
+    mlx_utils.save_model(dst, model)
+    mlx_utils.save_config(config, config_path=dst / "config.json")
+    return dst
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def written(original: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("mlx")
+    return {name: convert(original, root / name, **recipe) for name, recipe in RECIPES.items()}
+
+
+def codes(report: kimi_audit.AuditReport) -> Counter[str]:
+    return Counter(f.code for f in report.findings if f.severity.value != "info")
+
+
+def rewrite(path: Path, change: Any) -> None:
+    """Re-save model.safetensors with mlx's own writer after `change(arrays)`."""
+    shard = path / "model.safetensors"
+    arrays = dict(mx.load(str(shard)))
+    change(arrays)
+    mx.save_safetensors(str(shard), arrays, metadata={"format": "mlx"})
+
+
+def copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_what_mlx_lm_writes_audits_clean_with_the_logical_parameter_count(recipe, written, original):
+    path = written[recipe]
+    report = kimi_audit.audit(path, values=True)
+    assert report.errors == 0 and report.warnings == 0, [f.message for f in report.findings]
+    assert report.exit_code() == 0
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    # the unquantized model's count (the FP8 original, MTP-free as mlx-lm saves it) == mlx-lm's own total
+    assert report.stats.parameters == kimi_audit.audit(original).stats.parameters
+    assert report.stats.parameters == index["metadata"]["total_parameters"]
+    assert report.model["quantization"]["method"] == "mlx"
+    values = next(f for f in report.findings if f.code == "VALUES_CHECKED")
+    assert "affine scales" in values.message
+
+
+def test_mlx_lm_loads_what_the_layout_expects(written):
+    """mlx-lm's own loader (strict: every parameter of its model, no other) reads the files, and the layout
+    names exactly the tensors in them."""
+    path = written["mixed"]
+    mlx_utils.load_model(path, lazy=True, strict=True)
+    stored = set(json.loads((path / "model.safetensors.index.json").read_text())["weight_map"])
+    cfg = model_config_from_dict(json.loads((path / "config.json").read_text()))
+    assert set(kimi_audit.layout(path / "config.json").names) == stored
+    assert cfg.quant is not None and cfg.quant.tree == "mlx-lm"
+    assert any(n.endswith("switch_mlp.gate_proj.weight") for n in stored)
+    # qk_nope_head_dim 32 is not a multiple of group_size 64: mlx-lm leaves embed_q plain, as the layout says
+    assert "model.layers.0.self_attn.embed_q.weight" in stored
+    assert "model.layers.0.self_attn.embed_q.scales" not in stored
+    assert "model.layers.1.mlp.switch_mlp.gate_proj.scales" in stored
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_dequantization_is_mx_dequantize_bit_for_bit(recipe, written):
+    path = written[recipe]
+    cfg = model_config_from_dict(json.loads((path / "config.json").read_text()))
+    assert cfg.quant is not None
+    arrays = mx.load(str(path / "model.safetensors"))
+    modules = [n[: -len(".scales")] for n in arrays if n.endswith(".scales")]
+    assert len(modules) > 30
+    for module in modules:
+        w, s, b = (arrays[f"{module}.{k}"] for k in ("weight", "scales", "biases"))
+        scheme = cfg.quant.scheme_for(module)
+        group, bits = scheme.group_size, scheme.bits  # type: ignore[attr-defined]
+        ref = np.array(mx.dequantize(w, s, b, group_size=group, bits=bits).astype(mx.float32))
+        stored = {".weight": np.array(w), ".scales": to_np(s), ".biases": to_np(b)}
+        rows = int(np.prod(w.shape[:-1]))
+        mine = scheme.dequantize(stored, rows, s.shape[-1] * group)
+        assert mine.dtype == stored[".scales"].dtype
+        ref_bits = ref.reshape(rows, -1)
+        assert np.array_equal(mine.astype(np.float32), ref_bits), module
+
+
+def to_np(a: Any) -> np.ndarray:
+    import ml_dtypes
+
+    if a.dtype == mx.bfloat16:
+        return np.array(a.view(mx.uint16)).view(ml_dtypes.bfloat16)
+    return np.array(a)
+
+
+def test_tensor_dequant_of_a_stacked_expert_gives_mx_dequantize_statistics(written):
+    path = written["4bit-g64"]
+    name = "model.layers.1.mlp.switch_mlp.gate_proj"
+    check = kimi_audit.tensor(path, name, dequantize=True)
+    arrays = mx.load(str(path / "model.safetensors"))
+    ref = mx.dequantize(*(arrays[f"{name}.{k}"] for k in ("weight", "scales", "biases")), group_size=64, bits=4)
+    assert check.ok
+    assert check.doc["dequantized"] == tensor_stats(to_np(ref).reshape(-1, ref.shape[-1])).to_json()
+
+
+def test_a_missing_scales_tensor_is_one_finding(written, tmp_path):
+    path = copy(written["4bit-g64"], tmp_path / "m")
+    name = "model.layers.2.mlp.switch_mlp.up_proj.scales"
+    rewrite(path, lambda a: a.pop(name))
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    del index["weight_map"][name]
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    report = kimi_audit.audit(path)
+    errors = [f for f in report.findings if f.severity.value == "error"]
+    assert len(errors) == 1 and errors[0].tensor == name, [f.message for f in errors]
+
+
+def test_scales_in_another_group_size_are_one_finding_per_tensor_named(written, tmp_path):
+    """Scales and biases in groups of 32 where the config says 64: each of the two tensors named once."""
+    path = copy(written["4bit-g64"], tmp_path / "m")
+    module = "model.layers.1.self_attn.q_a_proj"
+
+    def regroup(a: dict[str, Any]) -> None:
+        w = mx.dequantize(a[f"{module}.weight"], a[f"{module}.scales"], a[f"{module}.biases"], group_size=64, bits=4)
+        a[f"{module}.weight"], a[f"{module}.scales"], a[f"{module}.biases"] = mx.quantize(w, group_size=32, bits=4)
+
+    rewrite(path, regroup)
+    report = kimi_audit.audit(path)
+    errors = [f for f in report.findings if f.severity.value == "error"]
+    assert sorted(f.tensor for f in errors) == [f"{module}.biases", f"{module}.scales"], [f.message for f in errors]
+    assert report.exit_code() == 1
+
+
+def test_a_stray_shard_mlx_lm_would_load_is_one_error(written, tmp_path):
+    path = copy(written["4bit-g64"], tmp_path / "m")
+    shutil.copy(path / "model.safetensors", path / "model-00002-of-00002.safetensors")
+    report = kimi_audit.audit(path)
+    errors = [f for f in report.findings if f.severity.value == "error"]
+    assert [f.code for f in errors] == ["SHARD_LOADED_UNINDEXED"]
+    assert errors[0].shard == "model-00002-of-00002.safetensors"
+
+
+@pytest.mark.parametrize(("value", "code"), [(float("nan"), "VALUE_NAN"), (0.0, "SCALE_ZERO")])
+def test_a_bad_affine_scale_is_found_by_the_values_pass(written, tmp_path, value, code):
+    path = copy(written["4bit-g64"], tmp_path / "m")
+    name = "model.layers.3.mlp.switch_mlp.up_proj.scales"
+
+    def poison(a: dict[str, Any]) -> None:
+        s = np.array(a[name].astype(mx.float32))
+        s.reshape(-1)[5] = value
+        a[name] = mx.array(s).astype(a[name].dtype)
+
+    rewrite(path, poison)
+    assert kimi_audit.audit(path).errors == 0  # headers alone cannot see it
+    report = kimi_audit.audit(path, values=True)
+    assert [(f.code, f.tensor) for f in report.findings if f.severity.value == "error"] == [(code, name)]
+
+
+def test_negative_affine_scales_are_not_findings(written):
+    arrays = mx.load(str(written["4bit-g64"] / "model.safetensors"))
+    assert any(bool((v < 0).any()) for k, v in arrays.items() if k.endswith(".scales"))
+    assert kimi_audit.audit(written["4bit-g64"], values=True).errors == 0
