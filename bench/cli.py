@@ -1,6 +1,7 @@
 """Benchmark: the kimi-audit CLI against its peers, as whole processes, in one run.
 
-    python bench/cli.py [--replica DIR] [--repeats 5] [--latency-ms 20] [--only local|version|remote|family]
+    python bench/cli.py [--replica DIR] [--repeats 5] [--latency-ms 20]
+                        [--only local|version|remote|family|formats]
                         [--json]
 
 Every command is a fresh process started with this Python (`sys.executable`); kimi-audit runs as
@@ -34,6 +35,8 @@ family: `kimi-audit audit THINKING --json` and `kimi-audit audit K2.6 --json` ag
   a temp dir; Kimi-K2-Instruct's as for local). Targets: Thinking's wall and K2.6's <= 1.6x Instruct's. And
   `kimi-audit audit V4FLASH --json`, the DeepSeek-V4-Flash replica (46 BF16 shards, 35,022 tensors, built in a
   temp dir). Target: <= 1.0x Instruct's.
+formats: `kimi-audit audit MLX4 --json`, the replica of Kimi-K2-Instruct as mlx-lm converts it (MLX affine 4-bit,
+  180 shards, its experts stacked), against `kimi-audit audit INSTRUCT --json`. Target: <= 1.2x Instruct's.
 It is a benchmark, not a test: nothing is asserted; each target is shown PASS or MISS.
 """
 
@@ -415,17 +418,39 @@ def bench_family(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dic
     return lines, _json_group(cmds, targets)
 
 
+def bench_formats(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
+    from kimi_audit.replica.build import build_replica
+
+    t0 = time.perf_counter()
+    mlx = build_replica(tmp / "mlx-4bit", model="kimi-k2-instruct-mlx-4bit").resolve()
+    built = time.perf_counter() - t0
+    env = base_env()
+    py = sys.executable
+    mlx_cmd = Cmd("audit Kimi-K2-Instruct MLX 4-bit --json", [py, "-m", "kimi_audit", "audit", str(mlx), "--json"],
+                  env)
+    inst = Cmd("audit Kimi-K2-Instruct --json", [py, "-m", "kimi_audit", "audit", str(replica), "--json"], env)
+    cmds = [mlx_cmd, inst]
+    alternate(cmds, repeats, tmp)
+    r = mlx_cmd.median_wall() / inst.median_wall()
+    targets = [Target("MLX 4-bit replica wall <= 1.2x the FP8 original's", f"{r:.2f}x", r <= 1.2)]
+    lines = [f"built the MLX 4-bit replica in {built:.0f} s: {mlx}"]
+    lines += table(f"formats, full-scale replicas: medians of {repeats} alternating runs", cmds, targets)
+    cpu, rss = mlx_cmd.median_cpu() / inst.median_cpu(), mlx_cmd.median_rss() / inst.median_rss()
+    lines.append(f"  ratios MLX 4-bit / FP8 Instruct: wall {r:.2f}x, CPU {cpu:.2f}x, RSS {rss:.2f}x")
+    return lines, _json_group(cmds, targets)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replica", type=Path, default=None, help="an existing replica directory (default: build one)")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of each command (default 5)")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="the hub's latency per request (default 20)")
-    ap.add_argument("--only", action="append", choices=("local", "version", "remote", "family"),
+    ap.add_argument("--only", action="append", choices=("local", "version", "remote", "family", "formats"),
                     help="run only this part (repeatable; default: all)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     args = ap.parse_args()
-    parts = args.only or ["local", "version", "remote", "family"]
+    parts = args.only or ["local", "version", "remote", "family", "formats"]
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
 
@@ -435,7 +460,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kimi-audit-bench-cli-") as tmp_name:
         tmp = Path(tmp_name)
         replica = args.replica
-        if replica is None and ("local" in parts or "remote" in parts or "family" in parts):
+        if replica is None and (set(parts) & {"local", "remote", "family", "formats"}):
             from kimi_audit.replica.build import build_replica
 
             t0 = time.perf_counter()
@@ -460,6 +485,10 @@ def main() -> int:
         if "family" in parts:
             lines.append("")
             text, results["family"] = bench_family(replica, args.repeats, tmp)
+            lines += text
+        if "formats" in parts:
+            lines.append("")
+            text, results["formats"] = bench_formats(replica, args.repeats, tmp)
             lines += text
     print(json.dumps(results, indent=2) if args.json else "\n".join(lines))
     return 0

@@ -199,3 +199,25 @@ def test_negative_affine_scales_are_not_findings(written):
     arrays = mx.load(str(written["4bit-g64"] / "model.safetensors"))
     assert any(bool((v < 0).any()) for k, v in arrays.items() if k.endswith(".scales"))
     assert kimi_audit.audit(written["4bit-g64"], values=True).errors == 0
+
+
+def test_the_replica_config_is_what_mlx_lm_writes_for_kimi_k2_instruct(tmp_path):
+    """kimi-k2-instruct-mlx-4bit's config.json is mlx-lm's save_config of the pinned config quantized as
+    mlx-community's 4-bit (quantize_model's `quantization`, which replaces the FP8 quantization_config)."""
+    from importlib import resources
+
+    data = resources.files("kimi_audit").joinpath("data")
+    cfg = json.loads(data.joinpath("kimi-k2-instruct.config.json").read_text())
+    cfg["quantization"] = {"group_size": 64, "bits": 4, "mode": "affine"}
+    mlx_utils.save_config(cfg, config_path=tmp_path / "config.json")
+    shipped = json.loads(data.joinpath("kimi-k2-instruct-mlx-4bit.config.json").read_text())
+    assert shipped == json.loads((tmp_path / "config.json").read_text())
+
+
+def test_the_mlx_replica_audits_clean_with_the_fp8_originals_parameter_count(family_replica, replica_dir):
+    report = kimi_audit.audit(family_replica("kimi-k2-instruct-mlx-4bit"))
+    assert report.errors == 0 and report.warnings == 0, [f.message for f in report.findings]
+    assert report.listed_shards == 180
+    assert report.stats.parameters == kimi_audit.audit(replica_dir).stats.parameters
+    assert report.model["quantization"] == {"method": "mlx", "mode": "affine", "bits": 4, "group_size": 64,
+                                            "scale_dtype": "BF16"}

@@ -7,8 +7,9 @@
   that is invalid (unknown dtype, invalid shape or offsets, not an object) is not also reported unexpected by
   the layout nor missing from the index: one cause, one finding.
 - A declared multi-token-prediction layer of which no tensor is stored is one MTP_ABSENT warning.
-- A shard the index does not list (SHARD_NOT_IN_INDEX, SHARD_LOADED_UNINDEXED) covers what is found in it
-  (its tensors duplicated elsewhere, or absent from the index): one finding per stray shard.
+- A shard the index does not list that the format's loader reads anyway (SHARD_LOADED_UNINDEXED, an error)
+  covers what is found in it (its tensors duplicated elsewhere, or absent from the index): one finding per
+  stray shard. A SHARD_NOT_IN_INDEX warning covers nothing: the errors it would hide are errors.
 - A wrong or missing quantization_config is one QUANT_CONFIG error covering the per-tensor dtype and
   scale findings it explains.
 """
@@ -129,7 +130,7 @@ def attribute(findings: list[Finding], ckpt: Checkpoint, cov: Covered) -> list[F
     return out
 
 
-UNINDEXED_CODES = frozenset(("SHARD_NOT_IN_INDEX", "SHARD_LOADED_UNINDEXED"))
+UNINDEXED_CODES = frozenset(("SHARD_LOADED_UNINDEXED",))
 
 
 def fold_unindexed(findings: list[Finding]) -> list[Finding]:

@@ -12,6 +12,9 @@ shard holds each tensor (facts from the releases; see replica.build for the writ
 - deepseek-v4-flash: DeepSeek's names (`layers.N.attn.*`, `embed.weight`, `head.weight`), BF16, no MTP
   module, 46 shards of about equal bytes (Flash-Base's count, unconfirmed; the shard names as DeepSeek-V3's):
   the sources of its config and what it leaves out are in data/deepseek-v4-flash.sources.json.
+- kimi-k2-instruct-mlx-4bit: Kimi-K2-Instruct as mlx-lm 0.32 converts it with `-q` (mlx-community's 4-bit:
+  affine, 4 bits, groups of 64; config.json as its save_config writes it), its tree from mlx-lm's DeepseekV3
+  `sanitize` (model.arch.deepseek_v3 MLX_TREE), cut into shards by its 5 GiB rule (`model-00001-of-00180`).
 - kimi-k2.6: 64 shards `model-00001-of-000064.safetensors` (family.md); which tensor sits in which shard is not
   published: the layout cut into 64 shards of about equal bytes. Config and its sources:
   kimi_audit/data/kimi-k2.6.config.json and kimi-k2.6.sources.md. No `rotary_emb.inv_freq` stored (not known).
@@ -78,6 +81,33 @@ def balanced_mtp_last(tensors: Sequence[ExpectedTensor], n: int) -> list[int]:
     return out
 
 
+MLX_SHARD_BYTES = 5 << 30
+"""mlx-lm's shard limit (utils.py MAX_FILE_SIZE_GB = 5, in GiB)."""
+
+
+def mlx_name(i: int, n: int) -> str:
+    """mlx-lm's save_model: `model-00001-of-00180.safetensors`."""
+    return f"model-{i:05d}-of-{n:05d}.safetensors"
+
+
+def mlx_greedy(tensors: Sequence[ExpectedTensor], n: int) -> list[int]:
+    """mlx-lm's make_shards: tensors in order, a new shard whenever the next would take this one past 5 GiB
+    (the order here is the layout's, mlx's parameter order by module: embedding, layers, norm, head). `n` is
+    what the replica declares; a count the rule does not give is a ValueError (tests/test_mlx.py)."""
+    out: list[int] = []
+    size = 0
+    for t in tensors:
+        if not out or size + (t.nbytes or 0) > MLX_SHARD_BYTES:
+            out.append(out[-1] + 1 if out else 1)
+            size = 0
+        else:
+            out.append(out[-1])
+        size += t.nbytes or 0
+    if out and out[-1] != n:
+        raise ValueError(f"mlx-lm's 5 GiB rule gives {out[-1]} shards, the replica declares {n}")
+    return out
+
+
 @dataclass(frozen=True)
 class ReplicaModel:
     name: str
@@ -110,6 +140,8 @@ REPLICA_MODELS: dict[str, ReplicaModel] = {m.name: m for m in (
                  "deepseek-v32.config.json", 163, padded_name, balanced_mtp_last, None),
     ReplicaModel("deepseek-v4-flash", "DeepSeek-V4-Flash (BF16, no MTP)", "deepseek-v4-flash.config.json",
                  46, padded_name, balanced_mtp_last, None),
+    ReplicaModel("kimi-k2-instruct-mlx-4bit", "Kimi-K2-Instruct as mlx-lm converts it (MLX affine 4-bit)",
+                 "kimi-k2-instruct-mlx-4bit.config.json", 180, mlx_name, mlx_greedy, None),
     ReplicaModel("kimi-k2.6", "Kimi-K2.6 (kimi_k25: text, vision tower, projector; INT4 experts)",
                  "kimi-k2.6.config.json", 64, padded_name, balanced_mtp_last, None),
 )}
