@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -31,13 +32,18 @@ RECIPES: dict[str, dict[str, Any]] = {
     # mlx-lm's mixed recipes give some modules their own bits: written per path into the config
     "mixed": {"bits": 4, "group_size": 64, "quant_predicate": lambda path, module: (
         {"bits": 8, "group_size": 32, "mode": "affine"} if "shared_experts" in path or "lm_head" in path else True)},
+    # MLX's floating-point modes (mlx_lm.convert --q-mode): U8 scales, no biases
+    "mxfp4": {"mode": "mxfp4"},
+    "nvfp4": {"mode": "nvfp4"},
+    "mxfp8": {"mode": "mxfp8"},
 }
 
 
-def convert(src: Path, dst: Path, bits: int, group_size: int, quant_predicate: Any = None) -> Path:
+def convert(src: Path, dst: Path, bits: int | None = None, group_size: int | None = None, quant_predicate: Any = None,
+            mode: str = "affine") -> Path:
     """mlx_lm.convert(src, dst, quantize=True) without the tokenizer step."""
     model, config = mlx_utils.load_model(src, lazy=True)
-    model, config = mlx_utils.quantize_model(model, config, group_size=group_size, bits=bits,
+    model, config = mlx_utils.quantize_model(model, config, group_size=group_size, bits=bits, mode=mode,
                                              quant_predicate=quant_predicate)
     mlx_utils.save_model(dst, model)
     mlx_utils.save_config(config, config_path=dst / "config.json")
@@ -84,7 +90,11 @@ def test_what_mlx_lm_writes_audits_clean_with_the_logical_parameter_count(recipe
     assert report.stats.parameters == index["metadata"]["total_parameters"]
     assert report.model["quantization"]["method"] == "mlx"
     values = next(f for f in report.findings if f.code == "VALUES_CHECKED")
-    assert "affine scales" in values.message
+    q = report.model["quantization"]
+    if q.get("groups", [q])[0]["mode"] == "affine":
+        assert "affine scales" in values.message
+    else:  # U8 scales: E8M0 or F8_E4M3 bits by the mode alone, not claimed as checked
+        assert "affine scales" not in values.message
 
 
 def test_mlx_lm_loads_what_the_layout_expects(written):
@@ -112,21 +122,22 @@ def test_dequantization_is_mx_dequantize_bit_for_bit(recipe, written):
     modules = [n[: -len(".scales")] for n in arrays if n.endswith(".scales")]
     assert len(modules) > 30
     for module in modules:
-        w, s, b = (arrays[f"{module}.{k}"] for k in ("weight", "scales", "biases"))
+        w, s = arrays[f"{module}.weight"], arrays[f"{module}.scales"]
+        b = arrays.get(f"{module}.biases")
         scheme = cfg.quant.scheme_for(module)
-        group, bits = scheme.group_size, scheme.bits  # type: ignore[attr-defined]
-        ref = np.array(mx.dequantize(w, s, b, group_size=group, bits=bits).astype(mx.float32))
-        stored = {".weight": np.array(w), ".scales": to_np(s), ".biases": to_np(b)}
+        group, bits, mode = scheme.group_size, scheme.bits, scheme.mode  # type: ignore[attr-defined]
+        ref = np.array(mx.dequantize(w, s, b, group_size=group, bits=bits, mode=mode).astype(mx.float32))
+        stored = {".weight": np.array(w), ".scales": to_np(s)}
+        if b is not None:
+            stored[".biases"] = to_np(b)
         rows = int(np.prod(w.shape[:-1]))
         mine = scheme.dequantize(stored, rows, s.shape[-1] * group)
-        assert mine.dtype == stored[".scales"].dtype
+        assert mine.dtype == (stored[".scales"].dtype if b is not None else ml_dtypes.bfloat16)
         ref_bits = ref.reshape(rows, -1)
         assert np.array_equal(mine.astype(np.float32), ref_bits), module
 
 
 def to_np(a: Any) -> np.ndarray:
-    import ml_dtypes
-
     if a.dtype == mx.bfloat16:
         return np.array(a.view(mx.uint16)).view(ml_dtypes.bfloat16)
     return np.array(a)
@@ -221,3 +232,23 @@ def test_the_mlx_replica_audits_clean_with_the_fp8_originals_parameter_count(fam
     assert report.stats.parameters == kimi_audit.audit(replica_dir).stats.parameters
     assert report.model["quantization"] == {"method": "mlx", "mode": "affine", "bits": 4, "group_size": 64,
                                             "scale_dtype": "BF16"}
+
+
+def test_an_mlx_mode_mx_quantize_does_not_have_is_quant_unsupported():
+    from importlib import resources
+
+    cfg = json.loads(resources.files("kimi_audit").joinpath("data/kimi-k2-instruct-mlx-4bit.config.json").read_text())
+    cfg["quantization"] = cfg["quantization_config"] = {"group_size": 32, "bits": 4, "mode": "int4-lut"}
+    parsed = model_config_from_dict(cfg)
+    assert parsed.quant is None and parsed.quant_unsupported == "mlx mode 'int4-lut'"
+
+
+def test_an_mlx_checkpoint_of_an_architecture_whose_mlx_lm_tree_is_not_described_is_quant_unsupported():
+    from importlib import resources
+
+    cfg = json.loads(resources.files("kimi_audit").joinpath("data/deepseek-v4-flash.config.json").read_text())
+    cfg.pop("quantization_config", None)
+    cfg["quantization"] = cfg["quantization_config"] = {"group_size": 64, "bits": 4, "mode": "affine"}
+    parsed = model_config_from_dict(cfg)
+    assert parsed.quant is None
+    assert parsed.quant_unsupported is not None and "mlx-lm" in parsed.quant_unsupported

@@ -86,6 +86,8 @@ def value_kind(name: str, dtype: str) -> str | None:
     role = role_of(name)
     if role == kinds.V4_SCALE and dtype != "F8_E8M0":
         return None
+    if role == kinds.AFFINE_SCALE and dtype == "U8":  # MLX's FP modes: E8M0 or F8_E4M3 bits, by the mode alone
+        return None
     return VALUE_KINDS.get(role)
 
 

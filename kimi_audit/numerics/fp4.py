@@ -135,3 +135,24 @@ def dequantize_mxfp4(packed: np.ndarray, scale: np.ndarray, in_features: int, gr
 
 __all__ = ["E2M1_VALUES", "dequantize_fp4_e8m0", "dequantize_mxfp4", "dequantize_nvfp4", "e8m0_to_float32",
            "float4_e2m1fn", "float8_e8m0fnu", "fp4_lut", "unpack_fp4"]
+
+
+def dequantize_mlx_fp(words: np.ndarray, scale: np.ndarray, in_features: int, mode: str, group: int) -> np.ndarray:
+    """mx.dequantize of MLX's `mxfp4`, `nvfp4` and `mxfp8` modes (bf16, its default): the codes in U32 words
+    (FP4 E2M1 two a byte, low nibble first; mxfp8: FP8 E4M3 bytes) times their group's U8 scale (E8M0
+    exponents; nvfp4: F8_E4M3 bits), the float32 product rounded once (tests/test_mlx.py, against mlx 0.32)."""
+    w = np.ascontiguousarray(words)
+    if w.ndim != 2 or w.dtype.itemsize != 4:
+        raise NumericsError(f"packed words must be 2-D 32-bit, got {w.dtype} {list(w.shape)}")
+    codes = w.astype("<u4").view(np.uint8)
+    s = _bytes(scale, "MLX scales")
+    if mode == "mxfp8":
+        if codes.shape[1] < in_features:
+            raise NumericsError(f"{codes.shape[1]} FP8 codes per row, the module has {in_features} inputs")
+        values = fp8_e4m3_lut().take(codes[:, :in_features])
+    else:
+        values = unpack_fp4(codes, in_features)
+    f = fp8_e4m3_lut().take(s) if mode == "nvfp4" else e8m0_to_float32(s)
+    with np.errstate(all="ignore"):
+        values = values * _group_scales(f, values.shape[0], in_features, group)
+    return _bf16(values)
