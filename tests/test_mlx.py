@@ -252,3 +252,23 @@ def test_an_mlx_checkpoint_of_an_architecture_whose_mlx_lm_tree_is_not_described
     parsed = model_config_from_dict(cfg)
     assert parsed.quant is None
     assert parsed.quant_unsupported is not None and "mlx-lm" in parsed.quant_unsupported
+
+
+def test_params_verify_and_the_html_page_read_an_mlx_checkpoint(written, original, tmp_path):
+    """The stacked experts count as the repeated ones do: the activated parameters equal the original's."""
+    from typer.testing import CliRunner
+
+    from kimi_audit.cli import app
+
+    runner = CliRunner()
+    path = written["4bit-g64"]
+    mine = runner.invoke(app, ["params", str(path), "--json"])
+    theirs = runner.invoke(app, ["params", str(original), "--json"])
+    assert mine.exit_code == 0 and theirs.exit_code == 0, mine.output
+    assert json.loads(mine.stdout)["activated"] == json.loads(theirs.stdout)["activated"]
+    verified = runner.invoke(app, ["verify", str(path)])
+    assert verified.exit_code == 0, verified.output
+    page = tmp_path / "report.html"
+    assert runner.invoke(app, ["audit", str(path), "-o", str(page)]).exit_code == 0
+    html = page.read_text()
+    assert "mlx, mode affine, bits 4, group_size 64" in html and "mlp.switch_mlp.gate_proj" in html

@@ -31,9 +31,19 @@ def _activation(cfg: ModelConfig, root: Node) -> Activation:
     experts = [n for _, n in root.walk() if re.fullmatch(r"blocks\.moe(_\w+)?\.experts", n.key)]
     routed = sum(n.derived for n in experts)
     k = cfg.num_experts_per_tok or 0
-    per_expert = experts[0].per_instance if experts else 0
-    moe_blocks = sum(n.mult[1][0] for n in experts)
-    active = sum(n.per_instance * min(k, cfg.n_routed_experts or 0) * n.mult[1][0] for n in experts)
+    n_experts = cfg.n_routed_experts or 0
+
+    def blocks_and_expert(n: Node) -> tuple[int, int]:
+        """(MoE blocks, parameters of one expert) of an experts group: repeated per expert, or stacked into
+        one tensor per projection (mlx-lm's switch_mlp), whose one instance holds every expert."""
+        if len(n.mult) > 1:
+            return n.mult[1][0], n.per_instance
+        return n.mult[0][0] if n.mult else 1, n.per_instance // max(n_experts, 1)
+
+    shapes = [blocks_and_expert(n) for n in experts]
+    per_expert = shapes[0][1] if shapes else 0
+    moe_blocks = sum(b for b, _ in shapes)
+    active = sum(e * min(k, n_experts) * b for b, e in shapes)
     always = root.derived - mtp - routed
     return Activation(always + active, always, routed, active, k, cfg.n_routed_experts or 0, moe_blocks,
                       per_expert, mtp, embedding)
