@@ -17,6 +17,7 @@ from kimi_audit.model.quant.compressed.naive import FloatQuantized, IntQuantized
 from kimi_audit.model.quant.compressed.pack import PackQuantized
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.dispatch import quant_plan
+from kimi_audit.model.quant.mlx import Mlx
 from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Unquantized, UnsupportedQuantization
 from kimi_audit.replica.models import replica_model
 
@@ -52,7 +53,8 @@ def test_every_scheme_registers_under_its_method_and_format() -> None:
         ("compressed-tensors", "float-quantized"): FloatQuantized,
         ("compressed-tensors", "int-quantized"): IntQuantized,
         ("compressed-tensors", "nvfp4-pack-quantized"): Nvfp4PackQuantized,
-        ("compressed-tensors", "mxfp4-pack-quantized"): Mxfp4PackQuantized}
+        ("compressed-tensors", "mxfp4-pack-quantized"): Mxfp4PackQuantized,
+        ("mlx", None): Mlx}
 
 
 def test_quant_plan_dispatches_through_the_registry() -> None:
