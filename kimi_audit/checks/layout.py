@@ -11,7 +11,7 @@ from typing import NamedTuple
 from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.table import TensorTable
 from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, ROTARY_BUFFER, SCALE
-from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor
+from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, shape_fits
 from kimi_audit.model.quant.deepseek import SCALE_SUFFIX
 from kimi_audit.model.roles import float32_router, metadata_suffixes, role_of, varies_by_writer, weight_suffixes
 
@@ -203,7 +203,7 @@ def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str,
             dtype_code, f"{name}: {what}dtype {dtype}, expected {e.dtype}" + (
                 " (an F16 block scale: loaders accept it, its range and precision are F16's)" if f16_scale else ""),
             tensor=name, shard=shard, expected=e.dtype, actual=dtype))
-    if shape != e.shape:
+    if not shape_fits(shape, e.shape):
         out.append(make(shape_code, f"{name}: {what}shape {list(shape)}, expected {list(e.shape)}",
                         tensor=name, shard=shard, expected=list(e.shape), actual=list(shape)))
     return out

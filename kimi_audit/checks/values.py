@@ -20,6 +20,7 @@ for all of them, never zero gains or scales.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -49,6 +50,12 @@ AFFINE_SCALE = "affine_scale"
 """MLX's affine group scales: finite and non-zero (either sign is legitimate)."""
 AFFINE_BIAS = "affine_bias"
 """MLX's affine group offsets: finite."""
+BNB_ABSMAX = "bnb_absmax"
+"""bitsandbytes' absmax and SCB: finite and >= 0 (an all-zero block has absmax 0)."""
+BNB_QUANT_MAP = "bnb_quant_map"
+"""bitsandbytes' code books: finite."""
+QUANT_STATE = "quant_state"
+"""bitsandbytes' serialized QuantState: JSON of its quant_type, blocksize, dtype and shape."""
 VALUES = "values"
 """Any other tensor (check_values: NaN and Inf only)."""
 
@@ -76,7 +83,8 @@ Job = tuple[str, int, int, int, list[TensorInfo]]
 
 VALUE_KINDS = {kinds.BLOCK_SCALE: SCALE, kinds.V4_SCALE: SCALE, kinds.GROUP_SCALE: GROUP_SCALE,
                kinds.GLOBAL_SCALE: GLOBAL_SCALE, kinds.WEIGHT_SHAPE: WEIGHT_SHAPE, kinds.ROUTER_BIAS: ROUTER_BIAS,
-               kinds.GAIN: GAIN, kinds.AFFINE_SCALE: AFFINE_SCALE, kinds.AFFINE_BIAS: AFFINE_BIAS}
+               kinds.GAIN: GAIN, kinds.AFFINE_SCALE: AFFINE_SCALE, kinds.AFFINE_BIAS: AFFINE_BIAS,
+               kinds.BNB_ABSMAX: BNB_ABSMAX, kinds.BNB_QUANT_MAP: BNB_QUANT_MAP, kinds.QUANT_STATE: QUANT_STATE}
 """The roles (model.kinds) of the small tensors this pass reads, and the class it checks each as."""
 
 
@@ -87,6 +95,8 @@ def value_kind(name: str, dtype: str) -> str | None:
     if role == kinds.V4_SCALE and dtype != "F8_E8M0":
         return None
     if role == kinds.AFFINE_SCALE and dtype == "U8":  # MLX's FP modes: E8M0 or F8_E4M3 bits, by the mode alone
+        return None
+    if role == kinds.BNB_ABSMAX and dtype == "U8":  # double-quantized codes: every byte is one of 256 entries
         return None
     return VALUE_KINDS.get(role)
 
@@ -169,6 +179,8 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
                           f"config implies {list(expected_shape)}", tensor=name, shard=shard, actual=1,
                           expected=list(expected_shape))]
         return []
+    if kind == QUANT_STATE:
+        return _quant_state_findings(name, values, expected_shape, shard)
     if kind in SCALE_KINDS and values.dtype == np.uint8:
         values = scale_values(values, "U8")
     flat = values.reshape(-1)
@@ -191,6 +203,8 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
                 off += int(hits.size)
         elif kind in (GAIN, AFFINE_SCALE):
             zero += int(np.count_nonzero(f == 0))
+        elif kind == BNB_ABSMAX:
+            bad += int(np.count_nonzero(f < 0))
     out: list[Finding] = []
     where = {"tensor": name, "shard": shard}
     if nan:
@@ -209,6 +223,9 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
         out.append(severity("SCALE_NOT_UE8M0", f"{name}: {off:,} of {n:,} block scales are not powers of two "
                             f"(scale_fmt ue8m0); the first is {first_off:.9g}", actual=off,
                             expected=_expected("SCALE_NOT_UE8M0"), **where))
+    if kind == BNB_ABSMAX and bad:
+        out.append(error("SCALE_NEGATIVE", f"{name}: {bad:,} of {n:,} bitsandbytes absmax scales are negative "
+                         "(an absolute maximum never is)", actual=bad, expected=_expected("SCALE_NEGATIVE"), **where))
     if kind == AFFINE_SCALE and zero:
         out.append(error("SCALE_ZERO", f"{name}: {zero:,} of {n:,} affine group scales are 0 (every weight of the "
                          "group collapses to its bias; mx.quantize never writes 0)", actual=zero,
@@ -278,7 +295,7 @@ def value_findings(
     findings: list[Finding] = []
     checked = 0
     checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0, GROUP_SCALE: 0, GLOBAL_SCALE: 0, WEIGHT_SHAPE: 0,
-                     AFFINE_SCALE: 0, AFFINE_BIAS: 0}
+                     AFFINE_SCALE: 0, AFFINE_BIAS: 0, BNB_ABSMAX: 0, BNB_QUANT_MAP: 0, QUANT_STATE: 0}
     shapes = weight_shapes or {}
     fetched_bytes = 0
     workers = max(1, min(source.parallel_reads, 32))
@@ -327,12 +344,39 @@ def value_findings(
            if counts[GROUP_SCALE] or counts[WEIGHT_SHAPE] else "")
         + (f", {counts[GLOBAL_SCALE]:,} global scales" if counts[GLOBAL_SCALE] else "")
         + (f", {counts[AFFINE_SCALE]:,} affine scales, {counts[AFFINE_BIAS]:,} affine biases"
-           if counts[AFFINE_SCALE] or counts[AFFINE_BIAS] else "") + "), "
+           if counts[AFFINE_SCALE] or counts[AFFINE_BIAS] else "")
+        + (f", {counts[BNB_ABSMAX]:,} absmax/SCB, {counts[BNB_QUANT_MAP]:,} quant maps, "
+           f"{counts[QUANT_STATE]:,} quant states" if counts[BNB_ABSMAX] or counts[QUANT_STATE] else "") + "), "
         f"{fetched_bytes:,} bytes fetched in {len(jobs):,} reads"
         + (f"; {len(absent):,} not present (sparse holes)" if absent else ""),
         actual=checked,
     ))
     return findings + skipped
+
+
+def _quant_state_findings(name: str, values: np.ndarray, logical: tuple[int, ...] | None,
+                          shard: str | None) -> list[Finding]:
+    """A serialized bitsandbytes QuantState: JSON naming the quant_type its suffix names, a positive blocksize
+    and a shape whose product is the module's parameters (`logical`: (out x in,) from the layout)."""
+    from kimi_audit.numerics.bnb import read_quant_state
+    from kimi_audit.numerics.dtypes import NumericsError
+
+    try:
+        doc = read_quant_state(values)
+    except NumericsError as e:
+        return [error("QUANT_STATE_INVALID", f"{name}: {e}", tensor=name, shard=shard)]
+    shape, block = doc.get("shape"), doc.get("blocksize")
+    problems = []
+    if not name.endswith("__" + str(doc.get("quant_type"))):
+        problems.append(f"quant_type {doc.get('quant_type')!r} is not the one its name gives")
+    if type(block) is not int or block <= 0:
+        problems.append(f"blocksize {block!r} is not a positive integer")
+    if not (isinstance(shape, list) and shape and all(type(d) is int and d > 0 for d in shape)):
+        problems.append(f"shape {shape!r} is not a list of positive integers")
+    elif logical and math.prod(shape) != logical[0]:
+        problems.append(f"shape {shape} holds {math.prod(shape):,} values, the module {logical[0]:,}")
+    return [error("QUANT_STATE_INVALID", f"{name}: {p}", tensor=name, shard=shard, actual=str(shape))
+            for p in problems[:1]]
 
 
 def skipped_finding(t: TensorInfo, shard: str, why: str) -> Finding:
@@ -368,13 +412,19 @@ def _expected(code: str) -> str | None:
         "SCALE_NOT_UE8M0": "powers of two (scale_fmt ue8m0)",
         "GAIN_ALL_ZERO": "a non-zero gain",
         "SCALE_ZERO": "non-zero affine scales",
+        "SCALE_NEGATIVE": "absmax >= 0",
     }.get(code)
 
 
-def packed_shapes(layout: ExpectedLayout) -> dict[str, tuple[int, int]]:
+def packed_shapes(layout: ExpectedLayout) -> dict[str, tuple[int, ...]]:
     """`X.weight_shape` -> the [out, in] the layout gives module X, for every packed (INT4) module (the packed
-    and shape suffixes: the formats' own, model.roles)."""
-    out: dict[str, tuple[int, int]] = {}
+    and shape suffixes: the formats' own, model.roles); a bitsandbytes quant_state -> (out x in,), the
+    parameters of the packed weight it describes."""
+    out: dict[str, tuple[int, ...]] = {}
+    for pos, owner in zip(layout.meta_at, layout.meta_owner):
+        name = layout.names[pos]
+        if role_of(name) == kinds.QUANT_STATE:
+            out[name] = (layout.specs[layout.spec_of[owner]].logical,)
     packed = weight_suffixes()[1:]
     shapes = [s for s, role in suffix_roles() if role == kinds.WEIGHT_SHAPE]
     for pos, name in enumerate(layout.names):

@@ -29,6 +29,14 @@ GROUP_INDEX = "group_index"
 INPUT_SCALE = "input_scale"
 AFFINE_SCALE = "affine_scale"
 """`.scales`: MLX's affine group scale (either sign, never zero: mx.quantize writes -1e-7 for a constant group)."""
+BNB_ABSMAX = "bnb_absmax"
+"""bitsandbytes' per-block absmax (4-bit), nested absmax (double quantization) and per-row SCB (int8)."""
+BNB_QUANT_MAP = "bnb_quant_map"
+"""bitsandbytes' code book: 16 values (NF4, FP4), 256 (the nested absmax's)."""
+QUANT_STATE = "quant_state"
+"""bitsandbytes' serialized QuantState: the JSON of its quant_type, blocksize, dtype and shape, as U8."""
+WEIGHT_FORMAT = "weight_format"
+"""bitsandbytes int8's layout code, U8 []."""
 AFFINE_BIAS = "affine_bias"
 """`.biases`: MLX's affine group offset (any finite value)."""
 PACKED_WEIGHT = "packed_weight"
@@ -41,7 +49,8 @@ OTHER = "other"
 
 KIND_OF_ROLE = {BLOCK_SCALE: SCALE, GROUP_SCALE: SCALE, GLOBAL_SCALE: SCALE, V4_SCALE: SCALE, WEIGHT_SHAPE: SCALE,
                 ZERO_POINT: SCALE, GROUP_INDEX: SCALE, INPUT_SCALE: SCALE,
-                AFFINE_SCALE: SCALE, AFFINE_BIAS: SCALE, PACKED_WEIGHT: PACKED, ROTARY_BUFFER: BUFFER}
+                AFFINE_SCALE: SCALE, AFFINE_BIAS: SCALE, BNB_ABSMAX: SCALE, BNB_QUANT_MAP: SCALE, QUANT_STATE: SCALE,
+                WEIGHT_FORMAT: SCALE, PACKED_WEIGHT: PACKED, ROTARY_BUFFER: BUFFER}
 SCALE_ROLES = frozenset((BLOCK_SCALE, GROUP_SCALE, GLOBAL_SCALE))
 """Roles whose tensors are scales whatever their dtype. A `.scale` (V4_SCALE) is one only as F8_E8M0: transformers'
 dialects name other tensors so too (DeepSeek-V4's `attn_hc.scale`, norm gains elsewhere)."""

@@ -16,7 +16,7 @@ from kimi_audit.model.arch.registry import describe
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP, Buffer, Group, Node, Param, indexed, product
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.kinds import BUFFER, PARAMETER, SCALE
-from kimi_audit.model.quant.scheme import Scheme, Unquantized
+from kimi_audit.model.quant.scheme import ANY_LENGTH, Scheme, Unquantized
 
 
 class ExpectedTensor(NamedTuple):
@@ -45,12 +45,20 @@ class ExpectedTensor(NamedTuple):
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        """Its elements (0 where a dimension is ANY_LENGTH: decided by the values)."""
+        return max(0, math.prod(self.shape))
 
 
 def payload_bytes(dtype: str, shape: tuple[int, ...]) -> int | None:
+    """None for a dtype of unknown width, or a shape with an ANY_LENGTH dimension."""
     bits = DTYPE_BITS.get(dtype)
-    return None if bits is None else (math.prod(shape) * bits + 7) // 8
+    return None if bits is None or min(shape, default=0) < 0 else (math.prod(shape) * bits + 7) // 8
+
+
+def shape_fits(shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    """The stored shape is the expected one (an ANY_LENGTH dimension fits any length)."""
+    return shape == expected or (len(shape) == len(expected) and all(
+        e == ANY_LENGTH or a == e for a, e in zip(shape, expected)))
 
 
 def _tensor(name: str, dtype: str, shape: tuple[int, ...], kind: str, component: str,

@@ -228,6 +228,13 @@ RULES: dict[str, Rule] = {
                     "A tensor holds infinite values.", VALUES_HELP),
     "SCALE_NOT_POSITIVE": Rule("error", "a `weight_scale_inv` block scale or INT4 `weight_scale` group scale ≤ 0",
                              "Dequantized weights of that block would be zero or sign-flipped.", VALUES_HELP),
+    "SCALE_NEGATIVE": Rule("error", "a bitsandbytes absmax or SCB scale < 0",
+                           "An absolute maximum is never negative: the block's dequantized weights would be "
+                           "sign-flipped.", VALUES_HELP),
+    "QUANT_STATE_INVALID": Rule("error", "a bitsandbytes serialized quant_state that is not what its module needs",
+                                "Its JSON must name the quant_type its tensor name gives, a positive blocksize and "
+                                "a shape of the module's out x in; bitsandbytes rebuilds the weight from it.",
+                                VALUES_HELP),
     "SCALE_ZERO": Rule("error", "an MLX affine group scale of 0",
                        "Every weight of that group would equal its bias; mx.quantize never writes a zero scale.",
                        VALUES_HELP),

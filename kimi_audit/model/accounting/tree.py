@@ -42,7 +42,7 @@ class StoredPart:
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return max(0, math.prod(self.shape))  # an ANY_LENGTH dimension (model.quant.scheme): decided by the values
 
 
 @dataclass(frozen=True)

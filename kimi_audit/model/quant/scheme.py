@@ -35,10 +35,13 @@ from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FP8_DTYPE", "QuantPlan", "ReleaseQuant", "Scheme", "Stored", "Unquantized", "UnsupportedQuantization",
-           "fp8_block", "stored_weight"]
+__all__ = ["ANY_LENGTH", "FP8_DTYPE", "QuantPlan", "ReleaseQuant", "Scheme", "Stored", "Unquantized",
+           "UnsupportedQuantization", "fp8_block", "stored_weight"]
 
 FP8_DTYPE = "F8_E4M3"
+ANY_LENGTH = -1
+"""A Stored dimension whose length depends on the values (bitsandbytes' serialized double-quantized QuantState,
+whose JSON holds a float): any stored length fits it (model.layout.shape_fits)."""
 DEEPSEEK_SCALE_SUFFIX = ".weight_scale_inv"
 """DeepSeek-V3's FP8 block scale."""
 
