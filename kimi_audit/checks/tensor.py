@@ -86,7 +86,7 @@ def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Schem
         raise KimiAuditError(f"{name}: config.json does not describe {module} as stored in {t.dtype} "
                              f"{name[len(module) + 1:]} ({scheme.describe()})")
     e = expected_layout(cfg).get(name)
-    rows = 0 if e is None else math.prod(e.shape[:-1])  # a stacked module's [E, out, ...]: E x out rows
+    rows = 0 if e is None or not scheme.rows_in_shape else math.prod(e.shape[:-1])  # stacked [E, out, ..]: E x out
     if e is None or not rows:
         if main.kind == PARAMETER and len(t.shape) == 2:
             return module, scheme, t.shape[0], t.shape[1]
@@ -100,9 +100,10 @@ def check_tensor(src: Source, name: str, *, dequant: bool = False,
     stored weight (`.weight`, or a format's packed words). Problems: NaN/Inf values, scales that are not finite
     and > 0, a quantization tensor absent, a packed weight_shape that disagrees with the config's [out, in]."""
 
-    from kimi_audit.checks.values import (
+    from kimi_audit.checks.value_rules import (
         GLOBAL_SCALE,
         GROUP_SCALE,
+        QUANT_STATE,
         SCALE,
         VALUES,
         WEIGHT_SHAPE,
@@ -110,6 +111,7 @@ def check_tensor(src: Source, name: str, *, dequant: bool = False,
         scale_values,
         value_kind,
     )
+    from kimi_audit.numerics.bnb import read_quant_state
     from kimi_audit.numerics.dtypes import NumericsError
     from kimi_audit.numerics.kernels import tensor_stats
 
@@ -143,6 +145,13 @@ def check_tensor(src: Source, name: str, *, dequant: bool = False,
                 if scale_name is None and what != GLOBAL_SCALE:
                     scale_name, scale_st = full, tensor_stats(scale_values(a, ti.dtype), dtype=ti.dtype)
                 findings += check_values(full, what, a, shard=s_shard)
+            elif what == QUANT_STATE:  # bitsandbytes: its [out, in] where the packed bytes do not say it
+                bad = check_values(full, QUANT_STATE, a, shard=s_shard)
+                findings += bad
+                held = read_quant_state(a).get("shape") if not bad else None
+                if out is None and isinstance(held, list) and len(held) == 2:
+                    out, inp = held
+                complete = complete and not bad
             elif what == WEIGHT_SHAPE:
                 weight_shape = [int(v) for v in a.reshape(-1)]
                 if out is None and len(weight_shape) == 2:

@@ -20,11 +20,25 @@ for all of them, never zero gains or scales.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from kimi_audit.checks.value_rules import (
+    AFFINE_BIAS,
+    AFFINE_SCALE,
+    BNB_ABSMAX,
+    BNB_QUANT_MAP,
+    GAIN,
+    GLOBAL_SCALE,
+    GROUP_SCALE,
+    QUANT_STATE,
+    ROUTER_BIAS,
+    SCALE,
+    WEIGHT_SHAPE,
+    check_values,
+    value_kind,
+)
 from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding, Severity, error, info, warning
 from kimi_audit.format.header import ShardHeader, TensorInfo
@@ -34,34 +48,10 @@ from kimi_audit.numerics.tensor_io import data_holes, in_hole, read_exact, windo
 from kimi_audit.sources.base import Source
 
 if TYPE_CHECKING:
-    import numpy as np
 
     from kimi_audit.checks.audit import AuditReport
     from kimi_audit.model.checkpoint import ProgressFn
     from kimi_audit.model.layout import ExpectedLayout
-
-GAIN = "gain"
-ROUTER_BIAS = "router_bias"
-SCALE = "scale"
-GROUP_SCALE = "group_scale"
-GLOBAL_SCALE = "global_scale"
-WEIGHT_SHAPE = "weight_shape"
-AFFINE_SCALE = "affine_scale"
-"""MLX's affine group scales: finite and non-zero (either sign is legitimate)."""
-AFFINE_BIAS = "affine_bias"
-"""MLX's affine group offsets: finite."""
-BNB_ABSMAX = "bnb_absmax"
-"""bitsandbytes' absmax and SCB: finite and >= 0 (an all-zero block has absmax 0)."""
-BNB_QUANT_MAP = "bnb_quant_map"
-"""bitsandbytes' code books: finite."""
-QUANT_STATE = "quant_state"
-"""bitsandbytes' serialized QuantState: JSON of its quant_type, blocksize, dtype and shape."""
-VALUES = "values"
-"""Any other tensor (check_values: NaN and Inf only)."""
-
-UE8M0_WARN_ONLY = "self_attn.o_proj"
-"""Module whose scales are not powers of two in the published DeepSeek-V3.1 release (deepseek-ai/DeepSeek-V3
-issue 961): SCALE_NOT_UE8M0 is a warning there, an error elsewhere."""
 
 MAX_GAP = 1 << 16
 """Two small tensors closer than this in a shard are fetched with one read (the gap read too)."""
@@ -69,8 +59,6 @@ MAX_SPAN = 1 << 24
 """No coalesced read is longer than this."""
 MAX_SMALL_BYTES = 1 << 26
 """A 'small' tensor bigger than this is not fetched by the values pass (reported as skipped)."""
-VALUES_CHUNK = 1 << 22
-"""Values converted to float32 at a time by check_values."""
 MAX_PER_CODE = 50
 """Findings listed one by one per code; the rest are counted in one summary finding."""
 
@@ -79,26 +67,6 @@ ValuesProgressFn = Callable[[str, int, int], None]
 
 Job = tuple[str, int, int, int, list[TensorInfo]]
 """One coalesced read: (shard, data_start, begin, end, members), offsets relative to the data buffer."""
-
-
-VALUE_KINDS = {kinds.BLOCK_SCALE: SCALE, kinds.V4_SCALE: SCALE, kinds.GROUP_SCALE: GROUP_SCALE,
-               kinds.GLOBAL_SCALE: GLOBAL_SCALE, kinds.WEIGHT_SHAPE: WEIGHT_SHAPE, kinds.ROUTER_BIAS: ROUTER_BIAS,
-               kinds.GAIN: GAIN, kinds.AFFINE_SCALE: AFFINE_SCALE, kinds.AFFINE_BIAS: AFFINE_BIAS,
-               kinds.BNB_ABSMAX: BNB_ABSMAX, kinds.BNB_QUANT_MAP: BNB_QUANT_MAP, kinds.QUANT_STATE: QUANT_STATE}
-"""The roles (model.kinds) of the small tensors this pass reads, and the class it checks each as."""
-
-
-def value_kind(name: str, dtype: str) -> str | None:
-    """Which small tensor class a name (of that dtype) belongs to, or None for everything else. A `.scale` is
-    DeepSeek-V4's scale only as F8_E8M0 (transformers' dialects name other tensors so: `attn_hc.scale`)."""
-    role = role_of(name)
-    if role == kinds.V4_SCALE and dtype != "F8_E8M0":
-        return None
-    if role == kinds.AFFINE_SCALE and dtype == "U8":  # MLX's FP modes: E8M0 or F8_E4M3 bits, by the mode alone
-        return None
-    if role == kinds.BNB_ABSMAX and dtype == "U8":  # double-quantized codes: every byte is one of 256 entries
-        return None
-    return VALUE_KINDS.get(role)
 
 
 def small_tensors(headers: dict[str, ShardHeader]) -> list[tuple[str, TensorInfo, str]]:
@@ -144,97 +112,6 @@ def read_tensors(
         data = read_exact(source, shard, data_start + g0, g1 - g0)
         for t in members:
             yield t, data[t.begin - g0 : t.end - g0]
-
-
-SCALE_KINDS = (SCALE, GROUP_SCALE, GLOBAL_SCALE)
-
-
-def scale_values(values: np.ndarray, dtype: str) -> np.ndarray:
-    """A scale tensor's values: U8 scales are E8M0 exponents (compressed-tensors' MX formats store them so; 0xFF
-    is NaN), every other dtype decodes as it is."""
-    if dtype != "U8":
-        return values
-    from kimi_audit.numerics.fp4 import e8m0_to_float32
-
-    return e8m0_to_float32(values)
-
-
-def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = False,
-                 expected_shape: tuple[int, ...] | None = None, shard: str | None = None) -> list[Finding]:
-    """What is wrong with one tensor's values, as findings (`actual`: how many values or tensors).
-
-    `kind` is a small-tensor class (GAIN, ROUTER_BIAS, SCALE, GROUP_SCALE, GLOBAL_SCALE, WEIGHT_SHAPE) or VALUES
-    (any other tensor: NaN and Inf only; integer tensors hold neither). Scales must be finite and > 0 (U8
-    scales are read as E8M0 exponents, F8_E4M3 and F8_E8M0 ones decoded: their NaN codes are NaN). `ue8m0`: FP8
-    block scales must be powers of two (a warning in UE8M0_WARN_ONLY's scales); `expected_shape`: what a
-    `weight_shape` must hold. The one value check of the `audit --values` pass and the `tensor` command."""
-    import numpy as np
-
-    from kimi_audit.numerics.dtypes import to_float32
-
-    if kind == WEIGHT_SHAPE:
-        held = [int(v) for v in values.reshape(-1)] if values.dtype.kind in "iu" else None
-        if expected_shape is not None and held != list(expected_shape):
-            return [error("WEIGHT_SHAPE_MISMATCH", f"{name} holds {held if held is not None else values.dtype}, the "
-                          f"config implies {list(expected_shape)}", tensor=name, shard=shard, actual=1,
-                          expected=list(expected_shape))]
-        return []
-    if kind == QUANT_STATE:
-        return _quant_state_findings(name, values, expected_shape, shard)
-    if kind in SCALE_KINDS and values.dtype == np.uint8:
-        values = scale_values(values, "U8")
-    flat = values.reshape(-1)
-    if flat.dtype.kind in "iub":
-        return []
-    n = flat.size
-    nan = inf = bad = zero = off = 0
-    first_off: float | None = None
-    for i in range(0, n, VALUES_CHUNK):  # float32 a chunk at a time: a whole weight may be gigabytes
-        f = to_float32(flat[i : i + VALUES_CHUNK])
-        nan += int(np.count_nonzero(np.isnan(f)))
-        inf += int(np.count_nonzero(np.isinf(f)))
-        if kind in SCALE_KINDS:
-            bad += int(np.count_nonzero(f <= 0))  # NaN compares False: counted above
-            if ue8m0 and kind == SCALE:
-                mant, exp = np.frexp(f)  # f == 0.5 * 2**exp exactly for a power of two; E8M0: 2**-127 .. 2**127
-                hits = np.flatnonzero((f > 0) & np.isfinite(f) & ((mant != 0.5) | (exp < -126)))
-                if hits.size and first_off is None:
-                    first_off = float(f[hits[0]])
-                off += int(hits.size)
-        elif kind in (GAIN, AFFINE_SCALE):
-            zero += int(np.count_nonzero(f == 0))
-        elif kind == BNB_ABSMAX:
-            bad += int(np.count_nonzero(f < 0))
-    out: list[Finding] = []
-    where = {"tensor": name, "shard": shard}
-    if nan:
-        out.append(error("VALUE_NAN", f"{name}: {nan:,} of {n:,} values are NaN", actual=nan,
-                         expected=_expected("VALUE_NAN"), **where))
-    if inf:
-        out.append(error("VALUE_INF", f"{name}: {inf:,} of {n:,} values are ±Inf", actual=inf,
-                         expected=_expected("VALUE_INF"), **where))
-    what = {SCALE: "block", GLOBAL_SCALE: "global"}.get(kind, "group")
-    if bad:
-        out.append(error("SCALE_NOT_POSITIVE", f"{name}: {bad:,} of {n:,} {what} scales are ≤ 0 "
-                         "(dequantized weights would be zero or sign-flipped)", actual=bad,
-                         expected=_expected("SCALE_NOT_POSITIVE"), **where))
-    if off:
-        severity = warning if UE8M0_WARN_ONLY in name else error
-        out.append(severity("SCALE_NOT_UE8M0", f"{name}: {off:,} of {n:,} block scales are not powers of two "
-                            f"(scale_fmt ue8m0); the first is {first_off:.9g}", actual=off,
-                            expected=_expected("SCALE_NOT_UE8M0"), **where))
-    if kind == BNB_ABSMAX and bad:
-        out.append(error("SCALE_NEGATIVE", f"{name}: {bad:,} of {n:,} bitsandbytes absmax scales are negative "
-                         "(an absolute maximum never is)", actual=bad, expected=_expected("SCALE_NEGATIVE"), **where))
-    if kind == AFFINE_SCALE and zero:
-        out.append(error("SCALE_ZERO", f"{name}: {zero:,} of {n:,} affine group scales are 0 (every weight of the "
-                         "group collapses to its bias; mx.quantize never writes 0)", actual=zero,
-                         expected=_expected("SCALE_ZERO"), **where))
-    if kind == GAIN and n and zero == n:
-        out.append(error("GAIN_ALL_ZERO", f"{name}: all {n:,} RMSNorm gains are zero "
-                         "(the normalized output is identically zero)", actual=n,
-                         expected=_expected("GAIN_ALL_ZERO"), **where))
-    return out
 
 
 def value_findings(
@@ -354,31 +231,6 @@ def value_findings(
     return findings + skipped
 
 
-def _quant_state_findings(name: str, values: np.ndarray, logical: tuple[int, ...] | None,
-                          shard: str | None) -> list[Finding]:
-    """A serialized bitsandbytes QuantState: JSON naming the quant_type its suffix names, a positive blocksize
-    and a shape whose product is the module's parameters (`logical`: (out x in,) from the layout)."""
-    from kimi_audit.numerics.bnb import read_quant_state
-    from kimi_audit.numerics.dtypes import NumericsError
-
-    try:
-        doc = read_quant_state(values)
-    except NumericsError as e:
-        return [error("QUANT_STATE_INVALID", f"{name}: {e}", tensor=name, shard=shard)]
-    shape, block = doc.get("shape"), doc.get("blocksize")
-    problems = []
-    if not name.endswith("__" + str(doc.get("quant_type"))):
-        problems.append(f"quant_type {doc.get('quant_type')!r} is not the one its name gives")
-    if type(block) is not int or block <= 0:
-        problems.append(f"blocksize {block!r} is not a positive integer")
-    if not (isinstance(shape, list) and shape and all(type(d) is int and d > 0 for d in shape)):
-        problems.append(f"shape {shape!r} is not a list of positive integers")
-    elif logical and math.prod(shape) != logical[0]:
-        problems.append(f"shape {shape} holds {math.prod(shape):,} values, the module {logical[0]:,}")
-    return [error("QUANT_STATE_INVALID", f"{name}: {p}", tensor=name, shard=shard, actual=str(shape))
-            for p in problems[:1]]
-
-
 def skipped_finding(t: TensorInfo, shard: str, why: str) -> Finding:
     """A small tensor the pass did not check, and why (VALUES_SKIPPED): none is left out silently."""
     return info("VALUES_SKIPPED", f"{t.name}: {why}; its values were not checked", tensor=t.name, shard=shard,
@@ -402,18 +254,6 @@ def not_present_finding(absent: list[tuple[str, TensorInfo]]) -> Finding:
         actual=n,
         covers=n,
     )
-
-
-def _expected(code: str) -> str | None:
-    return {
-        "VALUE_NAN": "no NaN",
-        "VALUE_INF": "no Inf",
-        "SCALE_NOT_POSITIVE": "finite scales > 0",
-        "SCALE_NOT_UE8M0": "powers of two (scale_fmt ue8m0)",
-        "GAIN_ALL_ZERO": "a non-zero gain",
-        "SCALE_ZERO": "non-zero affine scales",
-        "SCALE_NEGATIVE": "absmax >= 0",
-    }.get(code)
 
 
 def packed_shapes(layout: ExpectedLayout) -> dict[str, tuple[int, ...]]:

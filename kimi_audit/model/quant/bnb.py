@@ -58,6 +58,7 @@ class Bitsandbytes(Scheme):
         (".weight.quant_map", BNB_QUANT_MAP), (".weight.nested_quant_map", BNB_QUANT_MAP),
         *((STATE + t, QUANT_STATE) for t in QUANT_TYPES), (".weight_format", WEIGHT_FORMAT))
     dequant_bytes_per_value: ClassVar[int] = 12
+    rows_in_shape: ClassVar[bool] = False
     bits: int = 4
     quant_type: str = "nf4"
     double: bool = False

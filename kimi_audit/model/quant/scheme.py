@@ -114,6 +114,9 @@ class Scheme:
     """The writer whose module tree a checkpoint in this format holds, where the format implies one (MLX:
     `mlx-lm`, whose models stack the routed experts and split kv_b_proj); "": the release's tree. An
     architecture describes the trees it knows (`Architecture.writer_trees`); another is QUANT_UNSUPPORTED."""
+    rows_in_shape: ClassVar[bool] = True
+    """The stored weight's leading dimensions are its module's output rows (False: bitsandbytes' 4-bit bytes
+    [out·in / 2, 1], whose [out, in] only its serialized quant_state records)."""
     reads_every_shard: ClassVar[bool] = False
     """The format's loader reads every `model*.safetensors` whatever the index says (mlx-lm): a shard the index
     does not list then changes the model, an error rather than a warning."""
