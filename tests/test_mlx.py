@@ -92,9 +92,9 @@ def test_what_mlx_lm_writes_audits_clean_with_the_logical_parameter_count(recipe
     values = next(f for f in report.findings if f.code == "VALUES_CHECKED")
     q = report.model["quantization"]
     if q.get("groups", [q])[0]["mode"] == "affine":
-        assert "affine scales" in values.message
+        assert "group scales (MLX, GPTQ)" in values.message and "affine biases" in values.message
     else:  # U8 scales: E8M0 or F8_E4M3 bits by the mode alone, not claimed as checked
-        assert "affine scales" not in values.message
+        assert "group scales" not in values.message
 
 
 def test_mlx_lm_loads_what_the_layout_expects(written):

@@ -5,7 +5,6 @@ is dequantized by its scheme (model.quant) and its statistics given. Nothing her
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,12 +85,12 @@ def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Schem
         raise KimiAuditError(f"{name}: config.json does not describe {module} as stored in {t.dtype} "
                              f"{name[len(module) + 1:]} ({scheme.describe()})")
     e = expected_layout(cfg).get(name)
-    rows = 0 if e is None or not scheme.rows_in_shape else math.prod(e.shape[:-1])  # stacked [E, out, ..]: E x out
-    if e is None or not rows:
+    shape = None if e is None else scheme.module_shape(e.shape, e.logical)
+    if shape is None:
         if main.kind == PARAMETER and len(t.shape) == 2:
             return module, scheme, t.shape[0], t.shape[1]
         return module, scheme, None, None
-    return module, scheme, rows, e.logical // rows
+    return module, scheme, *shape
 
 
 def check_tensor(src: Source, name: str, *, dequant: bool = False,

@@ -27,7 +27,7 @@ GROUP_SCALE = "group_scale"
 GLOBAL_SCALE = "global_scale"
 WEIGHT_SHAPE = "weight_shape"
 AFFINE_SCALE = "affine_scale"
-"""MLX's affine group scales: finite and non-zero (either sign is legitimate)."""
+"""MLX's affine group scales and GPTQ's: finite and non-zero (either sign is legitimate in MLX)."""
 AFFINE_BIAS = "affine_bias"
 """MLX's affine group offsets: finite."""
 BNB_ABSMAX = "bnb_absmax"
@@ -151,8 +151,8 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
                          "(an absolute maximum never is)", actual=negative, expected=_expected("SCALE_NEGATIVE"),
                          **where))
     if kind == AFFINE_SCALE and zero:
-        out.append(error("SCALE_ZERO", f"{name}: {zero:,} of {n:,} affine group scales are 0 (every weight of the "
-                         "group collapses to its bias; mx.quantize never writes 0)", actual=zero,
+        out.append(error("SCALE_ZERO", f"{name}: {zero:,} of {n:,} group scales are 0 (every weight of the group "
+                         "collapses to one value; neither mx.quantize nor GPTQ writes 0)", actual=zero,
                          expected=_expected("SCALE_ZERO"), **where))
     if kind == GAIN and n and zero == n:
         out.append(error("GAIN_ALL_ZERO", f"{name}: all {n:,} RMSNorm gains are zero "

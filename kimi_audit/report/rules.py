@@ -235,8 +235,9 @@ RULES: dict[str, Rule] = {
                                 "Its JSON must name the quant_type its tensor name gives, a positive blocksize and "
                                 "a shape of the module's out x in; bitsandbytes rebuilds the weight from it.",
                                 VALUES_HELP),
-    "SCALE_ZERO": Rule("error", "an MLX affine group scale of 0",
-                       "Every weight of that group would equal its bias; mx.quantize never writes a zero scale.",
+    "SCALE_ZERO": Rule("error", "an MLX or GPTQ group scale of 0",
+                       "Every weight of that group would collapse to one value; neither mx.quantize nor GPTQ writes a "
+                       "zero scale.",
                        VALUES_HELP),
     "SCALE_NOT_UE8M0": Rule("error", "`scale_fmt: ue8m0` and a `weight_scale_inv` holds scales that are not exact "
                             "powers of two",

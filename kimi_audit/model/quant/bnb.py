@@ -58,7 +58,6 @@ class Bitsandbytes(Scheme):
         (".weight.quant_map", BNB_QUANT_MAP), (".weight.nested_quant_map", BNB_QUANT_MAP),
         *((STATE + t, QUANT_STATE) for t in QUANT_TYPES), (".weight_format", WEIGHT_FORMAT))
     dequant_bytes_per_value: ClassVar[int] = 12
-    rows_in_shape: ClassVar[bool] = False
     bits: int = 4
     quant_type: str = "nf4"
     double: bool = False
@@ -123,6 +122,9 @@ class Bitsandbytes(Scheme):
                         Stored(".weight.nested_quant_map", "F32", (NESTED_BLOCKSIZE,), SCALE)]
         tensors.append(Stored(STATE + self.quant_type, "U8", (state,), SCALE))
         return tuple(tensors)
+
+    def module_shape(self, weight: tuple[int, ...], logical: int) -> tuple[int, int] | None:
+        return super().module_shape(weight, logical) if self.bits == 8 else None
 
     def describe(self) -> str:
         if self.bits == 8:

@@ -21,6 +21,7 @@ unquantized (`ignore`, and the modules a format leaves plain by convention). Pre
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -114,9 +115,6 @@ class Scheme:
     """The writer whose module tree a checkpoint in this format holds, where the format implies one (MLX:
     `mlx-lm`, whose models stack the routed experts and split kv_b_proj); "": the release's tree. An
     architecture describes the trees it knows (`Architecture.writer_trees`); another is QUANT_UNSUPPORTED."""
-    rows_in_shape: ClassVar[bool] = True
-    """The stored weight's leading dimensions are its module's output rows (False: bitsandbytes' 4-bit bytes
-    [out·in / 2, 1], whose [out, in] only its serialized quant_state records)."""
     reads_every_shard: ClassVar[bool] = False
     """The format's loader reads every `model*.safetensors` whatever the index says (mlx-lm): a shard the index
     does not list then changes the model, an error rather than a warning."""
@@ -186,6 +184,13 @@ class Scheme:
 
     def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
         raise NotImplementedError
+
+    def module_shape(self, weight: tuple[int, ...], logical: int) -> tuple[int, int] | None:
+        """The module's [rows, in] from its stored weight's expected shape and parameters: the leading dimensions
+        are its rows (a stacked module's E x out); None where the stored weight does not say (bitsandbytes'
+        4-bit bytes [out·in / 2, 1]: its serialized quant_state does)."""
+        rows = math.prod(weight[:-1])
+        return (rows, logical // rows) if rows else None
 
     def describe(self) -> str:
         raise NotImplementedError

@@ -1,0 +1,77 @@
+"""GPTQ's packed INT weights in numpy (GPTQModel's and AutoGPTQ's checkpoint formats).
+
+A module [out, in] with `bits` in (2, 4, 8) is stored transposed: `qweight` I32 [in·bits/32, out] (the codes of
+32/bits consecutive inputs in one word, the first in the low bits), `qzeros` I32 [groups, out·bits/32] (the
+zero points of 32/bits consecutive outputs in one word), `scales` F16 [groups, out] and `g_idx` I32 [in] (the
+group of each input: i // group_size, permuted under `desc_act`). `checkpoint_format: gptq` (v1) stores every
+zero point minus one, `gptq_v2` as it is. The weight is ``scales[g_idx] * (q - z[g_idx])``, [in, out],
+transposed: GPTQModel's TorchQuantLinear.dequantize_weight, bit for bit (tests/test_gptq.py against its own
+output, written in its own venv: tests/writers/gptq_generate.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kimi_audit.numerics.dtypes import NumericsError, bfloat16, f32_to_bf16_bits, to_float32
+
+__all__ = ["dequantize_gptq", "unpack_columns", "unpack_rows"]
+
+GPTQ_BITS = (2, 4, 8)
+
+
+def _codes(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    if bits not in GPTQ_BITS:
+        raise NumericsError(f"GPTQ bits must be one of {GPTQ_BITS}, got {bits}")
+    w = np.asarray(words)
+    if w.ndim != 2 or w.dtype.kind not in "iu" or w.dtype.itemsize != 4:
+        raise NumericsError(f"GPTQ packed words must be a 2-D 32-bit array, got {w.dtype} {list(w.shape)}")
+    per = 32 // bits
+    shifts = (np.arange(per, dtype=np.uint32) * bits).reshape((-1, 1) if axis == 0 else (1, -1))
+    u = w.view(np.uint32)
+    if axis == 0:  # [W, out] -> [W * per, out]
+        return ((u[:, None, :] >> shifts[None, :, :]) & ((1 << bits) - 1)).reshape(-1, u.shape[1]).astype(np.uint8)
+    return ((u[:, :, None] >> shifts[None, :, :]) & ((1 << bits) - 1)).reshape(u.shape[0], -1).astype(np.uint8)
+
+
+def unpack_rows(qweight: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 codes [in, out] of qweight [in·bits/32, out]."""
+    return _codes(qweight, bits, 0)
+
+
+def unpack_columns(qzeros: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 codes [groups, out] of qzeros [groups, out·bits/32]."""
+    return _codes(qzeros, bits, 1)
+
+
+def dequantize_gptq(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, g_idx: np.ndarray, out: int,
+                    inp: int, bits: int, v1: bool, dtype: str) -> np.ndarray:
+    """The weight [out, in] in `dtype` (the model's: GPTQModel casts the F16 scales to it, then computes the
+    product in it, each rounding once)."""
+    q = unpack_rows(qweight, bits)[:inp]
+    z = unpack_columns(qzeros, bits).astype(np.int32)
+    s = np.asarray(scales)
+    g = np.asarray(g_idx).astype(np.int64).reshape(-1)
+    if q.shape != (inp, out) or s.ndim != 2 or s.shape[1] != out or z.shape[0] != s.shape[0] or z.shape[1] < out:
+        raise NumericsError(f"qweight {list(np.asarray(qweight).shape)}, qzeros {list(np.asarray(qzeros).shape)} "
+                            f"and scales {list(s.shape)} do not make a [{out}, {inp}] weight in {bits} bits")
+    if g.shape != (inp,) or (inp and (g.min() < 0 or g.max() >= s.shape[0])):
+        raise NumericsError(f"g_idx must hold {inp} group indices in [0, {s.shape[0]})")
+    if v1:
+        z = (z + 1) & ((1 << bits) - 1) if bits < 8 else z + 1
+    z = z[:, :out]
+    s32 = _round(to_float32(s), dtype)
+    with np.errstate(all="ignore"):
+        w = (q.astype(np.float32) - z[g].astype(np.float32)) * s32[g]
+    w = np.ascontiguousarray(w.T)
+    if dtype == "BF16":
+        return f32_to_bf16_bits(w).view(bfloat16)
+    return w.astype(np.float16 if dtype == "F16" else np.float32)
+
+
+def _round(f: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "BF16":
+        return to_float32(f32_to_bf16_bits(np.ascontiguousarray(f)).view(bfloat16))
+    if dtype == "F16":
+        return f.astype(np.float16).astype(np.float32)
+    return f
