@@ -92,7 +92,7 @@ def test_what_mlx_lm_writes_audits_clean_with_the_logical_parameter_count(recipe
     values = next(f for f in report.findings if f.code == "VALUES_CHECKED")
     q = report.model["quantization"]
     if q.get("groups", [q])[0]["mode"] == "affine":
-        assert "group scales (MLX, GPTQ)" in values.message and "affine biases" in values.message
+        assert "group scales (MLX, GPTQ, AWQ)" in values.message and "affine biases" in values.message
     else:  # U8 scales: E8M0 or F8_E4M3 bits by the mode alone, not claimed as checked
         assert "group scales" not in values.message
 

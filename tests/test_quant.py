@@ -12,12 +12,14 @@ import pytest
 from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
 from kimi_audit.model.kinds import PACKED, PARAMETER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
+from kimi_audit.model.quant.awq import AwqGemm
 from kimi_audit.model.quant.bnb import Bitsandbytes
 from kimi_audit.model.quant.compressed.fp4 import Mxfp4PackQuantized, Nvfp4PackQuantized
 from kimi_audit.model.quant.compressed.naive import FloatQuantized, IntQuantized
 from kimi_audit.model.quant.compressed.pack import PackQuantized
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.dispatch import quant_plan
+from kimi_audit.model.quant.gptq import Gptq
 from kimi_audit.model.quant.mlx import Mlx
 from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Unquantized, UnsupportedQuantization
 from kimi_audit.replica.models import replica_model
@@ -55,7 +57,7 @@ def test_every_scheme_registers_under_its_method_and_format() -> None:
         ("compressed-tensors", "int-quantized"): IntQuantized,
         ("compressed-tensors", "nvfp4-pack-quantized"): Nvfp4PackQuantized,
         ("compressed-tensors", "mxfp4-pack-quantized"): Mxfp4PackQuantized,
-        ("mlx", None): Mlx, ("bitsandbytes", None): Bitsandbytes}
+        ("mlx", None): Mlx, ("bitsandbytes", None): Bitsandbytes, ("gptq", None): Gptq, ("awq", None): AwqGemm}
 
 
 def test_quant_plan_dispatches_through_the_registry() -> None:

@@ -220,7 +220,7 @@ def value_findings(
         + (f", {counts[GROUP_SCALE]:,} weight scales, {counts[WEIGHT_SHAPE]:,} weight_shapes"
            if counts[GROUP_SCALE] or counts[WEIGHT_SHAPE] else "")
         + (f", {counts[GLOBAL_SCALE]:,} global scales" if counts[GLOBAL_SCALE] else "")
-        + (f", {counts[AFFINE_SCALE]:,} group scales (MLX, GPTQ)" if counts[AFFINE_SCALE] else "")
+        + (f", {counts[AFFINE_SCALE]:,} group scales (MLX, GPTQ, AWQ)" if counts[AFFINE_SCALE] else "")
         + (f", {counts[AFFINE_BIAS]:,} affine biases" if counts[AFFINE_BIAS] else "")
         + (f", {counts[BNB_ABSMAX]:,} absmax/SCB, {counts[BNB_QUANT_MAP]:,} quant maps, "
            f"{counts[QUANT_STATE]:,} quant states" if counts[BNB_ABSMAX] or counts[QUANT_STATE] else "") + "), "

@@ -1,4 +1,4 @@
-"""GPTQ's packed INT weights in numpy (GPTQModel's and AutoGPTQ's checkpoint formats).
+"""GPTQ's and AWQ's packed INT weights in numpy (GPTQModel's, AutoGPTQ's and AutoAWQ's checkpoint formats).
 
 A module [out, in] with `bits` in (2, 4, 8) is stored transposed: `qweight` I32 [in·bits/32, out] (the codes of
 32/bits consecutive inputs in one word, the first in the low bits), `qzeros` I32 [groups, out·bits/32] (the
@@ -7,6 +7,11 @@ group of each input: i // group_size, permuted under `desc_act`). `checkpoint_fo
 zero point minus one, `gptq_v2` as it is. The weight is ``scales[g_idx] * (q - z[g_idx])``, [in, out],
 transposed: GPTQModel's TorchQuantLinear.dequantize_weight, bit for bit (tests/test_gptq.py against its own
 output, written in its own venv: tests/writers/gptq_generate.py).
+
+AWQ GEMM stores the module untransposed in words but transposed in layout: `qweight` I32 [in, out/8] and
+`qzeros` I32 [groups, out/8], eight 4-bit codes a word in llm-awq's interleaved order (AWQ_REVERSE_ORDER),
+`scales` [groups, out] in the model's dtype; the weight is ``(q - z) * scales`` (tests/test_awq.py against
+GPTQModel's AWQ output, tests/writers/awq_generate.py).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import numpy as np
 
 from kimi_audit.numerics.dtypes import NumericsError, bfloat16, f32_to_bf16_bits, to_float32
 
-__all__ = ["dequantize_gptq", "unpack_columns", "unpack_rows"]
+__all__ = ["dequantize_awq", "dequantize_gptq", "unpack_awq_columns", "unpack_columns", "unpack_rows"]
 
 GPTQ_BITS = (2, 4, 8)
 
@@ -75,3 +80,36 @@ def _round(f: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "F16":
         return f.astype(np.float16).astype(np.float32)
     return f
+
+
+AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+"""AWQ GEMM's interleave: word slot k holds column AWQ_ORDER[k] of its 8 (llm-awq's packing, for its kernel)."""
+
+
+def unpack_awq_columns(words: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """uint8 4-bit codes [rows, cols] of AWQ GEMM words [rows, cols / 8], the interleave undone."""
+    w = np.asarray(words)
+    if w.ndim != 2 or w.dtype.kind not in "iu" or w.dtype.itemsize != 4 or w.shape != (rows, -(-cols // 8)):
+        raise NumericsError(f"AWQ packed words {w.dtype} {list(w.shape)} do not hold [{rows}, {cols}] 4-bit codes")
+    shifts = np.arange(0, 32, 4, dtype=np.uint32)
+    codes = ((w.view(np.uint32)[:, :, None] >> shifts) & 0xF).astype(np.uint8).reshape(rows, -1)
+    order = np.arange(codes.shape[1]).reshape(-1, 8)[:, list(AWQ_REVERSE_ORDER)].reshape(-1)
+    return codes[:, order][:, :cols]
+
+
+def dequantize_awq(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, out: int, inp: int,
+                   group: int) -> np.ndarray:
+    """AWQ GEMM's weight [out, in]: ``(q - z) * scales`` per group of inputs, in the scales' dtype, rounded once
+    (GPTQModel's dequantize_gemm, AutoAWQ's), transposed from its [in, out]."""
+    s = np.asarray(scales)
+    groups = -(-inp // group)
+    if s.shape != (groups, out):
+        raise NumericsError(f"scales {list(s.shape)} are not [{groups}, {out}] for [{out}, {inp}] in groups of {group}")
+    q = unpack_awq_columns(qweight, inp, out).astype(np.float32)
+    z = unpack_awq_columns(qzeros, groups, out).astype(np.float32)
+    rows = np.arange(inp) // group
+    with np.errstate(all="ignore"):
+        w = np.ascontiguousarray(((q - z[rows]) * to_float32(s)[rows]).T)
+    if s.dtype == bfloat16:
+        return f32_to_bf16_bits(w).view(bfloat16)
+    return w.astype(s.dtype)

@@ -1,0 +1,85 @@
+"""AWQ (`quant_method: awq`), GEMM version, as AutoAWQ and GPTQModel's AWQ write it.
+
+quantization_config: `bits` 4, `group_size`, `zero_point` true, `version` (or `format`) `gemm`. Every Linear
+module but the output head is stored as `qweight` I32 [in, out/8] and `qzeros` I32 [groups, out/8] (eight
+4-bit codes a word in llm-awq's interleaved order) and `scales` [groups, out] in the model's dtype (AutoAWQ
+writes F16 models; GPTQModel the model's dtype): numerics.gptq. The GEMV versions and AWQ without zero points
+are QUANT_UNSUPPORTED. Reference: GPTQModel 7.7 quantization/awq/utils/packing_utils.py (dequantize_gemm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from kimi_audit.errors import ConfigError
+from kimi_audit.model.kinds import AFFINE_SCALE, PACKED, PACKED_WEIGHT, SCALE, ZERO_POINT
+from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Stored, Unquantized, UnsupportedQuantization
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["AwqGemm"]
+
+
+@dataclass(frozen=True)
+class AwqGemm(Scheme):
+    key: ClassVar[str] = "awq"
+    formats: ClassVar[tuple[tuple[str, str | None], ...]] = (("awq", None),)
+    roles: ClassVar[tuple[tuple[str, str], ...]] = (
+        (".qweight", PACKED_WEIGHT), (".qzeros", ZERO_POINT), (".scales", AFFINE_SCALE))
+    dequant_bytes_per_value: ClassVar[int] = 16
+    group_size: int = 128
+    dtype: str = "F16"
+
+    @classmethod
+    def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any],
+             release: ReleaseQuant) -> QuantPlan:
+        version = str(q.get("version", q.get("format", "gemm"))).lower()
+        if version != "gemm":
+            raise UnsupportedQuantization(f"awq version {version!r}")
+        if q.get("bits", q.get("w_bit", 4)) != 4:
+            raise UnsupportedQuantization(f"awq bits {q.get('bits', q.get('w_bit'))!r}")
+        if not q.get("zero_point", True):
+            raise UnsupportedQuantization("awq without zero points")
+        group = q.get("group_size", q.get("q_group_size", 128))
+        if type(group) is not int or group <= 0:
+            raise ConfigError(f"config.json quantization_config group_size {group!r} is not a positive integer")
+        plain_head = frozenset() if q.get("lm_head") else frozenset(release.alias({"lm_head"}))
+        modules = q.get("modules_to_not_convert") or []
+        if not (isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
+            raise ConfigError("config.json quantization_config modules_to_not_convert must be a list of names")
+        return QuantPlan(cls(group, plain.dtype), plain, ignore_names=plain_head | frozenset(modules))
+
+    def summary(self) -> dict[str, Any]:
+        return {"method": "awq", "version": "gemm", "bits": 4, "group_size": self.group_size,
+                "scale_dtype": self.dtype}
+
+    @property
+    def name(self) -> str:
+        return "AWQ INT4"
+
+    @property
+    def param_dtype(self) -> str:
+        return "INT4"
+
+    def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
+        groups, words = -(-inp // self.group_size), -(-out // 8)
+        return (Stored(".qweight", "I32", (inp, words), PACKED, out * inp),
+                Stored(".qzeros", "I32", (groups, words), SCALE), Stored(".scales", self.dtype, (groups, out), SCALE))
+
+    def module_shape(self, weight: tuple[int, ...], logical: int) -> tuple[int, int] | None:
+        """qweight is [in, out/8]: in is its first dimension."""
+        return (logical // weight[0], weight[0]) if len(weight) == 2 and weight[0] else None
+
+    def describe(self) -> str:
+        return (f"AWQ GEMM INT4, eight interleaved codes per I32 word, a {self.dtype} scale and packed zero point "
+                f"per {self.group_size} inputs")
+
+    def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
+        """``(q - z) * scales`` (numerics.gptq.dequantize_awq)."""
+        from kimi_audit.numerics.gptq import dequantize_awq
+
+        return dequantize_awq(tensors[".qweight"], tensors[".qzeros"], tensors[".scales"], out, inp,
+                              self.group_size)
