@@ -160,3 +160,19 @@ def test_verify_ray_without_a_cluster_names_the_tools_own_options(tmp_path: Path
                        cwd=tmp_path)
     assert r.returncode == 2 and "--ray-address" in r.stderr and "--address" not in r.stderr.replace(
         "--ray-address", ""), r.stderr
+
+
+def test_usage_lines_name_arguments_in_capitals_without_braces():
+    """typer 0.29 prints a required argument `{source}`; the usage line says `SOURCE` (optional: `[SOURCE]`)."""
+    from typer.main import get_command
+
+    from kimi_audit.cli import app
+
+    group = get_command(app)
+    for name in group.commands:  # type: ignore[attr-defined]
+        out = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"}).output
+        usage = next(line for line in out.splitlines() if "Usage:" in line).split()
+        assert usage[:3] == ["Usage:", "kimi-audit", name], usage
+        arguments = [w.strip("[].") for w in usage[3:]]
+        assert all(w.isupper() for w in arguments), usage  # OPTIONS, SOURCE, [DIRECTORY] ...; never {source}
+    assert "[OPTIONS] SOURCE COMPONENT" in runner.invoke(app, ["explain", "--help"]).output

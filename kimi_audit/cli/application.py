@@ -96,11 +96,23 @@ def reflow(text: str | None) -> str | None:
 
 
 def plain_flags(params: list[Any]) -> list[Any]:
-    """Show boolean flags without a value placeholder (typer 0.29 prints `--json <bool>`, yet takes no value)."""
+    """Show boolean flags without a value placeholder (typer 0.29 prints `--json <bool>`, yet takes no value),
+    and arguments in the usage line as `SOURCE` / `[SOURCE]` (typer 0.29 prints a required one `{source}`)."""
     for p in params:
         if getattr(p, "is_flag", False) and p.metavar is None:
             p.metavar = ""
+        if callable(getattr(p, "_usage_display_name", None)) and "_usage_display_name" not in vars(p):
+            p._usage_display_name = _usage_name(p)
     return params
+
+
+def _usage_name(param: Any) -> Callable[[], str]:
+    def name() -> str:
+        shown = str(param.metavar or param.display_name_raw).upper()
+        shown = shown if param.required else f"[{shown}]"
+        return shown + ("..." if param.nargs != 1 else "")
+
+    return name
 
 
 class HelpGroup(TyperGroup):
