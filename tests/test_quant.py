@@ -179,7 +179,7 @@ def test_stamped_metadata_columns_equal_those_derived_from_the_specs(raw) -> Non
 
 
 def test_unknown_methods_and_formats_are_named_not_raised() -> None:
-    cfg = model_config_from_dict(dict(instruct(), quantization_config={"quant_method": "awq"}))
-    assert cfg.quant is None and cfg.quant_unsupported == "quant_method 'awq'"
+    cfg = model_config_from_dict(dict(instruct(), quantization_config={"quant_method": "hqq"}))
+    assert cfg.quant is None and cfg.quant_unsupported == "quant_method 'hqq'"
     cfg = model_config_from_dict(dict(instruct(), quantization_config=dict(THINKING_QUANT, format="marlin-24")))
     assert cfg.quant_unsupported == "compressed-tensors format 'marlin-24'"
