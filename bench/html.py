@@ -1,5 +1,5 @@
 """Benchmark: `audit --format html` against `audit --json` on the faulty full-scale Kimi-K2 replica, as whole
-processes, side by side; and the README's screenshot of that page.
+processes, side by side; and docs/ci.md's screenshot of that page.
 
     python bench/html.py [--replica DIR] [--repeats 5] [--screenshot docs/html-report.png] [--json]
 
@@ -15,7 +15,7 @@ Targets (issue 24): the page <= 2 MB and html wall <= 1.2x json wall. Both exit 
 that is expected, not a failure of the run.
 
 --screenshot PNG renders the page with headless Chromium (`chromium`, Debian's package) into PNG: the image
-README shows, so that it is made by this script, never by hand.
+docs/ci.md shows, so that it is made by this script, never by hand.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Findings: what an audit reports. Codes are stable; README.md lists them."""
+"""Findings: what an audit reports. Codes are stable; docs/reference.md lists them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every finding code has a test that names it: the code table (report.rules.RULES, which README.md's tables and
+"""Every finding code has a test that names it: the code table (report.rules.RULES, which docs/reference.md's tables and
 tests/test_sarif.py keep equal to what the package can emit) against the string literals of the test modules;
 and a test for each code no other module named."""
 

@@ -5,7 +5,7 @@ Typed random structures (the real keys with values of any JSON type), huge numbe
 real tiny checkpoint. For each:
 - the readers (parse_config_bytes, parse_index) return, or raise KimiAuditError only (exit 2);
 - the whole audit returns a report or raises KimiAuditError, and the report serializes to JSON;
-- every finding code is in README's table, every message one line and clipped;
+- every finding code is in docs/reference.md's table, every message one line and clipped;
 - the readers allocate a bounded amount (tracemalloc peak <= 64 x the input + 1 MiB);
 - the CLI exits 0, 1 or 2, never with a traceback, and exit 2 is one `error:` line.
 """
@@ -38,7 +38,7 @@ from kimi_audit.sources.local import LocalSource
 from kimi_audit.text import MAX_TEXT
 from tiny_checkpoint import TINY_CONFIG, build_tiny
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
 DOCUMENTED_CODES: set[str] = set()
 for a, b in re.findall(r"^\| ([A-Z][A-Z0-9_]+)(?: / ([A-Z][A-Z0-9_]+))? \|", README.read_text(), re.M):
     DOCUMENTED_CODES.update(x for x in (a, b) if x)
@@ -126,7 +126,7 @@ def index_bytes(tiny: Path, keep: int, extra: dict[str, Any], meta: Any, top: di
 
 def check_findings(findings: tuple[Finding, ...] | list[Finding]) -> None:
     for f in findings:
-        assert f.code in DOCUMENTED_CODES, f"finding code {f.code} is not in README's table"
+        assert f.code in DOCUMENTED_CODES, f"finding code {f.code} is not in docs/reference.md's table"
         assert isinstance(f.message, str) and "\n" not in f.message
         assert len(f.message) <= MAX_TEXT + 40
 

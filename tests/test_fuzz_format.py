@@ -4,7 +4,7 @@ For arbitrary bytes, for arbitrary JSON documents and for every mutation class o
 tests/header_mutations.py, the reader
 - returns a ShardHeader (never raises),
 - says the truth when it accepts: the tensors it returns tile the data buffer exactly,
-- uses every finding code it emits from README's table,
+- uses every finding code it emits from docs/reference.md's table,
 - allocates a bounded amount (tracemalloc peak <= 64 x the input + 1 MiB),
 - reads nothing past the header: at most 2 range reads, both within [0, max(first_read, 8 + N)).
 """
@@ -33,7 +33,7 @@ from kimi_audit.format.header import ShardHeader, parse_header_json, parse_shard
 from kimi_audit.sources.base import RangeRead
 from kimi_audit.sources.local import LocalSource
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
 DOCUMENTED_CODES: set[str] = set()
 for a, b in re.findall(r"^\| ([A-Z][A-Z0-9_]+)(?: / ([A-Z][A-Z0-9_]+))? \|", README.read_text(), re.M):
     DOCUMENTED_CODES.update(x for x in (a, b) if x)
@@ -48,7 +48,7 @@ def check_header(h: ShardHeader, data: bytes) -> None:
     assert isinstance(h, ShardHeader)
     assert isinstance(h.findings, tuple) and all(isinstance(f, Finding) for f in h.findings)
     for f in h.findings:
-        assert f.code in DOCUMENTED_CODES, f"finding code {f.code} is not in README's table"
+        assert f.code in DOCUMENTED_CODES, f"finding code {f.code} is not in docs/reference.md's table"
         assert isinstance(f.message, str) and "\n" not in f.message and len(f.message) < 2000
     if not h.ok:
         return

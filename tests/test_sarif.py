@@ -209,12 +209,12 @@ def test_every_emitted_code_has_a_rule():
     codes = emitted_codes()
     assert {"TENSOR_MISSING", "VALUES_CHECKED", "MTP_ABSENT", "IGNORE_UNUSED", "PARAMS_GATE"} <= codes.keys()
     missing = {c: p for c, p in codes.items() if c not in RULES}
-    assert not missing, f"finding codes without a rule in kimi_audit/report/rules.py (and README.md): {missing}"
+    assert not missing, f"finding codes without a rule in kimi_audit/report/rules.py (and docs/reference.md): {missing}"
 
 
 def readme_codes() -> dict[str, set[str]]:
-    """Code -> severities (a row may read `info / warning`) in README.md's "Finding codes" tables."""
-    text = (ROOT / "README.md").read_text()
+    """Code -> severities (a row may read `info / warning`) in docs/reference.md's "Finding codes" tables."""
+    text = (ROOT / "docs" / "reference.md").read_text()
     section = text[text.index("## Finding codes"):]
     section = section[:section.index("\n## ", 1)]
     out: dict[str, set[str]] = {}

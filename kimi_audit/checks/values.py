@@ -3,7 +3,7 @@
 Small tensors are the RMSNorm gains (`*norm.weight`), the router biases
 (`mlp.gate.e_score_correction_bias`), every FP8 block scale (`*.weight_scale_inv`) and, for
 compressed-tensors INT4, every group scale (`*.weight_scale`) and `*.weight_shape`: about 250 MB
-of Kimi-K2's 959 GB.  Each is fetched by byte range (neighbours in a shard coalesced into one read
+of Kimi-K2's 959 GiB.  Each is fetched by byte range (neighbours in a shard coalesced into one read
 when the gap between them is small), decoded with kimi_audit.numerics.kernels, and reported when it holds
 NaN or Inf, when a scale is not > 0, when a gain is all zeros, when a `weight_shape` is not the [out, in]
 the config implies, or (quantization_config `scale_fmt: ue8m0`, DeepSeek-V3.1 on) when an FP8 scale is

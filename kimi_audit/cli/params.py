@@ -40,7 +40,8 @@ def params(
     as_json: bool = typer.Option(False, "--json", help="Print the tree as JSON (schema kimi-audit/params/1)."),
     fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json (--json) or html (one "
                                    "self-contained page, the tree as bars)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write json or html to FILE, not stdout."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report (table, json or html, as "
+                                       "--format says) to FILE, not stdout."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
 ) -> None:
     """Print the parameter accounting tree, derived from config.json and found in the tensors.

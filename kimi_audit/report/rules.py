@@ -1,6 +1,6 @@
-"""Every finding code as a rule: severity, a one-line meaning (README.md's "Finding codes" tables), a
+"""Every finding code as a rule: severity, a one-line meaning (docs/reference.md's "Finding codes" tables), a
 fuller description and what to do about it. SARIF's `tool.driver.rules` and `audit --ignore` read it;
-`tests/test_sarif.py` checks that every code the package can emit is here and in README.md.
+`tests/test_sarif.py` checks that every code the package can emit is here and in docs/reference.md.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import NamedTuple
 class Rule(NamedTuple):
     severity: str
     short: str
-    """README.md's meaning, one line."""
+    """docs/reference.md's meaning, one line."""
     full: str
     help: str
 
@@ -194,10 +194,12 @@ RULES: dict[str, Rule] = {
                             "The published DeepSeek-V3 itself does it and its loaders pair weight and scale through "
                             "the index; converters that dequantize shard by shard do not find this scale.",
                             "Re-shard so that each weight_scale_inv sits in its weight's shard."),
-    "BUFFER_DTYPE": Rule("warning", "a stored buffer (`rotary_emb.inv_freq`) of unexpected dtype",
-                       "A stored buffer has an unexpected dtype; transformers recomputes it on load.", LAYOUT_HELP),
-    "BUFFER_SHAPE": Rule("warning", "a stored buffer (`rotary_emb.inv_freq`) of unexpected shape",
-                       "A stored buffer has an unexpected shape; transformers recomputes it on load.", LAYOUT_HELP),
+    "BUFFER_DTYPE": Rule("info", "a stored buffer of unexpected dtype: info for `rotary_emb.inv_freq`, an error for "
+                         "one holding trained state (DeepSeek-V4's `ffn.gate.tid2eid`)",
+                         "A rotary buffer is recomputed on load; a trained buffer is read as it is.", LAYOUT_HELP),
+    "BUFFER_SHAPE": Rule("info", "a stored buffer of unexpected shape: info for `rotary_emb.inv_freq`, an error for "
+                         "one holding trained state (DeepSeek-V4's `ffn.gate.tid2eid`)",
+                         "A rotary buffer is recomputed on load; a trained buffer is read as it is.", LAYOUT_HELP),
     "ROUTER_DTYPE": Rule("info", "a router tensor in another float dtype than the layout's (writer variance)",
                          "F32 router weights in a BF16/F16 checkpoint (transformers keeps them F32 on load), or a "
                          "BF16/F16 e_score_correction_bias (transformers casts it to the config's dtype; it lost "
@@ -333,4 +335,4 @@ RULES: dict[str, Rule] = {
 
 def rule(code: str) -> Rule:
     """The rule of a code; a generic one for a code this table lacks (tests keep it complete)."""
-    return RULES.get(code) or Rule("warning", code, f"Finding {code}.", "See README.md, Finding codes.")
+    return RULES.get(code) or Rule("warning", code, f"Finding {code}.", "See docs/reference.md, Finding codes.")

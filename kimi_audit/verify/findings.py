@@ -1,6 +1,6 @@
 """`verify`'s findings from the files' results: hashes against references, listings, weight health.
 
-Codes (README.md, report/rules.py): FILE_HASH_MISMATCH, TENSOR_HASH_MISMATCH, FILE_ABSENT, FILE_UNLISTED,
+Codes (docs/reference.md, report/rules.py): FILE_HASH_MISMATCH, TENSOR_HASH_MISMATCH, FILE_ABSENT, FILE_UNLISTED,
 MANIFEST_REVISION, NO_REFERENCE; FP8_NAN, FP8_SATURATED, BLOCK_ALL_ZERO, VALUE_NAN, VALUE_INF,
 SCALE_NOT_POSITIVE; DATA_NOT_PRESENT (an error here: bytes that are not there fail a verification) and
 SHARD_UNREADABLE (a file that could not be read whole), FILE_CHANGED (appended, written, cut or replaced
