@@ -16,6 +16,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import kimi_audit
+import writer_data
 from kimi_audit.model.config import model_config_from_dict
 
 DATA = Path(__file__).parent / "data" / "awq"
@@ -23,13 +24,7 @@ DATA = Path(__file__).parent / "data" / "awq"
 
 @pytest.fixture(scope="module")
 def unquantized_parameters(tmp_path_factory: pytest.TempPathFactory) -> int:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    cfg = json.loads((DATA / "PROVENANCE.json").read_text())["config"]
-    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**cfg)).to(torch.bfloat16)
-    out = tmp_path_factory.mktemp("bf16")
-    model.save_pretrained(out)
-    return kimi_audit.audit(out).stats.parameters
+    return writer_data.unquantized_parameters(DATA / "PROVENANCE.json", tmp_path_factory.mktemp("bf16"))
 
 
 def test_what_gptqmodels_awq_writes_audits_clean(unquantized_parameters):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kimi_audit.numerics.dtypes import NumericsError, bfloat16, f32_to_bf16_bits, to_float32
+from kimi_audit.numerics.dtypes import NumericsError, bfloat16, f32_to_bf16_bits, to_float32, words32
 
 __all__ = ["dequantize_affine", "unpack_bits"]
 
@@ -24,9 +24,7 @@ def unpack_bits(words: np.ndarray, bits: int, count: int) -> np.ndarray:
     """uint8 codes [rows, count] of a little-endian bit stream of uint32 words [rows, W]."""
     if bits not in AFFINE_BITS:
         raise NumericsError(f"bits must be one of {AFFINE_BITS}, got {bits}")
-    w = np.ascontiguousarray(words)
-    if w.ndim != 2 or w.dtype.kind not in "iu" or w.dtype.itemsize != 4:
-        raise NumericsError(f"packed words must be a 2-D 32-bit integer array, got {w.dtype} {list(w.shape)}")
+    w = words32(words, "packed words")
     if w.shape[1] * 32 < count * bits:
         raise NumericsError(f"{w.shape[1]} words per row hold fewer than {count} codes of {bits} bits")
     stream = np.unpackbits(w.astype("<u4").view(np.uint8), axis=1, bitorder="little")

@@ -143,3 +143,11 @@ def to_float32(a: np.ndarray) -> np.ndarray:
     if a.dtype == float8_e4m3fn:
         return fp8_e4m3_lut().take(a.view(np.uint8))
     return a.astype(np.float32)
+
+
+def words32(words: np.ndarray, what: str) -> np.ndarray:
+    """Packed 32-bit integer words [rows, W] as uint32 (NumericsError naming `what` for another array)."""
+    w = np.ascontiguousarray(words)
+    if w.ndim != 2 or w.dtype.kind not in "iu" or w.dtype.itemsize != 4:
+        raise NumericsError(f"{what} must be a 2-D 32-bit integer array, got {w.dtype} {list(w.shape)}")
+    return w.view(np.uint32)

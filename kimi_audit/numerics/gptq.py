@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kimi_audit.numerics.dtypes import NumericsError, bfloat16, f32_to_bf16_bits, to_float32
+from kimi_audit.numerics.dtypes import NumericsError, bfloat16, f32_to_bf16_bits, to_float32, words32
 
 __all__ = ["dequantize_awq", "dequantize_gptq", "unpack_awq_columns", "unpack_columns", "unpack_rows"]
 
@@ -28,12 +28,9 @@ GPTQ_BITS = (2, 4, 8)
 def _codes(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
     if bits not in GPTQ_BITS:
         raise NumericsError(f"GPTQ bits must be one of {GPTQ_BITS}, got {bits}")
-    w = np.asarray(words)
-    if w.ndim != 2 or w.dtype.kind not in "iu" or w.dtype.itemsize != 4:
-        raise NumericsError(f"GPTQ packed words must be a 2-D 32-bit array, got {w.dtype} {list(w.shape)}")
+    u = words32(words, "GPTQ packed words")
     per = 32 // bits
     shifts = (np.arange(per, dtype=np.uint32) * bits).reshape((-1, 1) if axis == 0 else (1, -1))
-    u = w.view(np.uint32)
     if axis == 0:  # [W, out] -> [W * per, out]
         return ((u[:, None, :] >> shifts[None, :, :]) & ((1 << bits) - 1)).reshape(-1, u.shape[1]).astype(np.uint8)
     return ((u[:, :, None] >> shifts[None, :, :]) & ((1 << bits) - 1)).reshape(u.shape[0], -1).astype(np.uint8)
@@ -88,11 +85,11 @@ AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 
 def unpack_awq_columns(words: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """uint8 4-bit codes [rows, cols] of AWQ GEMM words [rows, cols / 8], the interleave undone."""
-    w = np.asarray(words)
-    if w.ndim != 2 or w.dtype.kind not in "iu" or w.dtype.itemsize != 4 or w.shape != (rows, -(-cols // 8)):
-        raise NumericsError(f"AWQ packed words {w.dtype} {list(w.shape)} do not hold [{rows}, {cols}] 4-bit codes")
+    w = words32(words, "AWQ packed words")
+    if w.shape != (rows, -(-cols // 8)):
+        raise NumericsError(f"AWQ packed words {list(w.shape)} do not hold [{rows}, {cols}] 4-bit codes")
     shifts = np.arange(0, 32, 4, dtype=np.uint32)
-    codes = ((w.view(np.uint32)[:, :, None] >> shifts) & 0xF).astype(np.uint8).reshape(rows, -1)
+    codes = ((w[:, :, None] >> shifts) & 0xF).astype(np.uint8).reshape(rows, -1)
     order = np.arange(codes.shape[1]).reshape(-1, 8)[:, list(AWQ_REVERSE_ORDER)].reshape(-1)
     return codes[:, order][:, :cols]
 
