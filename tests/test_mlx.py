@@ -272,3 +272,15 @@ def test_params_verify_and_the_html_page_read_an_mlx_checkpoint(written, origina
     assert runner.invoke(app, ["audit", str(path), "-o", str(page)]).exit_code == 0
     html = page.read_text()
     assert "mlx, mode affine, bits 4, group_size 64" in html and "mlp.switch_mlp.gate_proj" in html
+
+
+def test_an_older_mlx_lm_config_with_quantization_alone_is_read_and_an_unrelated_key_is_not():
+    from importlib import resources
+
+    cfg = json.loads(resources.files("kimi_audit").joinpath("data/kimi-k2-instruct-mlx-4bit.config.json").read_text())
+    cfg.pop("quantization_config")  # mlx-lm before its #957 wrote `quantization` only
+    parsed = model_config_from_dict(cfg)
+    assert parsed.quant is not None and parsed.quant.tree == "mlx-lm"
+    cfg["quantization"] = {"method": "something else"}  # not mlx-lm's: no quantization read from it
+    parsed = model_config_from_dict(cfg)
+    assert parsed.quant is None and parsed.quant_unsupported is None

@@ -47,8 +47,9 @@ def quant_plan(q: Any, dtype: str, config: Mapping[str, Any] | None = None,
                release: ReleaseQuant = DEEPSEEK_RELEASE) -> QuantPlan | None:
     """The plan quantization_config describes (None: nothing quantized), made by the scheme class registered
     for its (quant_method, format). UnsupportedQuantization names an unknown method or format."""
-    if q is None and config is not None and isinstance(config.get("quantization"), dict):
-        q = config["quantization"]  # mlx-lm before #957 wrote only `quantization`
+    legacy = None if config is None else config.get("quantization")
+    if q is None and isinstance(legacy, dict) and {"bits", "group_size"} <= legacy.keys():
+        q = legacy  # mlx-lm before #957 wrote only `quantization`
     if q is None:
         return None
     if not isinstance(q, dict):
