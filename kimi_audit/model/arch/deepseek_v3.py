@@ -156,10 +156,13 @@ def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
 
 
 class _Describe:
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, fused_experts: bool = False) -> None:
         self.cfg = cfg
         self.norm_dtype = cfg.norm_dtype or cfg.dtype
         self.mlx = cfg.quant is not None and cfg.quant.tree == MLX_TREE
+        self.fused_experts = fused_experts
+        """The routed experts as two stacked parameters per layer (`mlp.experts.gate_up_proj` [E, 2I, H],
+        `mlp.experts.down_proj` [E, H, I]): Mistral Small 4's release and transformers' save of it."""
 
     def f(self, key: str, label: str) -> Factor:
         return Factor(getattr(self.cfg, key), label, (key,))
@@ -272,6 +275,15 @@ class _Describe:
     def mlp(self, key: str, title: str, role: str, module: str, inter: Factor, keys: tuple[str, ...],
             repeat: Factor | None = None) -> Group:
         h = self.f("hidden_size", "hidden")
+        if repeat is not None and self.fused_experts:
+            two = Factor(2 * inter.value, "2 × moe intermediate", inter.keys, f"(2 × {inter.value:,})")
+            return Group(key, title, (
+                Leaf("gate_up_proj", "gate_up_proj", "Gate and up projections, stacked", f"{role}_gate_proj",
+                     (Param("Weight", f"{module}.gate_up_proj", (repeat, two, h), self.cfg.dtype),),
+                     (*keys, "torch_dtype")),
+                Leaf("down_proj", "down_proj", "Down projections, stacked", f"{role}_down_proj",
+                     (Param("Weight", f"{module}.down_proj", (repeat, h, inter), self.cfg.dtype),),
+                     (*keys, "torch_dtype"))))
         stack: tuple[Factor, ...] = ()
         if repeat is not None and self.mlx:  # one stacked tensor per projection (MLX_TREE)
             module, stack, repeat = module.replace(".experts", ".switch_mlp"), (repeat,), None
