@@ -1,0 +1,82 @@
+"""The release's names as a loader that reads the published files spells them: vLLM's DeepseekV3ForCausalLM
+(tests/data/loader_names/deepseek_v3.vllm.json, its repository, commit and what was read cited in the file).
+The name table, instantiated for a config, is exactly the expected layout's main-model names (vLLM skips the
+rotary buffer and loads the MTP layers with its MTP model), for the pinned Kimi-K2-Instruct (139,644 tensors less
+its 61 rotary buffers), DeepSeek-V3 and the tiny demo; and the tiny demo, whose names are the table's, audits
+clean."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kimi_audit
+from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
+from kimi_audit.model.kinds import BUFFER
+from kimi_audit.model.layout import expected_layout
+from tiny_checkpoint import TINY_CONFIG, build_tiny
+
+TABLE = json.loads((Path(__file__).parent / "data" / "loader_names" / "deepseek_v3.vllm.json").read_text())
+DATA = Path(__file__).parent / "data"
+
+
+def loader_names(cfg: dict[str, Any]) -> set[str]:
+    """Every checkpoint name vLLM's load_weights consumes for this config's main model."""
+    def stored(module: str, kind: str) -> list[str]:
+        if module.endswith(("layernorm", "norm", "embed_tokens")) and kind == "plain":
+            return [f"{module}.weight"]
+        return [f"{module}.weight"] + ([f"{module}.weight_scale_inv"] if kind == "fp8" else [])
+
+    names = [n for m, k in TABLE["top"].items() for n in stored(m, k)]
+    if cfg.get("tie_word_embeddings"):
+        names.remove("lm_head.weight")
+    dense_until = cfg.get("first_k_dense_replace", 0)
+    for layer in range(cfg["num_hidden_layers"]):
+        parts = dict(TABLE["layer"])
+        if layer >= dense_until and layer % cfg.get("moe_layer_freq", 1) == 0:
+            for module, kind in TABLE["moe"].items():
+                if "{e}" in module:
+                    parts.update({module.format(e=e): kind for e in range(cfg["n_routed_experts"])})
+                else:
+                    parts[module] = kind
+            bias = TABLE["noaux_tc"] if cfg.get("topk_method", "noaux_tc") == "noaux_tc" else []
+            names += [f"model.layers.{layer}.{b}" for b in bias]
+        else:
+            parts.update(TABLE["dense"])
+        names += [f"model.layers.{layer}.{n}" for m, k in parts.items() for n in stored(m, k)]
+    assert len(names) == len(set(names))
+    return set(names)
+
+
+def layout_main_names(raw: dict[str, Any]) -> set[str]:
+    cfg = model_config_from_dict(raw)
+    main = cfg.num_hidden_layers
+    return {e.name for e in expected_layout(cfg).entries()
+            if e.kind != BUFFER and (e.layer is None or e.layer < main)}
+
+
+def test_the_table_cites_its_loader():
+    assert TABLE["source"].startswith("vllm-project/vllm@") and len(TABLE["source"].split("@")[1].split()[0]) == 40
+
+
+@pytest.mark.parametrize("config", ["pinned", "deepseek-v3", "tiny"])
+def test_vllms_names_are_the_layouts(config):
+    raw = {"pinned": lambda: json.loads(pinned_config_bytes()), "tiny": lambda: TINY_CONFIG,
+           "deepseek-v3": lambda: json.loads((DATA / "deepseek-v3.config.json").read_text())}[config]()
+    want = loader_names(raw)
+    got = layout_main_names(raw)
+    assert want == got, (sorted(want - got)[:5], sorted(got - want)[:5])
+    if config == "pinned":
+        assert len(want) == 139_644 - 61
+
+
+def test_a_checkpoint_in_vllms_names_audits_clean(tmp_path):
+    path = build_tiny(tmp_path / "tiny")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    stored = {n for n in index["weight_map"] if not n.endswith("rotary_emb.inv_freq")}
+    assert stored == loader_names(TINY_CONFIG)
+    report = kimi_audit.audit(path)
+    assert report.errors == 0 and report.warnings == 0
