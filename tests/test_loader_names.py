@@ -1,9 +1,9 @@
 """The release's names as a loader that reads the published files spells them: vLLM's DeepseekV3ForCausalLM
 (tests/data/loader_names/deepseek_v3.vllm.json, its repository, commit and what was read cited in the file).
 The name table, instantiated for a config, is exactly the expected layout's main-model names (vLLM skips the
-rotary buffer and loads the MTP layers with its MTP model), for the pinned Kimi-K2-Instruct (139,644 tensors less
-its 61 rotary buffers), DeepSeek-V3 and the tiny demo; and the tiny demo, whose names are the table's, audits
-clean."""
+rotary buffer and loads the MTP layers with its MTP model), for the pinned Kimi-K2-Instruct (139,644 tensors
+less its 61 rotary buffers), DeepSeek-V3, DeepSeek-V3.2 (its indexer in every layer) and the tiny demo; and the
+tiny demo, whose names are the table's, audits clean."""
 
 from __future__ import annotations
 
@@ -26,16 +26,15 @@ DATA = Path(__file__).parent / "data"
 def loader_names(cfg: dict[str, Any]) -> set[str]:
     """Every checkpoint name vLLM's load_weights consumes for this config's main model."""
     def stored(module: str, kind: str) -> list[str]:
-        if module.endswith(("layernorm", "norm", "embed_tokens")) and kind == "plain":
-            return [f"{module}.weight"]
-        return [f"{module}.weight"] + ([f"{module}.weight_scale_inv"] if kind == "fp8" else [])
+        extra = {"fp8": [f"{module}.weight_scale_inv"], "layernorm": [f"{module}.bias"]}.get(kind, [])
+        return [f"{module}.weight", *extra]
 
     names = [n for m, k in TABLE["top"].items() for n in stored(m, k)]
     if cfg.get("tie_word_embeddings"):
         names.remove("lm_head.weight")
     dense_until = cfg.get("first_k_dense_replace", 0)
     for layer in range(cfg["num_hidden_layers"]):
-        parts = dict(TABLE["layer"])
+        parts = dict(TABLE["layer"], **(TABLE["v32_indexer"] if "index_topk" in cfg else {}))
         if layer >= dense_until and layer % cfg.get("moe_layer_freq", 1) == 0:
             for module, kind in TABLE["moe"].items():
                 if "{e}" in module:
@@ -62,10 +61,14 @@ def test_the_table_cites_its_loader():
     assert TABLE["source"].startswith("vllm-project/vllm@") and len(TABLE["source"].split("@")[1].split()[0]) == 40
 
 
-@pytest.mark.parametrize("config", ["pinned", "deepseek-v3", "tiny"])
+@pytest.mark.parametrize("config", ["pinned", "deepseek-v3", "deepseek-v32", "tiny"])
 def test_vllms_names_are_the_layouts(config):
+    from importlib import resources
+
+    shipped = resources.files("kimi_audit").joinpath("data")
     raw = {"pinned": lambda: json.loads(pinned_config_bytes()), "tiny": lambda: TINY_CONFIG,
-           "deepseek-v3": lambda: json.loads((DATA / "deepseek-v3.config.json").read_text())}[config]()
+           "deepseek-v3": lambda: json.loads((DATA / "deepseek-v3.config.json").read_text()),
+           "deepseek-v32": lambda: json.loads(shipped.joinpath("deepseek-v32.config.json").read_text())}[config]()
     want = loader_names(raw)
     got = layout_main_names(raw)
     assert want == got, (sorted(want - got)[:5], sorted(got - want)[:5])
