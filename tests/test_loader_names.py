@@ -20,6 +20,7 @@ from kimi_audit.model.layout import expected_layout
 from tiny_checkpoint import TINY_CONFIG, build_tiny
 
 TABLE = json.loads((Path(__file__).parent / "data" / "loader_names" / "deepseek_v3.vllm.json").read_text())
+KIMI_LINEAR = json.loads((Path(__file__).parent / "data" / "loader_names" / "kimi_linear.vllm.json").read_text())
 DATA = Path(__file__).parent / "data"
 
 
@@ -83,3 +84,37 @@ def test_a_checkpoint_in_vllms_names_audits_clean(tmp_path):
     assert stored == loader_names(TINY_CONFIG)
     report = kimi_audit.audit(path)
     assert report.errors == 0 and report.warnings == 0
+
+
+KIMI_LINEAR_RELEASE = {
+    "model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"], "vocab_size": 64, "hidden_size": 32,
+    "intermediate_size": 48, "moe_intermediate_size": 16, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "q_lora_rank": None, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+    "v_head_dim": 8, "mla_use_nope": True, "is_moe": True, "num_experts": 4, "num_experts_per_token": 2,
+    "num_shared_experts": 1, "first_k_dense_replace": 1, "moe_layer_freq": 1, "torch_dtype": "bfloat16",
+    "linear_attn_config": {"kda_layers": [1, 2, 4], "full_attn_layers": [3], "head_dim": 8, "num_heads": 4,
+                           "short_conv_kernel_size": 4}}
+"""A release-style Kimi-Linear config (Moonshot's keys: num_experts, num_experts_per_token, linear_attn_config), every
+layer kind in it: a dense KDA layer, MoE KDA layers and a MoE MLA layer."""
+
+
+def kimi_linear_loader_names(cfg: dict[str, Any]) -> set[str]:
+    """Every checkpoint name vLLM's KimiLinearForCausalLM.load_weights consumes for this config."""
+    names = list(KIMI_LINEAR["top"])
+    kda = set(cfg["linear_attn_config"]["kda_layers"])
+    for layer in range(cfg["num_hidden_layers"]):
+        parts = list(KIMI_LINEAR["layer"])
+        parts += KIMI_LINEAR["kda"] if layer + 1 in kda else KIMI_LINEAR["mla"]  # KimiLinearConfig.is_kda_layer
+        moe = cfg["is_moe"] and layer >= cfg["first_k_dense_replace"] and layer % cfg["moe_layer_freq"] == 0
+        for part in KIMI_LINEAR["moe"] if moe else KIMI_LINEAR["dense"]:
+            parts += [part.format(e=e) for e in range(cfg["num_experts"])] if "{e}" in part else [part]
+        names += [f"model.layers.{layer}.{p}" for p in parts]
+    assert len(names) == len(set(names))
+    return set(names)
+
+
+def test_kimi_linears_names_as_vllm_reads_them_are_the_layouts():
+    assert KIMI_LINEAR["source"].startswith("vllm-project/vllm@")
+    want = kimi_linear_loader_names(KIMI_LINEAR_RELEASE)
+    got = layout_main_names(KIMI_LINEAR_RELEASE)
+    assert want == got, (sorted(want - got)[:5], sorted(got - want)[:5])
