@@ -24,10 +24,11 @@ KIMI_LINEAR = json.loads((Path(__file__).parent / "data" / "loader_names" / "kim
 DATA = Path(__file__).parent / "data"
 
 
-def loader_names(cfg: dict[str, Any]) -> set[str]:
-    """Every checkpoint name vLLM's load_weights consumes for this config's main model."""
+def loader_names(cfg: dict[str, Any], fp8: bool = True) -> set[str]:
+    """Every checkpoint name vLLM's load_weights consumes for this config's main model (`fp8`: block-FP8 Linear
+    modules carry their weight_scale_inv)."""
     def stored(module: str, kind: str) -> list[str]:
-        extra = {"fp8": [f"{module}.weight_scale_inv"], "layernorm": [f"{module}.bias"]}.get(kind, [])
+        extra = {"fp8": [f"{module}.weight_scale_inv"] if fp8 else [], "layernorm": [f"{module}.bias"]}.get(kind, [])
         return [f"{module}.weight", *extra]
 
     names = [n for m, k in TABLE["top"].items() for n in stored(m, k)]
@@ -117,4 +118,21 @@ def test_kimi_linears_names_as_vllm_reads_them_are_the_layouts():
     assert KIMI_LINEAR["source"].startswith("vllm-project/vllm@")
     want = kimi_linear_loader_names(KIMI_LINEAR_RELEASE)
     got = layout_main_names(KIMI_LINEAR_RELEASE)
+    assert want == got, (sorted(want - got)[:5], sorted(got - want)[:5])
+
+
+def test_kimi_k25s_text_model_names_as_vllm_reads_them_are_the_layouts():
+    """vLLM's KimiK25ForConditionalGeneration (vllm-project/vllm@dd4ad005 models/kimi_k25.py) holds the text model as a
+    DeepseekV2Model under `language_model` and maps the checkpoint's `language_model.model` and
+    `language_model.lm_head` onto it (load_weights' _KEYS_TO_MODIFY_MAPPING): the DeepseekV3 table under those
+    prefixes. Kimi-K2.6's config with its quantization left out (the names, not the INT4 suffixes, are the
+    point); its vision tower and projector are not read here."""
+    from importlib import resources
+
+    raw = json.loads(resources.files("kimi_audit").joinpath("data/kimi-k2.6.config.json").read_text())
+    raw.pop("quantization_config")
+    text = raw["text_config"]
+    want = {"language_model.lm_head.weight" if n == "lm_head.weight" else "language_model." + n
+            for n in loader_names(text, fp8=False)}
+    got = {n for n in layout_main_names(raw) if n.startswith("language_model.")}
     assert want == got, (sorted(want - got)[:5], sorted(got - want)[:5])
