@@ -136,3 +136,17 @@ def test_kimi_k25s_text_model_names_as_vllm_reads_them_are_the_layouts():
             for n in loader_names(text, fp8=False)}
     got = {n for n in layout_main_names(raw) if n.startswith("language_model.")}
     assert want == got, (sorted(want - got)[:5], sorted(got - want)[:5])
+
+
+def test_glm5s_names_as_vllm_reads_them_are_the_layouts():
+    """vLLM's GlmMoeDsaForCausalLM is DeepseekV2ForCausalLM (the same file and commit): the DeepseekV3 table with
+    the V3.2 indexer in every layer, for a GLM-5 config whose `indexer_types` are all full (that commit builds an
+    indexer in every layer, so GLM-5.x's `shared` layers are not settled by it)."""
+    transformers = pytest.importorskip("transformers")
+    raw = transformers.GlmMoeDsaConfig(num_hidden_layers=4, n_routed_experts=8, mlp_layer_types=[
+        "dense", "sparse", "sparse", "sparse"], indexer_types=["full"] * 4).to_dict()
+    raw.update(model_type="glm_moe_dsa", topk_method="noaux_tc")
+    want = loader_names(raw, fp8=False)
+    got = layout_main_names(raw)
+    assert want == got, (sorted(want - got)[:5], sorted(got - want)[:5])
+    assert any(".self_attn.indexer.weights_proj." in n for n in want)
