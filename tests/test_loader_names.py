@@ -143,8 +143,9 @@ def test_glm5s_names_as_vllm_reads_them_are_the_layouts():
     the V3.2 indexer in every layer, for a GLM-5 config whose `indexer_types` are all full (that commit builds an
     indexer in every layer, so GLM-5.x's `shared` layers are not settled by it)."""
     transformers = pytest.importorskip("transformers")
-    raw = transformers.GlmMoeDsaConfig(num_hidden_layers=4, n_routed_experts=8, mlp_layer_types=[
-        "dense", "sparse", "sparse", "sparse"], indexer_types=["full"] * 4).to_dict()
+    raw = transformers.GlmMoeDsaConfig(num_hidden_layers=4, n_routed_experts=8, first_k_dense_replace=1,
+                                       mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                                       indexer_types=["full"] * 4).to_dict()
     raw.update(model_type="glm_moe_dsa", topk_method="noaux_tc")
     want = loader_names(raw, fp8=False)
     got = layout_main_names(raw)
