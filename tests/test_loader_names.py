@@ -125,8 +125,9 @@ def test_kimi_k25s_text_model_names_as_vllm_reads_them_are_the_layouts():
     """vLLM's KimiK25ForConditionalGeneration (vllm-project/vllm@dd4ad005 models/kimi_k25.py) holds the text model as a
     DeepseekV2Model under `language_model` and maps the checkpoint's `language_model.model` and
     `language_model.lm_head` onto it (load_weights' _KEYS_TO_MODIFY_MAPPING): the DeepseekV3 table under those
-    prefixes. Kimi-K2.6's config with its quantization left out (the names, not the INT4 suffixes, are the
-    point); its vision tower and projector are not read here."""
+    prefixes; its vision tower and projector (kimi_k25_vit.py, kimi_k25_vision.vllm.json) as MoonViT3dPretrainedModel
+    and KimiK25MultiModalProjector hold them. Kimi-K2.6's config with its quantization left out (the names, not
+    the INT4 suffixes, are the point)."""
     from importlib import resources
 
     raw = json.loads(resources.files("kimi_audit").joinpath("data/kimi-k2.6.config.json").read_text())
@@ -134,7 +135,10 @@ def test_kimi_k25s_text_model_names_as_vllm_reads_them_are_the_layouts():
     text = raw["text_config"]
     want = {"language_model.lm_head.weight" if n == "lm_head.weight" else "language_model." + n
             for n in loader_names(text, fp8=False)}
-    got = {n for n in layout_main_names(raw) if n.startswith("language_model.")}
+    vision = json.loads((DATA / "loader_names" / "kimi_k25_vision.vllm.json").read_text())
+    want |= set(vision["top"]) | {f"vision_tower.encoder.blocks.{i}.{n}"
+                                  for i in range(raw["vision_config"]["num_hidden_layers"]) for n in vision["block"]}
+    got = layout_main_names(raw)
     assert want == got, (sorted(want - got)[:5], sorted(got - want)[:5])
 
 
