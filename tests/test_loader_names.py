@@ -15,8 +15,9 @@ import pytest
 
 import kimi_audit
 from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
-from kimi_audit.model.kinds import BUFFER
+from kimi_audit.model.kinds import BUFFER, ROTARY_BUFFER
 from kimi_audit.model.layout import expected_layout
+from kimi_audit.model.roles import role_of
 from tiny_checkpoint import TINY_CONFIG, build_tiny
 
 TABLE = json.loads((Path(__file__).parent / "data" / "loader_names" / "deepseek_v3.vllm.json").read_text())
@@ -53,10 +54,12 @@ def loader_names(cfg: dict[str, Any], fp8: bool = True) -> set[str]:
 
 
 def layout_main_names(raw: dict[str, Any]) -> set[str]:
+    """The layout's names outside the MTP layers, less the rotary buffers (every loader skips them; a buffer of
+    trained state, DeepSeek-V4's tid2eid, stays)."""
     cfg = model_config_from_dict(raw)
     main = cfg.num_hidden_layers
     return {e.name for e in expected_layout(cfg).entries()
-            if e.kind != BUFFER and (e.layer is None or e.layer < main)}
+            if not (e.kind == BUFFER and role_of(e.name) == ROTARY_BUFFER) and (e.layer is None or e.layer < main)}
 
 
 def test_the_table_cites_its_loader():
@@ -155,3 +158,55 @@ def test_glm5s_names_as_vllm_reads_them_are_the_layouts():
     got = layout_main_names(raw)
     assert want == got, (sorted(want - got)[:5], sorted(got - want)[:5])
     assert any(".self_attn.indexer.weights_proj." in n for n in want)
+
+
+V4 = json.loads((DATA / "loader_names" / "deepseek_v4.vllm.json").read_text())
+
+V4_RELEASE = {
+    "model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"], "vocab_size": 64, "hidden_size": 64,
+    "moe_intermediate_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "head_dim": 32, "qk_rope_head_dim": 8, "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16,
+    "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "hc_mult": 2, "index_n_heads": 2,
+    "index_head_dim": 16, "index_topk": 8, "num_hash_layers": 1, "num_nextn_predict_layers": 1,
+    "compress_ratios": [0, 4, 128, 4, 0], "topk_method": "noaux_tc", "scoring_func": "sqrtsoftplus",
+    "sliding_window": 8, "torch_dtype": "bfloat16", "expert_dtype": "fp4",
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                            "weight_block_size": [128, 128], "activation_scheme": "dynamic"}}
+"""A release-style DeepSeek-V4 config (`compress_ratios` one per layer and the MTP stage, `num_hash_layers`,
+`expert_dtype: fp4`, DeepSeek's FP8): every attention kind (SWA, CSA with the indexer, HCA) and a hash layer."""
+
+
+def v4_loader_names(cfg: dict[str, Any]) -> set[str]:
+    """Every checkpoint name vLLM's DeepseekV4ForCausalLM consumes for this config's main model."""
+    def stored(module: str, kind: str) -> list[str]:
+        return [f"{module}.weight", *{"fp8": [f"{module}.scale"], "fp4": [f"{module}.scale"],
+                                      "layernorm": [f"{module}.bias"]}.get(kind, [])]
+
+    def expand(parts: dict[str, str]) -> list[str]:
+        out = []
+        for module, kind in parts.items():
+            for m in ([module.format(e=e) for e in range(cfg["n_routed_experts"])] if "{e}" in module else [module]):
+                out += stored(m, kind)
+        return out
+
+    names = [n for m, k in V4["top"].items() for n in stored(m, k)] + list(V4["top_bare"])
+    for layer in range(cfg["num_hidden_layers"]):
+        ratio = max(1, cfg["compress_ratios"][layer])
+        parts = expand(V4["layer"]) + list(V4["layer_bare"])
+        if ratio > 1:
+            parts += expand(V4["compressor"]) + list(V4["compressor_bare"])
+        if ratio == 4:
+            parts += expand(V4["indexer"]) + list(V4["indexer_bare"])
+        if layer < cfg["num_hash_layers"]:
+            parts += V4["hash_bare"]
+        elif cfg.get("topk_method") == "noaux_tc":
+            parts += V4["noaux_tc_bare"]
+        names += [f"layers.{layer}.{p}" for p in parts]
+    assert len(names) == len(set(names))
+    return set(names)
+
+
+def test_deepseek_v4s_names_as_vllm_reads_them_are_the_layouts():
+    want = v4_loader_names(V4_RELEASE)
+    got = layout_main_names(V4_RELEASE)
+    assert want == got, (sorted(want - got)[:8], sorted(got - want)[:8])
