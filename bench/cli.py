@@ -1,7 +1,7 @@
 """Benchmark: the kimi-audit CLI against its peers, as whole processes, in one run.
 
     python bench/cli.py [--replica DIR] [--repeats 5] [--latency-ms 20]
-                        [--only local|version|remote|family|formats]
+                        [--only local|version|remote|family|formats|scale]
                         [--json]
 
 Every command is a fresh process started with this Python (`sys.executable`); kimi-audit runs as
@@ -37,6 +37,10 @@ family: `kimi-audit audit THINKING --json` and `kimi-audit audit K2.6 --json` ag
   temp dir). Target: <= 1.0x Instruct's.
 formats: `kimi-audit audit MLX4 --json`, the replica of Kimi-K2-Instruct as mlx-lm converts it (MLX affine 4-bit,
   180 shards, its experts stacked), against `kimi-audit audit INSTRUCT --json`. Target: <= 1.2x Instruct's.
+scale: `kimi-audit audit SCALE --json` against the safe_open script on a replica at Kimi K3's tensor count: the
+  pinned Kimi-K2-Instruct config with K3's 93 layers and 896 routed experts (~497,000 tensors, 96 shards, an index
+  of ~60 MB). K3's own architecture (kimi_k3) is not described yet: this measures the audit at that scale, not K3.
+  Targets: audit wall <= 1.0x the safe_open script's, peak RSS <= 1.2x its.
 It is a benchmark, not a test: nothing is asserted; each target is shown PASS or MISS.
 """
 
@@ -440,17 +444,55 @@ def bench_formats(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], di
     return lines, _json_group(cmds, targets)
 
 
+def bench_scale(repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
+    import dataclasses
+
+    from kimi_audit.replica import models
+    from kimi_audit.replica.build import build_replica
+
+    cfg = json.loads(models.replica_model("kimi-k2-instruct").config_bytes())
+    cfg.update(num_hidden_layers=93, n_routed_experts=896)
+    raw = json.dumps(cfg).encode()
+
+    @dataclasses.dataclass(frozen=True)
+    class ScaleModel(models.ReplicaModel):
+        def config_bytes(self) -> bytes:
+            return raw
+
+    name = "bench-k3-scale"
+    models.REPLICA_MODELS[name] = ScaleModel(name, "Kimi-K2 at Kimi K3's tensor count", "", 96, models.padded_name,
+                                             models.balanced_mtp_last, None)
+    t0 = time.perf_counter()
+    replica = build_replica(tmp / "k3-scale", model=name).resolve()
+    built = time.perf_counter() - t0
+    index_mb = (replica / "model.safetensors.index.json").stat().st_size / MB
+    env = base_env()
+    py = sys.executable
+    kimi = Cmd("kimi-audit audit --json", [py, "-m", "kimi_audit", "audit", str(replica), "--json"], env)
+    safe = Cmd("safe_open script", [py, script(tmp, "safe_open_meta.py", SAFE_OPEN_SCRIPT), str(replica)], env)
+    cmds = [kimi, safe]
+    alternate(cmds, repeats, tmp)
+    wall, rss = kimi.median_wall() / safe.median_wall(), kimi.median_rss() / safe.median_rss()
+    targets = [Target("audit wall <= 1.0x the safe_open script's", f"{wall:.2f}x", wall <= 1.0),
+               Target("audit peak RSS <= 1.2x the safe_open script's", f"{rss:.2f}x", rss <= 1.2)]
+    lines = [f"built the K3-scale replica in {built:.0f} s: {replica} (index {index_mb:.0f} MB)"]
+    lines += table(f"scale, {repeats} alternating runs", cmds, targets)
+    cpu = kimi.median_cpu() / safe.median_cpu()
+    lines.append(f"  ratios kimi-audit / safe_open: wall {wall:.2f}x, CPU {cpu:.2f}x, RSS {rss:.2f}x")
+    return lines, _json_group(cmds, targets)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replica", type=Path, default=None, help="an existing replica directory (default: build one)")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of each command (default 5)")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="the hub's latency per request (default 20)")
-    ap.add_argument("--only", action="append", choices=("local", "version", "remote", "family", "formats"),
+    ap.add_argument("--only", action="append", choices=("local", "version", "remote", "family", "formats", "scale"),
                     help="run only this part (repeatable; default: all)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     args = ap.parse_args()
-    parts = args.only or ["local", "version", "remote", "family", "formats"]
+    parts = args.only or ["local", "version", "remote", "family", "formats", "scale"]
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
 
@@ -489,6 +531,10 @@ def main() -> int:
         if "formats" in parts:
             lines.append("")
             text, results["formats"] = bench_formats(replica, args.repeats, tmp)
+            lines += text
+        if "scale" in parts:
+            lines.append("")
+            text, results["scale"] = bench_scale(args.repeats, tmp)
             lines += text
     print(json.dumps(results, indent=2) if args.json else "\n".join(lines))
     return 0
