@@ -8,12 +8,14 @@ Linear (and the embedding) stores `weight` U32 [out, in * bits / 32] (codes in a
 `scales` and `biases` [out, in / group_size] in the model's dtype (affine); the other modes store no biases and
 U8 scales: E8M0 exponents per 32 inputs (mxfp4: FP4 E2M1 codes; mxfp8: FP8 E4M3 codes) or F8_E4M3 bits per 16
 inputs (nvfp4: FP4 E2M1 codes), dequantized as the float32 product rounded once to bf16 (mx.dequantize's
-default). mlx-lm leaves a module plain where its
-input width is not a multiple of group_size (quantize_model's predicate). The checkpoint holds mlx-lm's module
-tree (Scheme.tree): its models stack the routed experts (`mlp.switch_mlp.gate_proj` [E, ...]), split
-DeepseekV3's kv_b_proj per head and drop the MTP layer; each architecture describes its mlx-lm tree
-(model.arch). mlx-lm's loader reads every `model*.safetensors` and ignores the index.
-Reference: mlx-lm 0.32 `utils.py` (quantize_model, save_model, load_model), mlx 0.32 `mx.quantize`.
+default). mlx-lm leaves a module plain where its input width is not a multiple of group_size (quantize_model's
+predicate).
+
+The checkpoint holds mlx-lm's module tree (Scheme.tree): its models stack the routed experts
+(`mlp.switch_mlp.gate_proj` [E, ...]), split DeepseekV3's kv_b_proj per head and drop the MTP layer; each
+architecture describes its mlx-lm tree (model.arch). mlx-lm's loader reads every `model*.safetensors` and
+ignores the index. Reference: mlx-lm 0.32 `utils.py` (quantize_model, save_model, load_model), mlx 0.32
+`mx.quantize`.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class Mlx(Scheme):
             elif v is True:
                 exact[path] = every
             elif isinstance(v, dict):
-                exact[path] = cls.read({**{"mode": every_mode(q)}, **v}, plain.dtype, f"config.json quantization "
+                exact[path] = cls.read({"mode": every_mode(q), **v}, plain.dtype, f"config.json quantization "
                                        f"{path!r}")
             else:
                 raise ConfigError(f"config.json quantization {path!r} is {v!r}: mlx-lm writes an object or false")
