@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kimi_audit.numerics.dtypes import NumericsError, bfloat16, f32_to_bf16_bits, to_float32, words32
+from kimi_audit.numerics.dtypes import NumericsError, round_to, to_float32, words32
 
 __all__ = ["dequantize_affine", "unpack_bits"]
 
@@ -44,14 +44,6 @@ def dequantize_affine(words: np.ndarray, scales: np.ndarray, biases: np.ndarray,
     inp = s.shape[1] * group_size
     q = unpack_bits(words, bits, inp).astype(np.float32).reshape(s.shape[0], s.shape[1], group_size)
     with np.errstate(all="ignore"):
-        f = _round(_round(q * to_float32(s)[:, :, None], s.dtype) + to_float32(b)[:, :, None], s.dtype)
-    f = f.reshape(s.shape[0], inp)
-    return f32_to_bf16_bits(f).view(bfloat16) if s.dtype == bfloat16 else f.astype(s.dtype)
-
-
-def _round(f: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """float32 values rounded (RNE) to `dtype`: bf16 as bf16 bits viewed as bf16, other floats widened back to
-    float32 after the cast (f32: unchanged)."""
-    if dtype == bfloat16:
-        return to_float32(f32_to_bf16_bits(np.ascontiguousarray(f)).view(bfloat16))
-    return f.astype(dtype).astype(np.float32)
+        product = to_float32(round_to(q * to_float32(s)[:, :, None], s.dtype))
+        f = round_to(product + to_float32(b)[:, :, None], s.dtype)
+    return f.reshape(s.shape[0], inp)

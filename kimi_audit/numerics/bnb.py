@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kimi_audit.numerics.dtypes import NumericsError, bfloat16, f32_to_bf16_bits
+from kimi_audit.numerics.dtypes import NumericsError, numpy_dtype, round_to
 
 __all__ = ["dequantize_4bit", "dequantize_int8", "quant_state_json", "read_quant_state"]
 
@@ -78,9 +78,7 @@ def dequantize_4bit(packed: np.ndarray, absmax: np.ndarray, quant_map: np.ndarra
             a = _blockwise(nm.take(a), np.asarray(nested_absmax).reshape(-1), 256) + np.float32(offset)
     with np.errstate(all="ignore"):
         f = _blockwise(qm.take(codes[:n]), a.astype(np.float32), blocksize).reshape(out, inp)
-    if dtype == "BF16":
-        return f32_to_bf16_bits(f).view(bfloat16)
-    return f.astype({"F16": np.float16, "F32": np.float32}.get(dtype, np.float32))
+    return round_to(f, numpy_dtype(dtype))
 
 
 def dequantize_int8(codes: np.ndarray, scb: np.ndarray) -> np.ndarray:

@@ -116,6 +116,16 @@ def f32_to_bf16_bits(f: np.ndarray, out: np.ndarray | None = None) -> np.ndarray
     return out
 
 
+def round_to(f32: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """float32 values rounded (RNE) to `dtype`, as torch's casts: bf16 through f32_to_bf16_bits, other floats by
+    numpy's cast, float32 unchanged."""
+    if dtype == np.float32:
+        return f32
+    if dtype == bfloat16:
+        return f32_to_bf16_bits(f32).view(bfloat16)
+    return f32.astype(dtype)
+
+
 def f32_to_bf16(f: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 (ml_dtypes) with round-to-nearest-even, as torch's .to(torch.bfloat16)."""
     # ml_dtypes' cast is RNE with the same rounding as c10 (tests compare it with torch bitwise).

@@ -30,7 +30,7 @@ from functools import cache
 import ml_dtypes
 import numpy as np
 
-from kimi_audit.numerics.dtypes import NumericsError, bfloat16, f32_to_bf16_bits, fp8_e4m3_lut
+from kimi_audit.numerics.dtypes import NumericsError, bfloat16, fp8_e4m3_lut, round_to
 
 float4_e2m1fn = np.dtype(ml_dtypes.float4_e2m1fn)
 float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
@@ -93,7 +93,7 @@ def _group_scales(scale: np.ndarray, rows: int, in_features: int, group: int) ->
 
 
 def _bf16(f32: np.ndarray) -> np.ndarray:
-    return f32_to_bf16_bits(f32).view(bfloat16)
+    return round_to(f32, bfloat16)
 
 
 def dequantize_nvfp4(packed: np.ndarray, scale: np.ndarray, global_scale: np.ndarray, in_features: int,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kimi_audit.numerics.dtypes import NumericsError, bfloat16, f32_to_bf16_bits, to_float32, words32
+from kimi_audit.numerics.dtypes import NumericsError, numpy_dtype, round_to, to_float32, words32
 
 __all__ = ["dequantize_awq", "dequantize_gptq", "unpack_awq_columns", "unpack_columns", "unpack_rows"]
 
@@ -62,21 +62,11 @@ def dequantize_gptq(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray,
     if v1:
         z = (z + 1) & ((1 << bits) - 1) if bits < 8 else z + 1
     z = z[:, :out]
-    s32 = _round(to_float32(s), dtype)
+    target = numpy_dtype(dtype)
+    s32 = to_float32(round_to(to_float32(s), target))
     with np.errstate(all="ignore"):
         w = (q.astype(np.float32) - z[g].astype(np.float32)) * s32[g]
-    w = np.ascontiguousarray(w.T)
-    if dtype == "BF16":
-        return f32_to_bf16_bits(w).view(bfloat16)
-    return w.astype(np.float16 if dtype == "F16" else np.float32)
-
-
-def _round(f: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "BF16":
-        return to_float32(f32_to_bf16_bits(np.ascontiguousarray(f)).view(bfloat16))
-    if dtype == "F16":
-        return f.astype(np.float16).astype(np.float32)
-    return f
+    return round_to(np.ascontiguousarray(w.T), target)
 
 
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
@@ -107,6 +97,4 @@ def dequantize_awq(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, 
     rows = np.arange(inp) // group
     with np.errstate(all="ignore"):
         w = np.ascontiguousarray(((q - z[rows]) * to_float32(s)[rows]).T)
-    if s.dtype == bfloat16:
-        return f32_to_bf16_bits(w).view(bfloat16)
-    return w.astype(s.dtype)
+    return round_to(w, s.dtype)

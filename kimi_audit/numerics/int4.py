@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kimi_audit.numerics.dtypes import NumericsError, bfloat16, f32_to_bf16_bits, to_float32
+from kimi_audit.numerics.dtypes import NumericsError, bfloat16, round_to, to_float32
 
 
 def packed_words(count: int, num_bits: int) -> int:
@@ -75,15 +75,6 @@ def unpack_int4(packed: np.ndarray, num_bits: int, in_features: int, *, packed_d
 _SCALE_DTYPES = (bfloat16, np.dtype(np.float16), np.dtype(np.float32))
 
 
-def _round(f32: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """float32 values rounded (RNE) to `dtype`, as torch's casts."""
-    if dtype == np.float32:
-        return f32
-    if dtype == bfloat16:
-        return f32_to_bf16_bits(f32).view(bfloat16)
-    return f32.astype(dtype)
-
-
 def dequantize_group(
     q: np.ndarray,
     scale: np.ndarray,
@@ -128,10 +119,10 @@ def dequantize_group(
     s32 = to_float32(s)
     with np.errstate(all="ignore"):
         q32 *= s32[:, cols]
-    res = _round(q32, s.dtype)
+    res = round_to(q32, s.dtype)
     target = s.dtype if out_dtype is None else np.dtype(out_dtype)
     if target == res.dtype:
         return res
     if target not in _SCALE_DTYPES:
         raise NumericsError(f"out_dtype must be bf16 / f16 / f32, got {target}")
-    return _round(to_float32(res), target)
+    return round_to(to_float32(res), target)
