@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 from kimi_audit.constants import (
@@ -74,10 +75,10 @@ def load_config(source: Source) -> tuple[dict[str, Any], ModelConfig]:
 
 def shards_to_read(files: tuple[str, ...], index: IndexFile | None,
                    index_present: bool = False,
-                   loader_reads_every_shard: bool = False) -> tuple[list[str], list[Finding]]:
+                   loader_reads: str = "", loader: str = "") -> tuple[list[str], list[Finding]]:
     """The shards to read, and what the index says of them (`index_present`: an index file is there but none
-    of it could be read, so INDEX_MISSING does not apply; `loader_reads_every_shard`: the format's loader reads
-    every `model*.safetensors` whatever the index says (Scheme.reads_every_shard), so a shard the index does not
+    of it could be read, so INDEX_MISSING does not apply; `loader_reads`: the glob of files the format's loader
+    (`loader`) reads whatever the index says (Scheme.loader_reads), so a shard matching it that the index does not
     list is SHARD_LOADED_UNINDEXED, an error)."""
     on_disk = [f for f in files if f.endswith(SAFETENSORS_SUFFIX)]
     findings: list[Finding] = []
@@ -89,10 +90,10 @@ def shards_to_read(files: tuple[str, ...], index: IndexFile | None,
                 findings.append(error("INDEX_SHARD_ABSENT", f"{INDEX_FILE} maps {count:,} tensors to {shard}, "
                                       "which is not in the checkpoint", shard=shard, actual=count))
         for shard in on_disk:
-            if shard not in listed and loader_reads_every_shard and shard.startswith("model"):
+            if shard not in listed and loader_reads and fnmatchcase(shard, loader_reads):
                 findings.append(error("SHARD_LOADED_UNINDEXED", f"{shard} is not listed in {INDEX_FILE}, but this "
-                                      "format's loader (mlx-lm) reads every model*.safetensors: its tensors load "
-                                      "and may replace the indexed ones", shard=shard))
+                                      f"format's loader ({loader or 'its own'}) reads every {loader_reads}: its "
+                                      "tensors load and may replace the indexed ones", shard=shard))
             elif shard not in listed:
                 findings.append(warning("SHARD_NOT_IN_INDEX", f"{shard} is not listed in {INDEX_FILE}; loaders "
                                         "that follow the index will not read it", shard=shard))
@@ -200,8 +201,10 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
     if index is not None and unreadable:  # its INDEX_INVALID is the one finding: no entry missing, no shard unlisted
         findings += index.findings
         index = None
-    every = config.quant is not None and config.quant.reads_every_shard
-    shards, shard_findings = shards_to_read(files, index, index_present=unreadable, loader_reads_every_shard=every)
+    plan = config.quant
+    shards, shard_findings = shards_to_read(files, index, index_present=unreadable,
+                                            loader_reads=plan.loader_reads if plan is not None else "",
+                                            loader=plan.tree if plan is not None else "")
     findings += shard_findings
     headers, failures = read_headers(source, shards, index, progress, expected)
     if expected is None:

@@ -53,7 +53,8 @@ class Mlx(Scheme):
     formats: ClassVar[tuple[tuple[str, str | None], ...]] = (("mlx", None),)
     roles: ClassVar[tuple[tuple[str, str], ...]] = ((".scales", AFFINE_SCALE), (".biases", AFFINE_BIAS))
     tree: ClassVar[str] = TREE
-    reads_every_shard: ClassVar[bool] = True
+    loader_reads: ClassVar[str] = "model*.safetensors"
+    """mlx-lm's load_model globs these and ignores the index."""
     dequant_bytes_per_value: ClassVar[int] = 48
     """The unpacked bit stream (one byte per bit), the codes and two float32 passes."""
     group_size: int = 64

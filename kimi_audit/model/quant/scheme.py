@@ -115,9 +115,10 @@ class Scheme:
     """The writer whose module tree a checkpoint in this format holds, where the format implies one (MLX:
     `mlx-lm`, whose models stack the routed experts and split kv_b_proj); "": the release's tree. An
     architecture describes the trees it knows (`Architecture.writer_trees`); another is QUANT_UNSUPPORTED."""
-    reads_every_shard: ClassVar[bool] = False
-    """The format's loader reads every `model*.safetensors` whatever the index says (mlx-lm): a shard the index
-    does not list then changes the model, an error rather than a warning."""
+    loader_reads: ClassVar[str] = ""
+    """The files the format's loader reads whatever the index says, as a glob (mlx-lm: `model*.safetensors`): a
+    shard the index does not list that matches it changes the model, an error rather than a warning; "": its
+    loaders follow the index."""
     registry: ClassVar[dict[tuple[str, str | None], type[Scheme]]] = {}
     classes: ClassVar[list[type[Scheme]]] = []
     """Every registered scheme class, in registration order (those with no pair of their own included)."""
@@ -280,8 +281,9 @@ class QuantPlan:
         return next((s.tree for s in self.schemes if s.tree), "")
 
     @property
-    def reads_every_shard(self) -> bool:
-        return any(s.reads_every_shard for s in self.schemes)
+    def loader_reads(self) -> str:
+        """The glob of files its formats' loader reads whatever the index says (Scheme.loader_reads), "" for none."""
+        return next((s.loader_reads for s in self.schemes if s.loader_reads), "")
 
     @property
     def quantized(self) -> Scheme:
