@@ -145,9 +145,10 @@ loader of mlx-community's Kimi-K2 and DeepSeek-V3 conversions): the routed exper
 NORM_KEYS = (BLOCK_KEYS, "torch_dtype", "rms_norm_eps")
 
 
-def describe(cfg: ModelConfig) -> ModelTree:
-    """The module tree of `cfg` (a DeepseekV3-family config)."""
-    return _Describe(cfg).tree()
+def describe(cfg: ModelConfig, fused_experts: bool = False) -> ModelTree:
+    """The module tree of `cfg` (a DeepseekV3-family config); `fused_experts`: each layer's routed experts as two
+    stacked parameters (Mistral Small 4, model.arch.mistral4)."""
+    return _Describe(cfg, fused_experts).tree()
 
 
 def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:

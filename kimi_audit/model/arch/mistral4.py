@@ -32,7 +32,7 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
 
 
 def describe(cfg: ModelConfig) -> ModelTree:
-    return deepseek_v3._Describe(cfg, fused_experts=True).tree()
+    return deepseek_v3.describe(cfg, fused_experts=True)
 
 
 ARCHITECTURE = register(Architecture(
