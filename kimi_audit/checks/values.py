@@ -43,7 +43,7 @@ from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding, Severity, error, info, warning
 from kimi_audit.format.header import ShardHeader, TensorInfo
 from kimi_audit.model import kinds
-from kimi_audit.model.roles import role_of, suffix_roles, weight_suffixes
+from kimi_audit.model.roles import suffix_roles, weight_suffixes
 from kimi_audit.numerics.tensor_io import data_holes, in_hole, read_exact, windowed_map
 from kimi_audit.sources.base import Source
 
@@ -261,9 +261,10 @@ def packed_shapes(layout: ExpectedLayout) -> dict[str, tuple[int, ...]]:
     and shape suffixes: the formats' own, model.roles); a bitsandbytes quant_state -> (out x in,), the
     parameters of the packed weight it describes."""
     out: dict[str, tuple[int, ...]] = {}
+    states = tuple(s for s, role in suffix_roles() if role == kinds.QUANT_STATE)
     for pos, owner in zip(layout.meta_at, layout.meta_owner):
         name = layout.names[pos]
-        if role_of(name) == kinds.QUANT_STATE:
+        if states and name.endswith(states):
             out[name] = (layout.specs[layout.spec_of[owner]].logical,)
     packed = weight_suffixes()[1:]
     shapes = [s for s, role in suffix_roles() if role == kinds.WEIGHT_SHAPE]
