@@ -14,9 +14,9 @@ checkpoint conversion mapping of transformers 5.25, `kimi_linear`, read backward
 Dialect `transformers`: transformers 5.x's save_pretrained renames every `mlp.` to `block_sparse_moe.`, so the
 dense layers' MLP is written `block_sparse_moe.{gate,up,down}_proj`; the rest as released.
 
-Kimi K3 (July 2026) builds on this architecture, but its configuration class (`KimiK3ForConditionalGeneration`)
-is not in transformers 5.25 and its config.json was not read: its attention residual projections, latent MoE
-(7168 -> 3584) and vision tower are not described; a K3 config keeps LAYOUT_UNSUPPORTED.
+Kimi K3 (July 2026, `kimi_k3`) nests a text model of this architecture with K3's own parts: model.arch.kimi_k3,
+which describes them by overriding this module's describer (its KDA gate, control-weight dtypes, MLA output gate,
+latent MoE and attention residuals).
 """
 
 from __future__ import annotations
@@ -124,6 +124,11 @@ def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
 
 
 class _Describe(_MLA):
+    control_dtype: str | None = None
+    """The dtype of the KDA short convolutions, decay and output norm (None: the model's)."""
+    router_dtype: str | None = "F32"
+    """The router gate's and correction bias's dtype (None: the model's)."""
+
     def tree(self) -> ModelTree:
         base = super().tree()
         return ModelTree(base.before, {kind: self.layer(kind) for kind in dict.fromkeys(self.cfg.layer_kinds)},
@@ -136,6 +141,18 @@ class _Describe(_MLA):
             mla.key, mla.title, tuple(c for c in mla.children if not isinstance(c, Buffer)))
         return (self.norms(), attn, *(self.moe() if mlp == "moe" else self.dense()))
 
+    def a_log_shape(self) -> tuple[Factor, ...]:
+        one = Factor(1, "channel", ())
+        return (one, one, Factor(self.cfg.dim("linear_num_heads"), "linear heads", ("linear_num_heads",)), one)
+
+    def output_gate(self, h: Factor, d: Factor, qkv: Factor) -> tuple[Leaf, ...]:
+        """The KDA output gate: a low-rank pair through the head dim."""
+        k = (BLOCK_KEYS, DTYPE_KEYS)
+        return (Leaf("g_a_proj", "g_a_proj", "Output-gate down-projection", "kda_g_a_proj",
+                     (Linear("self_attn.g_a_proj", (d,), (h,)),), k),
+                Leaf("g_b_proj", "g_b_proj", "Output-gate up-projection", "kda_g_b_proj",
+                     (Linear("self_attn.g_b_proj", (qkv,), (d,)),), k))
+
     def kda(self) -> Group:
         c = self.cfg
         h = self.f("hidden_size", "hidden")
@@ -146,6 +163,7 @@ class _Describe(_MLA):
                      f"({heads} × {hd})")
         kernel = Factor(c.dim("linear_conv_kernel_dim"), "kernel", ("linear_conv_kernel_dim",))
         one = Factor(1, "channel", ())
+        control = self.control_dtype or c.dtype
         k = (BLOCK_KEYS, DTYPE_KEYS)
 
         def lin(p: str, title: str, out: Factor, inp: Factor) -> Leaf:
@@ -159,33 +177,39 @@ class _Describe(_MLA):
         return Group("attention", "Kimi delta attention (KDA)", (
             lin("q_proj", "Query projection", qkv, h), lin("k_proj", "Key projection", qkv, h),
             lin("v_proj", "Value projection", qkv, h),
-            *(param(f"{x}_conv1d.weight", f"{t} short convolution", (qkv, one, kernel), c.dtype)
+            *(param(f"{x}_conv1d.weight", f"{t} short convolution", (qkv, one, kernel), control)
               for x, t in (("q", "Query"), ("k", "Key"), ("v", "Value"))),
             lin("f_a_proj", "Forget-gate down-projection", d, h), lin("f_b_proj", "Forget-gate up-projection", qkv, d),
             param("dt_bias", "Forget-gate bias", (qkv,), "F32", "Bias"),
-            param("A_log", "Decay (log)", (one, one, nh, one), c.dtype, "Parameter"),
+            param("A_log", "Decay (log)", self.a_log_shape(), control, "Parameter"),
             lin("b_proj", "Beta projection", nh, h),
-            lin("g_a_proj", "Output-gate down-projection", d, h), lin("g_b_proj", "Output-gate up-projection", qkv, d),
-            param("o_norm.weight", "Gated output RMSNorm", (d,), c.dtype, GAIN),
+            *self.output_gate(h, d, qkv),
+            param("o_norm.weight", "Gated output RMSNorm", (d,), control, GAIN),
             lin("o_proj", "Output projection", h, qkv)))
 
     def dense(self) -> tuple[Node, ...]:
         return (self.mlp("mlp", "MLP (dense)", "mlp", "mlp", self.f("intermediate_size", "intermediate"),
                          (BLOCK_KEYS, "intermediate_size")),)
 
+    def expert_width(self) -> Factor:
+        """The width the routed experts read and write."""
+        return self.f("hidden_size", "hidden")
+
     def moe(self) -> tuple[Node, ...]:
         c = self.cfg
         assert c.n_routed_experts is not None
         e, h = self.f("n_routed_experts", "experts"), self.f("hidden_size", "hidden")
         inter = self.f("moe_intermediate_size", "moe intermediate")
+        rd = self.router_dtype or c.dtype
         router = Group("router", "Router", (
             Leaf("gate", "gate", "Router gate (expert affinities)", "router_gate",
-                 (Param("Weight", "block_sparse_moe.gate.weight", (e, h), "F32"),), (BLOCK_KEYS, "num_experts")),
+                 (Param("Weight", "block_sparse_moe.gate.weight", (e, h), rd),), (BLOCK_KEYS, "num_experts")),
             Leaf("e_score_correction_bias", "e_score_correction_bias", "Expert score correction bias",
                  "e_score_correction_bias",
-                 (Param("Bias", "block_sparse_moe.gate.e_score_correction_bias", (e,), "F32"),), (BLOCK_KEYS,))))
-        rows = (("w1", "Gate projection", (inter,), (h,)), ("w2", "Down projection", (h,), (inter,)),
-                ("w3", "Up projection", (inter,), (h,)))
+                 (Param("Bias", "block_sparse_moe.gate.e_score_correction_bias", (e,), rd),), (BLOCK_KEYS,))))
+        w = self.expert_width()
+        rows = (("w1", "Gate projection", (inter,), (w,)), ("w2", "Down projection", (w,), (inter,)),
+                ("w3", "Up projection", (inter,), (w,)))
         experts = Group("experts", "Routed experts", tuple(
             Leaf(p, p, t, f"expert_{p}", (Linear(f"block_sparse_moe.experts.{p}", out, inp),),
                  (BLOCK_KEYS, "moe_intermediate_size", DTYPE_KEYS)) for p, t, out, inp in rows),
