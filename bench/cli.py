@@ -37,9 +37,8 @@ family: `kimi-audit audit THINKING --json` and `kimi-audit audit K2.6 --json` ag
   temp dir). Target: <= 1.0x Instruct's.
 formats: `kimi-audit audit MLX4 --json`, the replica of Kimi-K2-Instruct as mlx-lm converts it (MLX affine 4-bit,
   180 shards, its experts stacked), against `kimi-audit audit INSTRUCT --json`. Target: <= 1.2x Instruct's.
-scale: `kimi-audit audit SCALE --json` against the safe_open script on a replica at Kimi K3's tensor count: the
-  pinned Kimi-K2-Instruct config with K3's 93 layers and 896 routed experts (~497,000 tensors, 96 shards, an index
-  of ~60 MB). K3's own architecture (kimi_k3) is not described yet: this measures the audit at that scale, not K3.
+scale: `kimi-audit audit K3 --json` against the safe_open script on the Kimi K3 replica (`demo --model kimi-k3`:
+  its text model, 497,052 tensors with MXFP4 experts, 96 shards, a 60 MB index).
   Targets: audit wall <= 1.0x the safe_open script's, peak RSS <= 1.2x its.
 It is a benchmark, not a test: nothing is asserted; each target is shown PASS or MISS.
 """
@@ -445,23 +444,9 @@ def bench_formats(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], di
 
 
 def bench_scale(repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
-    import dataclasses
-
-    from kimi_audit.replica import models
     from kimi_audit.replica.build import build_replica
 
-    cfg = json.loads(models.replica_model("kimi-k2-instruct").config_bytes())
-    cfg.update(num_hidden_layers=93, n_routed_experts=896)
-    raw = json.dumps(cfg).encode()
-
-    @dataclasses.dataclass(frozen=True)
-    class ScaleModel(models.ReplicaModel):
-        def config_bytes(self) -> bytes:
-            return raw
-
-    name = "bench-k3-scale"
-    models.REPLICA_MODELS[name] = ScaleModel(name, "Kimi-K2 at Kimi K3's tensor count", "", 96, models.padded_name,
-                                             models.balanced_mtp_last, None)
+    name = "kimi-k3"
     t0 = time.perf_counter()
     replica = build_replica(tmp / "k3-scale", model=name).resolve()
     built = time.perf_counter() - t0
@@ -475,7 +460,7 @@ def bench_scale(repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
     wall, rss = kimi.median_wall() / safe.median_wall(), kimi.median_rss() / safe.median_rss()
     targets = [Target("audit wall <= 1.0x the safe_open script's", f"{wall:.2f}x", wall <= 1.0),
                Target("audit peak RSS <= 1.2x the safe_open script's", f"{rss:.2f}x", rss <= 1.2)]
-    lines = [f"built the K3-scale replica in {built:.0f} s: {replica} (index {index_mb:.0f} MB)"]
+    lines = [f"built the Kimi K3 replica in {built:.0f} s: {replica} (index {index_mb:.0f} MB)"]
     lines += table(f"scale, {repeats} alternating runs", cmds, targets)
     cpu = kimi.median_cpu() / safe.median_cpu()
     lines.append(f"  ratios kimi-audit / safe_open: wall {wall:.2f}x, CPU {cpu:.2f}x, RSS {rss:.2f}x")

@@ -188,6 +188,6 @@ def test_demo_lists_and_checks_model_names(tmp_path):
     assert r.exit_code == 0
     for name in REPLICA_MODELS:
         assert name in r.stdout
-    r = runner.invoke(app, ["demo", str(tmp_path / "x"), "--model", "kimi-k3"])
+    r = runner.invoke(app, ["demo", str(tmp_path / "x"), "--model", "kimi-k9"])
     assert r.exit_code == 2 and "kimi-k2-thinking" in r.stderr
     assert not (tmp_path / "x").exists()

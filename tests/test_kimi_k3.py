@@ -3,9 +3,9 @@ rtp-llm's manifest of every text-model name, SGLang's modules for their shapes a
 repack for the experts' packing). transformers 5.25 has no kimi_k3, so nothing of the layout is taken from this
 tool: the names, shapes and dtypes below are the table's, evaluated on the config.
 
-- Published config (moonshotai/Kimi-K3 config.json as a public loader's test pins it, tests/data/kimi-k3.config.json;
-  its `quantization_config` completed with the config group the release's expert-only MXFP4 implies): the table's
-  names are the layout's, 497,052 tensors, with the table's shapes and dtypes.
+- Published config (kimi_audit/data/kimi-k3.config.json; its sources, and how its `quantization_config` is
+  completed, in kimi-k3.sources.md): the table's names are the layout's, 497,052 tensors, with the table's
+  shapes and dtypes.
 - A tiny release-named checkpoint built from the table alone, its experts compressed by compressed-tensors' own
   MXFP4 compressor, audits clean; its vision tensors are one TENSORS_UNDESCRIBED each part.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from kimi_audit.model.layout import expected_layout
 
 DATA = Path(__file__).parent / "data"
 TABLE = json.loads((DATA / "loader_names" / "kimi_k3.json").read_text())
-PUBLISHED = json.loads((DATA / "kimi-k3.config.json").read_text())
+PUBLISHED = json.loads(resources.files("kimi_audit").joinpath("data/kimi-k3.config.json").read_text())
 EXPERTS = r"re:.*block_sparse_moe\.experts\.\d+\.w[123]$"
 HUB_TOTAL = 2_779_931_837_184
 """The Hub's parameter count for moonshotai/Kimi-K3 (../shared/reference/family.md): text model and vision tower."""
@@ -61,6 +62,7 @@ def mxfp4_config() -> dict[str, Any]:
 
 
 def with_experts_quantized(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` with the experts' MXFP4 config group as compressed-tensors writes it (the published config's too)."""
     return {**raw, "text_config": {**raw["text_config"], "quantization_config": mxfp4_config()}}
 
 

@@ -127,6 +127,24 @@ def test_the_columnwise_mask_is_scheme_for_module_by_module(ignore: list[str]) -
     assert plan.choices(names) == tuple(-1 if plan.scheme_for(n) is plan.plain else 0 for n in names)
 
 
+def test_choices_of_several_groups_and_patterns_are_scheme_for_module_by_module() -> None:
+    """Several config groups, `re:` targets that overlap (the first group that matches wins), an exact target and
+    an ignore pattern: `choices` (one RE2 scan per pattern over a layer's names) is `scheme_for` name by name."""
+    w4 = THINKING_QUANT["config_groups"]["group_0"]
+    w8 = dict(w4, weights=dict(w4["weights"], num_bits=8))
+    raw = dict(THINKING_QUANT, ignore=["re:.*experts\\.1\\..*"], config_groups={
+        "a": dict(w4, targets=["re:.*experts\\.\\d+\\.gate_proj$", "model.layers.2.self_attn.q_a_proj"]),
+        "b": dict(w8, targets=["re:.*experts\\.[0-3]\\..*", "re:.*shared_experts.*"])})
+    plan = quant_plan(raw, "BF16")
+    assert isinstance(plan, QuantPlan) and len(plan.schemes) == 2
+    names = [f"model.layers.{layer}.mlp.{e}.{p}" for layer in (1, 2) for e in
+             ("experts.0", "experts.1", "experts.3", "experts.9", "shared_experts")
+             for p in ("gate_proj", "up_proj", "down_proj")] + ["model.layers.2.self_attn.q_a_proj", "lm_head"]
+    want = tuple(-1 if s is plan.plain else plan.schemes.index(s) for s in map(plan.scheme_for, names))
+    assert plan.choices(names) == want
+    assert {-1, 0, 1} <= set(want)
+
+
 def test_thinking_layout_totals_equal_instructs() -> None:
     """208,276 tensors; logical parameters 1,026,408,232,448, Instruct's; only routed experts quantized."""
     t, i = layout(thinking()), layout(instruct())

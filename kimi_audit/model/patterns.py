@@ -43,7 +43,8 @@ class NamePatterns:
     regex: Any
     """The RE2 program of the patterns' alternation."""
     lines: Any = None
-    """The same anchored at each line's start and never crossing a newline: many names in one scan."""
+    """The same over UTF-8 bytes, anchored at each line's start and never crossing a newline: many names in one
+    scan (bytes: a match's offset is then not converted back to characters, which cost most of the scan)."""
 
     def match(self, name: str) -> bool:
         return self.regex.match(name) is not None
@@ -54,8 +55,9 @@ class NamePatterns:
         hits = [False] * len(names)
         if not names:
             return hits
-        starts = list(accumulate(map((1).__add__, map(len, names[:-1])), initial=0))  # each line's offset
-        for m in self.lines.finditer("\n".join(names)):
+        encoded = [n.encode() for n in names]
+        starts = list(accumulate(map((1).__add__, map(len, encoded[:-1])), initial=0))  # each line's byte offset
+        for m in self.lines.finditer(b"\n".join(encoded)):
             hits[bisect_right(starts, m.start()) - 1] = True
         return hits
 
@@ -75,7 +77,7 @@ def compile_patterns(patterns: Iterable[str], where: str) -> NamePatterns | None
     alternation = "|".join(f"(?:{s})" for s in sources)
     try:
         regex = re2.compile(alternation, _options())
-        lines = re2.compile(f"(?m)^(?:{alternation})", _options(never_nl=True))
+        lines = re2.compile(f"(?m)^(?:{alternation})".encode(), _options(never_nl=True))
     except re2.error as e:
         raise ConfigError(f"{where}: its {len(sources)} patterns together are over RE2's bound: "
                           f"{_reason(e)}") from None

@@ -18,6 +18,9 @@ shard holds each tensor (facts from the releases; see replica.build for the writ
 - kimi-k2.6: 64 shards `model-00001-of-000064.safetensors` (family.md); which tensor sits in which shard is not
   published: the layout cut into 64 shards of about equal bytes. Config and its sources:
   kimi_audit/data/kimi-k2.6.config.json and kimi-k2.6.sources.md. No `rotary_emb.inv_freq` stored (not known).
+- kimi-k3: 96 shards `model-00001-of-000096.safetensors` (family.md: 96 shards, 1.42 TB), the text model cut into
+  shards of about equal bytes; its vision tower and projector are not described and not stored. Config and its
+  sources: kimi_audit/data/kimi-k3.config.json and kimi-k3.sources.md.
 
 Every assignment keeps a weight and its quantization metadata (FP8 scale, INT4 group scale and shape) in
 one shard: the published DeepSeek-V3 splits a few pairs, which audits as SCALE_SHARD_SPLIT infos, and a
@@ -144,6 +147,8 @@ REPLICA_MODELS: dict[str, ReplicaModel] = {m.name: m for m in (
                  "kimi-k2-instruct-mlx-4bit.config.json", 180, mlx_name, mlx_greedy, None),
     ReplicaModel("kimi-k2.6", "Kimi-K2.6 (kimi_k25: text, vision tower, projector; INT4 experts)",
                  "kimi-k2.6.config.json", 64, padded_name, balanced_mtp_last, None),
+    ReplicaModel("kimi-k3", "Kimi K3 (kimi_k3: text model, MXFP4 experts; no vision tower)",
+                 "kimi-k3.config.json", 96, padded_name, balanced_mtp_last, None),
 )}
 DEFAULT_MODEL = "kimi-k2-instruct"
 
