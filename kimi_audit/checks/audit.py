@@ -23,7 +23,7 @@ from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import EXIT_INCONCLUSIVE, Finding, Severity, exit_code_of, warning
 from kimi_audit.format.table import tensor_table
 from kimi_audit.model.arch.registry import buffered, model_types
-from kimi_audit.model.arch.spec import DENSE, MOE, MTP
+from kimi_audit.model.arch.spec import DENSE, MOE, is_mtp
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
 from kimi_audit.model.kinds import BUFFER
 from kimi_audit.model.layout import layer_block
@@ -99,7 +99,7 @@ def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
         "layers": cfg.num_hidden_layers,
         "dense_layers": sum(b.split("_")[0] == DENSE for b in blocks),
         "moe_layers": sum(b.split("_")[0] == MOE for b in blocks),
-        "mtp_layers": blocks.count(MTP),
+        "mtp_layers": sum(map(is_mtp, blocks)),
         "routed_experts": cfg.n_routed_experts,
         "shared_experts": cfg.n_shared_experts,
         "hidden_size": cfg.hidden_size,

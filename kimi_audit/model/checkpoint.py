@@ -31,6 +31,7 @@ from kimi_audit.model.config import parse_config_bytes
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.dialect import resolve_dialect
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
+from kimi_audit.model.mtp_stages import with_stored_stages
 from kimi_audit.sources.base import Source
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -207,10 +208,11 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
                                             loader=plan.tree if plan is not None else "")
     findings += shard_findings
     headers, failures = read_headers(source, shards, index, progress, expected)
-    if expected is None:
+    config, stage_findings = with_stored_stages(config_raw, config, [h.columns.names for h in headers.values()])
+    if expected is None or stage_findings:
         expected = expected_layout(config)
     config, expected, dialect_findings = resolve_dialect(config, expected,
                                                          [h.columns.names for h in headers.values()])
-    findings += failures + dialect_findings
+    findings += failures + stage_findings + dialect_findings
     return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
                       tuple(findings), source.reported_parameters())

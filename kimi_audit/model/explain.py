@@ -25,7 +25,7 @@ from kimi_audit.model.accounting.tree import (
     collapse,
     tensor_slot,
 )
-from kimi_audit.model.arch.spec import MTP
+from kimi_audit.model.arch.spec import is_mtp
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.explain_docs import DOCS, RMSNORM_MATH
 from kimi_audit.model.roles import metadata_suffixes, weight_suffixes
@@ -124,7 +124,7 @@ def find_nodes(acc: Accounting, cfg: ModelConfig, query: str) -> list[Node]:
             block, comp, _ = tensor_slot(cfg, q)
             # a weight's own tensor or its quantization metadata: the Linear module it stores
             module = comp.rpartition(".")[0] if comp.endswith(metadata_suffixes() + weight_suffixes()) else None
-            prefix = "" if block is None else "mtp." if block == MTP else f"blocks.{block}."
+            prefix = "" if block is None else f"{block}." if is_mtp(block) else f"blocks.{block}."
             hits = [n for n in nodes if n.is_leaf and n.key.startswith(prefix)
                     and any(p.component == comp or (p.scheme and p.component.rpartition(".")[0] == module)
                             for p in n.parts) and (block is not None or "." not in n.key)]

@@ -21,7 +21,7 @@ from itertools import compress, count
 from operator import is_
 
 from kimi_audit.findings import Finding, Severity
-from kimi_audit.model.arch.spec import MTP
+from kimi_audit.model.arch.spec import is_mtp
 from kimi_audit.model.cells import Cell, Locator, first_of_spec, locator
 from kimi_audit.model.layout import ExpectedLayout
 
@@ -102,7 +102,7 @@ def build_grid(layout: ExpectedLayout, findings: Iterable[Finding],
         blocks[layer] = layout.specs[s].block
     columns = tuple(Column(k, n) for k, n in order.items())
     grid_rows = tuple(
-        Row(str(layer), f"{layer}" + (" MTP" if blocks[layer] == MTP else ""), blocks[layer],
+        Row(str(layer), f"{layer}" + (" MTP" if is_mtp(blocks[layer] or "") else ""), blocks[layer],
             tuple(Column(c.key, rows[layer][c.key]) for c in columns if c.key in rows[layer]))
         for layer in sorted(rows))
     outside: dict[str, dict[str, int]] = {}

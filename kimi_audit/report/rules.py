@@ -162,6 +162,12 @@ RULES: dict[str, Rule] = {
                               "(a writer's `gate_proj` for the release's `w1`): one finding for the family.",
                               "Rename the tensors as the release names them, or write them with the release's "
                               "conventions."),
+    "MTP_STAGES_FROM_FILES": Rule("info", "the shards hold more multi-token-prediction stages than config.json "
+                                  "declares, and the release's loaders read them all",
+                                  "DeepSeek-V4-Flash-0731's config declares one MTP stage; the release stores three "
+                                  "DSpark stages (`mtp.0..2`), which DSpark's loaders read. The stored count is "
+                                  "audited, said once.",
+                                  "None needed; a writer may set num_nextn_predict_layers to the stored count."),
     "TENSORS_UNDESCRIBED": Rule("info", "tensors of a part of the release that the architecture's description "
                                 "leaves out: stored, not checked",
                                 "The release stores a part no source this tool reads describes (DeepSeek-V4's "

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 
 from kimi_audit.format.table import Located
-from kimi_audit.model.accounting.model import ModelBuilder
+from kimi_audit.model.accounting.model import MTP_ROLE, ModelBuilder
 from kimi_audit.model.accounting.summary import PUBLISHED, Activation, Comparison, MtpSummary
 from kimi_audit.model.accounting.tree import Accounting, Node
 from kimi_audit.model.config import parse_config_bytes, pinned_config_bytes
@@ -15,16 +15,22 @@ from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.layout import ExpectedTensor, expected_layout
 
 
+def _mtp_nodes(root: Node) -> list[Node]:
+    """The stored multi-token-prediction block kinds (one node each: `mtp`, DSpark's `mtp_dspark_first`, ...)."""
+    return [c for c in root.children if c.role == MTP_ROLE and not c.absent]
+
+
 def _mtp(root: Node) -> MtpSummary | None:
-    mtp = next((c for c in root.children if c.key == "mtp"), None)
-    if mtp is None or mtp.absent:
+    nodes = _mtp_nodes(root)
+    if not nodes:
         return None
-    copies = sum(n.derived for _, n in mtp.walk() if n.role in ("embed_tokens", "shared_head_head"))
-    return MtpSummary(mtp.layers, root.derived, mtp.derived, copies)
+    copies = sum(n.derived for m in nodes for _, n in m.walk() if n.role in ("embed_tokens", "shared_head_head"))
+    layers = tuple(sorted(layer for m in nodes for layer in m.layers))
+    return MtpSummary(layers, root.derived, sum(m.derived for m in nodes), copies)
 
 
 def _activation(cfg: ModelConfig, root: Node) -> Activation:
-    mtp = next((c.derived for c in root.children if c.key == "mtp" and not c.absent), 0)
+    mtp = sum(c.derived for c in _mtp_nodes(root))
     embedding = next((c.derived for c in root.children if c.key == "embedding"), 0)
     # the routed experts of every MoE block kind (DeepseekV3's one `moe`, deepseek_v4's and kimi_linear's
     # several: `moe_csa`, `moe_hash_swa`, `moe_kda`, ...), whose experts have the same size

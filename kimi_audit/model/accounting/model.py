@@ -27,11 +27,14 @@ from kimi_audit.model.arch.spec import (
     Buffer,
     Group,
     Linear,
+    is_mtp,
 )
 from kimi_audit.model.arch.spec import Node as Described
 
 BLOCK_LABEL = {DENSE: ("dense block", "dense blocks"), MOE: ("MoE block", "MoE blocks"),
                MTP: ("MTP layer", "MTP layers")}
+MTP_ROLE = "mtp_blocks"
+"""The role of each multi-token-prediction block kind's node (a child of the root, keyed by its kind)."""
 
 
 def block_label(block: str) -> tuple[str, str]:
@@ -54,7 +57,7 @@ class ModelBuilder(Builder):
     def block_keys(self, block: str | None) -> list[str]:
         if block is None:
             return []
-        if block == MTP:
+        if is_mtp(block):
             return ["num_nextn_predict_layers"]
         keys = ["num_hidden_layers"]
         if self.cfg.layer_kinds:
@@ -92,12 +95,13 @@ class ModelBuilder(Builder):
         if not layers:
             return None
         mult = self.block_mult(block)
-        pre = "mtp" if block == MTP else f"blocks.{block}"
+        pre = block if is_mtp(block) else f"blocks.{block}"
         children = [self.node(d, pre, block, mult) for d in nodes]
-        if block == MTP:
-            title = f"Multi-token prediction (layer{'s' if len(layers) > 1 else ''} {ranges(layers)})"
+        if is_mtp(block):
+            words = "" if block == MTP else f", {block_titles().get(block, block)}"
+            title = f"Multi-token prediction (layer{'s' if len(layers) > 1 else ''} {ranges(layers)}{words})"
             note = "Not in next-token inference: excluded from the activated parameters."
-            node = self.group(pre, "mtp", title, children, mult, role="mtp_blocks", note=note)
+            node = self.group(pre, block, title, children, mult, role=MTP_ROLE, note=note)
             if node.found_tensors == 0 and self.params:  # declared, none stored (as transformers writes it)
                 return absent(node, "Declared by config.json (num_nextn_predict_layers), not one tensor stored: "
                                     "left out of the totals.")
@@ -109,8 +113,8 @@ class ModelBuilder(Builder):
         tree = describe(c)
         children: list[Node | None] = [self.node(d, "", None, ()) for d in tree.before]
         children.append(self.group("blocks", "blocks", f"{c.num_hidden_layers} transformer blocks",
-                                   [self.block(b, nodes) for b, nodes in tree.blocks.items() if b != MTP]))
-        children.append(self.block(MTP, tree.blocks[MTP]) if MTP in tree.blocks else None)
+                                   [self.block(b, nodes) for b, nodes in tree.blocks.items() if not is_mtp(b)]))
+        children += [self.block(b, nodes) for b, nodes in tree.blocks.items() if is_mtp(b)]
         children += [self.node(d, "", None, ()) for d in tree.after]
         children.append(self.unaccounted())
         root = self.group("model", "model", f"{c.model_type} model", children, role="model")

@@ -17,14 +17,12 @@ weights_proj}`, `attn.indexer.compressor.*`); the first `num_hash_layers` MoE la
 The multi-token-prediction stages are `mtp.K.*` (vLLM's DeepSeekV4MultiTokenPredictorLayer): `e_proj` and
 `h_proj` (FP8 Linear [hidden, hidden]), `enorm`, `hnorm`, `norm` (the shared head's), `hc_head_{fn,base,scale}`,
 and a whole decoder layer (sliding-window attention, bias-routed MoE with its own routed experts) under the same
-`mtp.K.` prefix; DeepSeek-V4-Flash's one stage is 1,575 tensors.
+`mtp.K.` prefix; DeepSeek-V4-Flash's one stage is 1,575 tensors. With `dspark_target_layer_ids` (V4-Flash-0731)
+the stages are DSpark's (`dspark`); its config declares one where the release stores three: the files decide.
 
-Dialect `transformers`: what transformers 5.x's save_pretrained writes: the same leaf names under
-`model.layers.N.` (the attention's `kv_norm` as `norm`: its conversion's `.norm.` -> `.kv_norm.` reversed), and
-`model.embed_tokens.weight`, `model.norm.weight`, `model.hc_head.hc_{fn,base,scale}` at the top (`head.weight`
-unchanged); it builds no MTP stage and saves none (MTP_ABSENT).
-
-Quantization naming (FP8 `.scale`, FP4 experts) is the quantization scheme's (model.quant), not this tree's.
+Dialect `transformers`: transformers 5.x's save_pretrained writes the leaf names under `model.layers.N.`
+(`kv_norm` as `norm`), `model.embed_tokens`, `model.norm`, `model.hc_head.hc_*` (`head.weight` unchanged), and
+no MTP stage (MTP_ABSENT). Quantization naming (FP8 `.scale`, FP4 experts) is model.quant's, not this tree's.
 """
 
 from __future__ import annotations
@@ -144,8 +142,32 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
     if dims["o_groups"] < 1 or (fields["num_attention_heads"] * head_dim) % dims["o_groups"]:
         raise ConfigError("config.json o_groups must divide num_attention_heads × head_dim")
     kinds = tuple(f"{V4_MLP[m]}_{V4_ATTENTION[a]}" for m, a in zip(mlp, attention))
-    kinds += (MTP,) * fields["num_nextn_predict_layers"]
+    dims.update(dspark(cfg, n))
+    kinds += mtp_kinds(fields["num_nextn_predict_layers"], bool(dims["dspark_targets"]))
     return scheduled(cfg, fields, dims, kinds, ARCHITECTURE.quant)
+
+
+DSPARK_FIRST, DSPARK_MID, DSPARK_LAST, DSPARK_ONLY = (f"mtp_dspark{s}" for s in ("_first", "", "_last", "_only"))
+
+
+def mtp_kinds(n: int, dspark_stages: bool) -> tuple[str, ...]:
+    """The block kind of each MTP stage: MTP, or DSpark's (the first and the last hold parts the others do not)."""
+    if not dspark_stages or n < 2:
+        return (DSPARK_ONLY if dspark_stages else MTP,) * n
+    return (DSPARK_FIRST, *(DSPARK_MID,) * (n - 2), DSPARK_LAST)
+
+
+def dspark(cfg: dict[str, Any], n: int) -> dict[str, int]:
+    """DSpark's dims: the target layers `main_proj` reads (0: no DSpark) and the Markov head's rank."""
+    ids = cfg.get("dspark_target_layer_ids")
+    if ids is None:
+        return {"dspark_targets": 0, "dspark_rank": 0}
+    if not isinstance(ids, list) or not ids or any(type(i) is not int or not 0 <= i < n for i in ids):
+        raise ConfigError(f"config.json dspark_target_layer_ids must list layers 0..{n - 1}, got {ids!r}")
+    rank = cfg.get("dspark_markov_rank")
+    if type(rank) is not int or not 1 <= rank <= I64_MAX:
+        raise ConfigError(f"config.json dspark_markov_rank must be a positive integer, got {rank!r}")
+    return {"dspark_targets": len(ids), "dspark_rank": rank}
 
 
 def describe(cfg: ModelConfig) -> ModelTree:
@@ -184,7 +206,8 @@ class _Describe:
         if not c.tie_word_embeddings:
             after.append(Leaf("lm_head", "head", "Output head", "lm_head", (Linear("head", (v,), (h,)),),
                               ("dtype", "tie_word_embeddings")))
-        blocks = {kind: self.mtp() if kind == MTP else self.layer(kind) for kind in dict.fromkeys(c.layer_kinds)}
+        blocks = {kind: self.mtp() if kind == MTP else self.dspark(kind) if kind.startswith(MTP) else self.layer(kind)
+                  for kind in dict.fromkeys(c.layer_kinds)}
         return ModelTree(before, blocks, tuple(after))
 
     def mtp(self) -> tuple[Node, ...]:
@@ -204,6 +227,41 @@ class _Describe:
             self.hyper("hc_head", "hc_head", "Output hyper-connection", "hc_head_", head=True),
             *self.layer(f"moe_{SWA}"),
         )
+
+    def dspark(self, kind: str) -> tuple[Node, ...]:
+        """A DSpark stage (`mtp.K.`): a sliding-window MoE layer; the first stage adds `main_proj` (FP8 [hidden,
+        targets × hidden]) and `main_norm`, the last `norm`, `hc_head_*`, `markov_head.markov_w{1,2}` [vocab,
+        rank] and `confidence_head.proj` [1, hidden + rank]; no `e_proj`/`h_proj`/`enorm`/`hnorm`. As DSpark's
+        loaders and converters read mtp.0..2 (0731's 72,317 tensors: V4-Flash's 67,612 outside `mtp.` and
+        three such stages, 4,705)."""
+        c, h = self.cfg, self.f("hidden_size", "hidden")
+        targets, rank = c.dim("dspark_targets"), c.dim("dspark_rank")
+        first: tuple[Node, ...] = ()
+        if kind in (DSPARK_FIRST, DSPARK_ONLY):
+            wide = Factor(targets * c.hidden_size, "targets × hidden", ("dspark_target_layer_ids", "hidden_size"),
+                          f"({targets} × {c.hidden_size:,})")
+            first = (Leaf("main_proj", "main_proj", "Target hidden-state projection", "dspark_main_proj",
+                          (Linear("main_proj", (h,), (wide,)),), (BLOCK_KEYS, "dspark_target_layer_ids", DTYPE_KEYS)),
+                     Leaf("main_norm", "main_norm", "Target hidden-state RMSNorm", "dspark_main_norm",
+                          (Param(GAIN, "main_norm.weight", (h,), F32),), (BLOCK_KEYS, "rms_norm_eps")))
+        last: tuple[Node, ...] = ()
+        if kind in (DSPARK_LAST, DSPARK_ONLY):
+            v, r = self.f("vocab_size", "vocab"), Factor(rank, "Markov rank", ("dspark_markov_rank",))
+            both = Factor(c.hidden_size + rank, "hidden + Markov rank", ("hidden_size", "dspark_markov_rank"),
+                          f"({c.hidden_size:,} + {rank:,})")
+            keys = (BLOCK_KEYS, "dspark_markov_rank", "dtype")
+            last = (Leaf("norm", "norm", "Shared head RMSNorm", "mtp_shared_head_norm",
+                         (Param(GAIN, "norm.weight", (h,), F32),), (BLOCK_KEYS, "rms_norm_eps")),
+                    self.hyper("hc_head", "hc_head", "Output hyper-connection", "hc_head_", head=True),
+                    Group("markov_head", "Markov head", (
+                        Leaf("markov_w1", "markov_w1", "Previous-token embedding", "dspark_markov",
+                             (Param("Table", "markov_head.markov_w1.weight", (v, r), c.dtype),), keys),
+                        Leaf("markov_w2", "markov_w2", "Logit-bias projection", "dspark_markov",
+                             (Param("Weight", "markov_head.markov_w2.weight", (v, r), c.dtype),), keys))),
+                    Leaf("confidence_head", "confidence_head.proj", "Confidence head", "dspark_confidence",
+                         (Param("Weight", "confidence_head.proj.weight", (Factor(1, "score", ()), both), c.dtype),),
+                         keys))
+        return (*first, *self.layer(f"moe_{SWA}"), *last)
 
     def layer(self, kind: str) -> tuple[Node, ...]:
         h = self.f("hidden_size", "hidden")
@@ -334,5 +392,8 @@ ARCHITECTURE = register(Architecture(
                        plain_suffixes=(".compressor.wkv", ".compressor.wgate", ".indexer.weights_proj"),
                        aliases=(("lm_head", "head"),)),
     float32_routers=("ffn.gate.bias",), buffered=("ffn.gate.bias",), value_roles=(("ffn.gate.bias", ROUTER_BIAS),),
-    block_titles={f"{m}_{a}": f"{'hash-routed MoE' if m == 'moe_hash' else 'MoE'} {a.upper()}"
-                  for m in V4_MLP.values() for a in V4_ATTENTION.values()}))
+    stages_from_files=lambda cfg: bool(cfg.dim("dspark_targets")),  # 0731 declares 1 stage, stores 3
+    block_titles={**{f"{m}_{a}": f"{'hash-routed MoE' if m == 'moe_hash' else 'MoE'} {a.upper()}"
+                     for m in V4_MLP.values() for a in V4_ATTENTION.values()},
+                  DSPARK_FIRST: "first DSpark stage", DSPARK_MID: "DSpark stage", DSPARK_LAST: "last DSpark stage",
+                  DSPARK_ONLY: "DSpark stage"}))

@@ -15,7 +15,7 @@ from kimi_audit.model.arch.spec import BY_CLASS, REGISTERED, Architecture, Diale
 from kimi_audit.model.config_fields import ModelConfig
 
 __all__ = ["architecture", "architecture_of", "block_titles", "buffered", "describe", "dialects", "float32_routers",
-           "load_architectures", "model_types", "undescribed", "value_roles"]
+           "load_architectures", "model_types", "stages_from_files", "undescribed", "value_roles"]
 
 DEFAULT_TYPE = "deepseek_v3"
 """The architecture of a config that names neither a model_type nor architectures (the family's root)."""
@@ -75,6 +75,12 @@ def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
     """The other spellings of the config's tree that writers are known to use (none for most)."""
     arch = REGISTERED.get(cfg.described_as or cfg.model_type)
     return () if arch is None else arch.dialects(cfg)
+
+
+def stages_from_files(cfg: ModelConfig) -> bool:
+    """Whether the files decide the config's MTP stage count when they hold more (Architecture.stages_from_files)."""
+    arch = REGISTERED.get(cfg.described_as or cfg.model_type)
+    return arch is not None and arch.stages_from_files(cfg)
 
 
 def undescribed(model_type: str) -> dict[str, str]:

@@ -26,6 +26,12 @@ DENSE = "dense"
 MOE = "moe"
 MTP = "mtp"
 
+
+def is_mtp(kind: str) -> bool:
+    """A multi-token-prediction block kind: MTP, or an architecture's own MTP stage kind (`mtp_...`: the
+    DSpark stages of DeepSeek-V4-Flash-0731, whose first and last stages hold parts the others do not)."""
+    return kind == MTP or kind.startswith(MTP + "_")
+
 BLOCK_KEYS = "$block"
 DTYPE_KEYS = "$dtype"
 QUANT_KEYS = "$quant"
@@ -217,6 +223,9 @@ class Architecture:
     value_roles: tuple[tuple[str, str], ...] = ()
     """Name suffixes of its small tensors and their value role (model.kinds: ROUTER_BIAS, ROTARY_BUFFER):
     the values pass checks them (model.roles)."""
+    stages_from_files: Callable[[ModelConfig], bool] = lambda cfg: False
+    """Whether the files decide how many MTP stages there are when they hold more than config.json declares
+    (DeepSeek-V4-Flash-0731's DSpark stages; model.mtp_stages)."""
     block_titles: Mapping[str, str] = field(default_factory=dict)
     """Block kind -> what explain and the reports call it (DENSE, MOE and MTP have the family's words)."""
 
