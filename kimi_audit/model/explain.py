@@ -150,6 +150,18 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}" + ("" if count == 1 else "s")
 
 
+def config_value(raw: dict[str, Any], key: str) -> Any:
+    """A config key's value as config.json holds it: at the top, else in the nested `text_config` (Kimi-K2.5's,
+    K3's, Mistral Large 4's, GLM-5.3-Flash's text model); a dotted key (`vision_config.hidden_size`) walked."""
+    for where in (raw, raw.get("text_config")):
+        node: Any = where
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return node
+    return None
+
+
 def build_card(acc: Accounting, cfg: ModelConfig, config_raw: dict[str, Any], node: Node) -> Card:
     path = acc.path_to(node.key)
     crumbs = tuple(n.title for n in path[1:-1])
@@ -168,11 +180,12 @@ def build_card(acc: Accounting, cfg: ModelConfig, config_raw: dict[str, Any], no
         ins, outs = doc.shapes(cfg)
     else:
         ins = outs = []
-    config = tuple((k, config_raw.get(k)) for k in node.config_keys)
+    config = tuple((k, config_value(config_raw, k)) for k in node.config_keys)
     is_norm = doc is not None and doc.math == RMSNORM_MATH
     description = doc.description if doc else (
         "Tensors in the checkpoint that the config does not account for." if node.key == UNACCOUNTED
-        else f"{len(node.children)} components: " + ", ".join(c.title for c in node.children) + ".")
+        else f"{node.title}: its tensors and counts below (no card text is written for this component)."
+        if node.is_leaf else f"{len(node.children)} components: " + ", ".join(c.title for c in node.children) + ".")
     return Card(
         key=node.key, name=node.name, title=node.title, breadcrumb=crumbs,
         computes=doc.computes if doc else None, description=description,

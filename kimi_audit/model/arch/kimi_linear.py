@@ -145,6 +145,9 @@ class _Describe(_MLA):
         one = Factor(1, "channel", ())
         return (one, one, Factor(self.cfg.dim("linear_num_heads"), "linear heads", ("linear_num_heads",)), one)
 
+    def o_norm_dtype(self) -> str:
+        return self.control_dtype or self.cfg.dtype
+
     def output_gate(self, h: Factor, d: Factor, qkv: Factor) -> tuple[Leaf, ...]:
         """The KDA output gate: a low-rank pair through the head dim."""
         k = (BLOCK_KEYS, DTYPE_KEYS)
@@ -184,7 +187,7 @@ class _Describe(_MLA):
             param("A_log", "Decay (log)", self.a_log_shape(), control, "Parameter"),
             lin("b_proj", "Beta projection", nh, h),
             *self.output_gate(h, d, qkv),
-            param("o_norm.weight", "Gated output RMSNorm", (d,), control, GAIN),
+            param("o_norm.weight", "Gated output RMSNorm", (d,), self.o_norm_dtype(), GAIN),
             lin("o_proj", "Output projection", h, qkv)))
 
     def dense(self) -> tuple[Node, ...]:
