@@ -9,10 +9,8 @@ linear in the name and whose compiled program is bounded in memory (`max_mem`); 
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Any
 
 import re2
@@ -26,11 +24,10 @@ MAX_PATTERN_MEMORY = 8 << 20
 """Bytes RE2 may use for one compiled pattern set (its default); a larger program is refused."""
 
 
-def _options(never_nl: bool = False) -> Any:
+def _options() -> Any:
     options = re2.Options()
     options.max_mem = MAX_PATTERN_MEMORY
     options.log_errors = False
-    options.never_nl = never_nl  # no match crosses a newline, whatever the pattern: one line, one name
     return options
 
 
@@ -42,24 +39,19 @@ class NamePatterns:
     sources: tuple[str, ...]
     regex: Any
     """The RE2 program of the patterns' alternation."""
-    lines: Any = None
-    """The same over UTF-8 bytes, anchored at each line's start and never crossing a newline: many names in one
-    scan (bytes: a match's offset is then not converted back to characters, which cost most of the scan)."""
+    encoded: Any = None
+    """The same program over UTF-8 bytes: `match_many`'s (google-re2 converts a str match's offsets back to
+    characters, which costs most of a match on a module name)."""
 
     def match(self, name: str) -> bool:
         return self.regex.match(name) is not None
 
     def match_many(self, names: Sequence[str]) -> list[bool]:
-        """`match` of each name (names hold no newline: module names), in one RE2 scan of the names joined by
-        newlines instead of a call per name (a call costs ~1 µs, and a layer of 384 experts has 1,152 names)."""
-        hits = [False] * len(names)
-        if not names:
-            return hits
-        encoded = [n.encode() for n in names]
-        starts = list(accumulate(map((1).__add__, map(len, encoded[:-1])), initial=0))  # each line's byte offset
-        for m in self.lines.finditer(b"\n".join(encoded)):
-            hits[bisect_right(starts, m.start()) - 1] = True
-        return hits
+        """`match` of each name, over its UTF-8 bytes (3.5 ms for the 2,688 expert modules of a Kimi K3 layer,
+        against 10 ms matching them as str; a scan of the names joined by newlines pays per match the same
+        conversion back from bytes)."""
+        match = self.encoded.match
+        return [match(n.encode()) is not None for n in names]
 
 
 def compile_patterns(patterns: Iterable[str], where: str) -> NamePatterns | None:
@@ -77,11 +69,11 @@ def compile_patterns(patterns: Iterable[str], where: str) -> NamePatterns | None
     alternation = "|".join(f"(?:{s})" for s in sources)
     try:
         regex = re2.compile(alternation, _options())
-        lines = re2.compile(f"(?m)^(?:{alternation})".encode(), _options(never_nl=True))
+        encoded = re2.compile(alternation.encode(), _options())
     except re2.error as e:
         raise ConfigError(f"{where}: its {len(sources)} patterns together are over RE2's bound: "
                           f"{_reason(e)}") from None
-    return NamePatterns(sources, regex, lines)
+    return NamePatterns(sources, regex, encoded)
 
 
 def _reason(e: Exception) -> str:
