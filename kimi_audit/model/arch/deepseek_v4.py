@@ -159,8 +159,7 @@ def mtp_kinds(n: int, dspark_stages: bool) -> tuple[str, ...]:
 
 def dspark(cfg: dict[str, Any], n: int) -> dict[str, int]:
     """DSpark's dims: the target layers `main_proj` reads (0: no DSpark) and the Markov head's rank."""
-    ids = cfg.get("dspark_target_layer_ids")
-    if ids is None:
+    if (ids := cfg.get("dspark_target_layer_ids")) is None:
         return {"dspark_targets": 0, "dspark_rank": 0}
     if not isinstance(ids, list) or not ids or any(type(i) is not int or not 0 <= i < n for i in ids):
         raise ConfigError(f"config.json dspark_target_layer_ids must list layers 0..{n - 1}, got {ids!r}")
@@ -393,6 +392,8 @@ ARCHITECTURE = register(Architecture(
                        aliases=(("lm_head", "head"),)),
     float32_routers=("ffn.gate.bias",), buffered=("ffn.gate.bias",), value_roles=(("ffn.gate.bias", ROUTER_BIAS),),
     stages_from_files=lambda cfg: bool(cfg.dim("dspark_targets")),  # 0731 declares 1 stage, stores 3
+    relatives={"deepseek_v41": "DeepSeek-V4.1, DeepseekV41ForCausalLM: its own architecture, not described here "
+               "(KV caches shared across layers, a two-level indexer, Engram tables, a VL routing bias, vision)"},
     block_titles={**{f"{m}_{a}": f"{'hash-routed MoE' if m == 'moe_hash' else 'MoE'} {a.upper()}"
                      for m in V4_MLP.values() for a in V4_ATTENTION.values()},
                   DSPARK_FIRST: "first DSpark stage", DSPARK_MID: "DSpark stage", DSPARK_LAST: "last DSpark stage",
