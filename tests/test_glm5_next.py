@@ -102,3 +102,21 @@ def test_the_mtp_layer_is_one_undescribed_finding(saved: tuple[Path, int], tmp_p
 def test_a_bad_schedule_is_a_config_error(keys: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         model_config_from_dict({"model_type": "glm5_next", "text_config": {**TEXT, **keys}})
+
+
+def test_llama_cpps_names_are_the_layouts(saved: tuple[Path, int]) -> None:
+    """llama.cpp's converter for the release (tests/data/loader_names/glm5_next.llamacpp.json) reads the trunk
+    under `model.language_model.`, the vision tower under `model.visual.`, and names per layer the
+    hyper-connections (every layer), the k-pool compressor (layers with their own indexer) and the KDA decay:
+    each of those names is in the layout exactly where it says, and nowhere else."""
+    table = json.loads((Path(__file__).parent / "data" / "loader_names" / "glm5_next.llamacpp.json").read_text())
+    assert table["source"].startswith("ggml-org/llama.cpp@")
+    layout = expected_layout(model_config_from_dict(json.loads((saved[0] / "config.json").read_text())))
+    names = set(layout)
+    assert all(n.startswith((table["prefix"], table["vision_prefix"], "lm_head.")) for n in names)
+    for i in range(TEXT["num_hidden_layers"]):
+        at = f"{table['prefix']}layers.{i}."
+        kda = TEXT["layer_types"][i] == "linear_attention"
+        indexer = not kda and TEXT["indexer_types"][i] == "full"
+        for group, present in (("every_layer", True), ("indexer_layer", indexer), ("kda_layer", kda)):
+            assert {at + n in names for n in table[group]} == {present}, (i, group)
