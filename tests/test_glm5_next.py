@@ -12,10 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForImageTextToText
 from transformers.models.glm5_next.configuration_glm5_next import Glm5NextConfig
 
 from kimi_audit.checks.audit import audit_source
@@ -23,6 +20,7 @@ from kimi_audit.errors import ConfigError
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.layout import expected_layout
 from kimi_audit.sources import LocalSource
+from multimodal_saves import layout_of, loads_back, save, stored
 
 TEXT: dict[str, Any] = {
     "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 16,
@@ -41,23 +39,7 @@ VISION: dict[str, Any] = {"hidden_size": 16, "depth": 2, "num_heads": 2, "interm
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    torch.manual_seed(0)
-    model = AutoModelForImageTextToText.from_config(Glm5NextConfig(text_config=TEXT, vision_config=VISION),
-                                                    dtype=torch.bfloat16)
-    d = tmp_path_factory.mktemp("glm5next")
-    model.save_pretrained(d, max_shard_size="20KB")
-    assert len(list(d.glob("*.safetensors"))) >= 2
-    return d, sum(p.numel() for p in model.parameters())
-
-
-def stored(d: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    out = {}
-    for shard in d.glob("*.safetensors"):
-        with safe_open(str(shard), "pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                s = f.get_slice(name)
-                out[name] = (tuple(s.get_shape()), s.get_dtype())
-    return out
+    return save(Glm5NextConfig(text_config=TEXT, vision_config=VISION), tmp_path_factory.mktemp("glm5next"))
 
 
 def test_save_pretrained_audits_clean(saved: tuple[Path, int]) -> None:
@@ -66,14 +48,11 @@ def test_save_pretrained_audits_clean(saved: tuple[Path, int]) -> None:
     assert report.findings == ()
     moe_layers = TEXT["mlp_layer_types"].count("sparse")
     assert report.stats.parameters == numel + moe_layers * TEXT["n_routed_experts"]  # the router biases: buffers
-    layout = expected_layout(model_config_from_dict(json.loads((d / "config.json").read_text())))
-    assert {n: (t.shape, t.dtype) for n, t in layout.items()} == stored(d)
+    assert layout_of(d) == stored(d)
 
 
 def test_transformers_reads_the_layouts_names_with_nothing_missing(saved: tuple[Path, int]) -> None:
-    model, info = AutoModelForImageTextToText.from_pretrained(saved[0], dtype=torch.bfloat16, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    assert sum(p.numel() for p in model.parameters()) == saved[1]
+    loads_back(*saved)
 
 
 def test_the_mtp_layer_is_one_undescribed_finding(saved: tuple[Path, int], tmp_path: Path) -> None:

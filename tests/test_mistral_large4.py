@@ -12,15 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from safetensors import safe_open
-from transformers import AutoModelForImageTextToText, MistralLarge4Config
+from transformers import MistralLarge4Config
 
 from kimi_audit.checks.audit import audit_source
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.config import model_config_from_dict
-from kimi_audit.model.layout import expected_layout
 from kimi_audit.sources import LocalSource
+from multimodal_saves import layout_of, loads_back, save, stored
 
 TEXT: dict[str, Any] = {
     "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 16,
@@ -35,23 +33,8 @@ VISION: dict[str, Any] = {"hidden_size": 16, "intermediate_size": 24, "num_hidde
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    torch.manual_seed(0)
     config = MistralLarge4Config(text_config=TEXT, vision_config=VISION, multimodal_projector_bias=True)
-    model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
-    d = tmp_path_factory.mktemp("ml4")
-    model.save_pretrained(d, max_shard_size="20KB")
-    assert len(list(d.glob("*.safetensors"))) >= 2
-    return d, sum(p.numel() for p in model.parameters())
-
-
-def stored(d: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    out = {}
-    for shard in d.glob("*.safetensors"):
-        with safe_open(str(shard), "pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                s = f.get_slice(name)
-                out[name] = (tuple(s.get_shape()), s.get_dtype())
-    return out
+    return save(config, tmp_path_factory.mktemp("ml4"))
 
 
 def test_save_pretrained_audits_clean(saved: tuple[Path, int]) -> None:
@@ -59,14 +42,11 @@ def test_save_pretrained_audits_clean(saved: tuple[Path, int]) -> None:
     report = audit_source(LocalSource(d))
     assert report.findings == ()
     assert report.stats.parameters == numel
-    layout = expected_layout(model_config_from_dict(json.loads((d / "config.json").read_text())))
-    assert {n: (t.shape, t.dtype) for n, t in layout.items()} == stored(d)
+    assert layout_of(d) == stored(d)
 
 
 def test_transformers_reads_the_layouts_names_with_nothing_missing(saved: tuple[Path, int]) -> None:
-    model, info = AutoModelForImageTextToText.from_pretrained(saved[0], dtype=torch.bfloat16, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    assert sum(p.numel() for p in model.parameters()) == saved[1]
+    loads_back(*saved)
 
 
 def test_every_layer_kind_is_described(saved: tuple[Path, int]) -> None:

@@ -242,6 +242,15 @@ def unsupported_config(cfg: dict[str, Any]) -> ModelConfig:
         norm_dtype="BF16", layout_supported=False)
 
 
+def nested_text(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """A multimodal config's text model (`text_config`), with the `quantization_config` and dtype of the top
+    level winning over its own (releases keep them in either place)."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError(f"config.json ({model_type}) lacks a text_config object")
+    return {**text, **{k: cfg[k] for k in ("quantization_config", *DTYPE_KEYS) if cfg.get(k) is not None}}
+
+
 def read_layer_types(cfg: dict[str, Any], key: str, allowed: set[str], n: int) -> list[str] | None:
     """A per-layer list of kinds (`layer_types`, `mlp_layer_types`): one of `allowed` for each of the `n`
     layers (a longer list is cut to n, as the configuration classes cut it); None where the key is absent."""

@@ -34,8 +34,7 @@ from kimi_audit.model.arch.spec import (
     prefixed,
     register,
 )
-from kimi_audit.model.config_fields import DTYPE_KEYS as CONFIG_DTYPE_KEYS
-from kimi_audit.model.config_fields import ModelConfig, VisionConfig
+from kimi_audit.model.config_fields import ModelConfig, VisionConfig, nested_text
 
 MODEL_TYPES = ("kimi_k25",)
 VISION_DEFAULTS: dict[str, Any] = {
@@ -50,14 +49,7 @@ PROJECTION_HIDDEN_DEFAULT = 1152
 def read(cfg: dict[str, Any]) -> ModelConfig:
     """The nested `text_config` is a DeepseekV3 config (Kimi-K2's); its `quantization_config` may sit inside it
     or at the top (both are read; the top one wins), and so may the dtype."""
-    text = cfg.get("text_config")
-    if not isinstance(text, dict):
-        raise ConfigError("config.json (kimi_k25) lacks a text_config object")
-    merged = {**text, "model_type": deepseek_v3.MODEL_TYPES[0]}
-    for key in ("quantization_config", *CONFIG_DTYPE_KEYS):
-        if cfg.get(key) is not None:
-            merged[key] = cfg[key]
-    parsed = deepseek_v3.read(merged)
+    parsed = deepseek_v3.read({**nested_text(cfg, MODEL_TYPES[0]), "model_type": deepseek_v3.MODEL_TYPES[0]})
     return replace(parsed, model_type=MODEL_TYPES[0], prefix=TEXT_PREFIX, vision=_vision(cfg))
 
 

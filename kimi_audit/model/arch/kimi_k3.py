@@ -46,8 +46,7 @@ from kimi_audit.model.arch.spec import (
     prefixed,
     register,
 )
-from kimi_audit.model.config_fields import DTYPE_KEYS as CONFIG_DTYPE_KEYS
-from kimi_audit.model.config_fields import ModelConfig
+from kimi_audit.model.config_fields import ModelConfig, nested_text
 
 MODEL_TYPES = ("kimi_k3",)
 TEXT_PREFIX = "language_model."
@@ -60,14 +59,8 @@ FEATURES = ("latent", "latent_norm", "attn_res", "mla_output_gate", "full_rank_g
 def read(cfg: dict[str, Any]) -> ModelConfig:
     """The nested `text_config` read as Kimi-Linear, then K3's keys; a `quantization_config` or dtype at the top
     wins over the text config's (the release keeps them inside it)."""
-    text = cfg.get("text_config")
-    if not isinstance(text, dict):
-        raise ConfigError("config.json (kimi_k3) lacks a text_config object")
-    merged = {**text, "model_type": kimi_linear.MODEL_TYPES[0]}
-    for key in ("quantization_config", *CONFIG_DTYPE_KEYS):
-        if cfg.get(key) is not None:
-            merged[key] = cfg[key]
-    parsed = kimi_linear.read(merged)
+    text = nested_text(cfg, MODEL_TYPES[0])
+    parsed = kimi_linear.read({**text, "model_type": kimi_linear.MODEL_TYPES[0]})
     linear = text.get("linear_attn_config")
     features = {
         "latent": _positive(text, "routed_expert_hidden_size"),

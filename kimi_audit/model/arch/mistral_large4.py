@@ -41,8 +41,7 @@ from kimi_audit.model.arch.spec import (
     Param,
     register,
 )
-from kimi_audit.model.config_fields import DTYPE_KEYS as CONFIG_DTYPE_KEYS
-from kimi_audit.model.config_fields import ModelConfig, read_eps, read_int, read_layer_types, scheduled
+from kimi_audit.model.config_fields import ModelConfig, nested_text, read_eps, read_int, read_layer_types, scheduled
 
 MODEL_TYPES = ("mistral_large4",)
 GAIN = "Learned gain"
@@ -69,13 +68,7 @@ KINDS = {(m, r, kv, ix) for m in ("dense", "moe") for r in ("rope", "nope") for 
 def read(cfg: dict[str, Any]) -> ModelConfig:
     """The nested `text_config` (its quantization and dtype at the top win), its per-layer schedules as
     MistralLarge4TextConfig.__post_init__ reads them, and the vision sub-config's dims."""
-    text = cfg.get("text_config")
-    if not isinstance(text, dict):
-        raise ConfigError("config.json (mistral_large4) lacks a text_config object")
-    merged = dict(text)
-    for key in ("quantization_config", *CONFIG_DTYPE_KEYS):
-        if cfg.get(key) is not None:
-            merged[key] = cfg[key]
+    merged = nested_text(cfg, MODEL_TYPES[0])
 
     def g(key: str) -> Any:
         return read_int(merged, key, TEXT_DEFAULTS)
