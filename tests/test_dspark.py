@@ -136,16 +136,3 @@ def test_a_bad_dspark_key_is_a_config_error(keys: dict[str, Any], match: str) ->
     with pytest.raises(ConfigError, match=match):
         model_config_from_dict({"model_type": "deepseek_v4", **TINY["deepseek_v4"], **DSPARK, **keys})
 
-
-def test_deepseek_v41_is_named_inconclusive_not_a_near_spelling(tmp_path: Path) -> None:
-    """V4.1's own model_type is a relative no description covers: LAYOUT_UNSUPPORTED says what it is instead of
-    suggesting `deepseek_v4` (which would audit it against the wrong layout)."""
-    from safetensors.torch import save_file
-
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v41",
-                                                      "architectures": ["DeepseekV41ForCausalLM"]}))
-    save_file({"embed.weight": torch.zeros(4, 4)}, str(tmp_path / "model.safetensors"))
-    report = audit_source(LocalSource(tmp_path))
-    (f,) = report.findings
-    assert f.code == "LAYOUT_UNSUPPORTED" and f.expected is None and "Engram" in f.message
-    assert "did you mean" not in f.message and report.exit_code() == 3

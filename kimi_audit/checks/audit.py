@@ -22,7 +22,7 @@ from kimi_audit.checks.root_causes import attribute, covered, fold_quantization,
 from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import EXIT_INCONCLUSIVE, Finding, Severity, exit_code_of, warning
 from kimi_audit.format.table import tensor_table
-from kimi_audit.model.arch.registry import buffered, model_types, relative
+from kimi_audit.model.arch.registry import buffered, model_types
 from kimi_audit.model.arch.spec import DENSE, MOE, is_mtp
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
 from kimi_audit.model.kinds import BUFFER
@@ -113,9 +113,8 @@ def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
 def layout_unsupported(ckpt: Checkpoint) -> Finding:
     raw = ckpt.config_raw
     model_type = raw.get("model_type")
-    known = relative(model_type) if isinstance(model_type, str) else None
-    near = None if known is not None else near_model_type(model_type)
-    hint = f"; did you mean {near!r}?" if near is not None else f" ({known[1]})" if known is not None else ""
+    near = near_model_type(model_type)
+    hint = f"; did you mean {near!r}?" if near is not None else ""
     return warning("LAYOUT_UNSUPPORTED", f"config.json describes model_type {model_type!r} (architectures "
                    f"{raw.get('architectures')!r}), no architecture kimi-audit describes{hint}: only the format, "
                    "index and file checks ran, no tensor was checked against a layout (exit 3, inconclusive)",

@@ -288,7 +288,8 @@ def _walk(cfg: ModelConfig, node: Node, layer: int | None, block: str | None, mo
     for t in node.tensors:
         if isinstance(t, Param):
             name = t.component if index is None else indexed(t.component, *index)
-            yield _tensor(name, t.dtype, tuple(f.value for f in t.shape), PARAMETER, t.component, layer, block)
+            yield _tensor(name, t.dtype, tuple(f.value for f in t.shape), SCALE if t.scale else PARAMETER,
+                          t.component, layer, block, owner=1 if t.scale else 0)
             continue
         module = t.module if index is None else indexed(t.module, *index)
         modules.append(module)

@@ -14,7 +14,7 @@ from dataclasses import replace
 from kimi_audit.format.names import ranges
 from kimi_audit.model.accounting.builder import Builder, Mult
 from kimi_audit.model.accounting.summary import sum_rows
-from kimi_audit.model.accounting.tree import Node, Part
+from kimi_audit.model.accounting.tree import Node, Part, StoredPart
 from kimi_audit.model.arch.registry import block_titles, describe
 from kimi_audit.model.arch.spec import (
     ATTENTION_BIAS_KEYS,
@@ -30,6 +30,7 @@ from kimi_audit.model.arch.spec import (
     is_mtp,
 )
 from kimi_audit.model.arch.spec import Node as Described
+from kimi_audit.model.kinds import SCALE
 
 BLOCK_LABEL = {DENSE: ("dense block", "dense blocks"), MOE: ("MoE block", "MoE blocks"),
                MTP: ("MTP layer", "MTP layers")}
@@ -86,6 +87,9 @@ class ModelBuilder(Builder):
         for t in d.tensors:
             if isinstance(t, Linear):
                 parts += self.linear_parts(block, t.module, list(t.out), list(t.inp), t.bias, list(t.stack))
+            elif t.scale and parts:  # the metadata of the Param before it
+                meta = StoredPart(t.component, t.dtype, tuple(f.value for f in t.shape), SCALE, 0)
+                parts[-1] = replace(parts[-1], meta=(*parts[-1].meta, meta))
             else:
                 parts.append(Part(t.label, t.component, t.shape, t.dtype))
         return self.leaf(key, d.name, d.title, d.role, block, parts, mult, self.keys(d.keys, block), d.note)

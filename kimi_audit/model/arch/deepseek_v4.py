@@ -1,4 +1,4 @@
-"""DeepSeek-V4 (`deepseek_v4`: V4-Flash, V4-Pro and their Base models; V4.1 where its config differs) as data.
+"""DeepSeek-V4 (`deepseek_v4`: V4-Flash, V4-Pro, their Base models, V4-Flash-0731) as data (V4.1: deepseek_v41).
 
 Mirrors transformers 5.25's modeling_deepseek_v4.py, named as DeepSeek's release names its tensors (the
 checkpoint conversion mapping of transformers 5.25, `deepseek_v4`, and vLLM's loader, which reads the release as
@@ -392,8 +392,6 @@ ARCHITECTURE = register(Architecture(
                        aliases=(("lm_head", "head"),)),
     float32_routers=("ffn.gate.bias",), buffered=("ffn.gate.bias",), value_roles=(("ffn.gate.bias", ROUTER_BIAS),),
     stages_from_files=lambda cfg: bool(cfg.dim("dspark_targets")),  # 0731 declares 1 stage, stores 3
-    relatives={"deepseek_v41": "DeepSeek-V4.1, DeepseekV41ForCausalLM: its own architecture, not described here "
-               "(KV caches shared across layers, a two-level indexer, Engram tables, a VL routing bias, vision)"},
     block_titles={**{f"{m}_{a}": f"{'hash-routed MoE' if m == 'moe_hash' else 'MoE'} {a.upper()}"
                      for m in V4_MLP.values() for a in V4_ATTENTION.values()},
                   DSPARK_FIRST: "first DSpark stage", DSPARK_MID: "DSpark stage", DSPARK_LAST: "last DSpark stage",

@@ -15,7 +15,7 @@ from kimi_audit.model.arch.spec import BY_CLASS, REGISTERED, Architecture, Diale
 from kimi_audit.model.config_fields import ModelConfig
 
 __all__ = ["architecture", "architecture_of", "block_titles", "buffered", "describe", "dialects", "float32_routers",
-           "load_architectures", "model_types", "relative", "stages_from_files", "undescribed", "value_roles"]
+           "load_architectures", "model_types", "stages_from_files", "undescribed", "value_roles"]
 
 DEFAULT_TYPE = "deepseek_v3"
 """The architecture of a config that names neither a model_type nor architectures (the family's root)."""
@@ -81,14 +81,6 @@ def stages_from_files(cfg: ModelConfig) -> bool:
     """Whether the files decide the config's MTP stage count when they hold more (Architecture.stages_from_files)."""
     arch = REGISTERED.get(cfg.described_as or cfg.model_type)
     return arch is not None and arch.stages_from_files(cfg)
-
-
-def relative(model_type: str) -> tuple[str, str] | None:
-    """(the architecture's name, what is known) for a relative's model_type no architecture describes."""
-    for arch in dict.fromkeys(REGISTERED.values()):
-        if model_type in arch.relatives:
-            return arch.name, arch.relatives[model_type]
-    return None
 
 
 def undescribed(model_type: str) -> dict[str, str]:

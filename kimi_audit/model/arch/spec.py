@@ -82,6 +82,9 @@ class Param:
     component: str
     shape: tuple[Factor, ...]
     dtype: str
+    scale: bool = False
+    """Quantization metadata, not a parameter: the scales of the Param listed just before it in its leaf
+    (DeepSeek-V4.1's Engram table and its per-row F8_E8M0 scales)."""
 
 
 @dataclass(frozen=True)
@@ -212,9 +215,6 @@ class Architecture:
     titles: Mapping[str, str] = field(default_factory=dict)
     """model_type -> the product's name where it differs from `name` (`kimi_k2` -> Kimi K2)."""
     undescribed: Mapping[str, str] = field(default_factory=dict)
-    relatives: Mapping[str, str] = field(default_factory=dict)
-    """model_types of the family that this description does not cover (their own architecture) -> what is and is
-    not known of them: LAYOUT_UNSUPPORTED says it instead of suggesting a near spelling."""
     """Names its release stores that the tree leaves out: RE2 pattern -> what they are."""
     quant: ReleaseQuant = DEEPSEEK_RELEASE
     """How its release writes DeepSeek's FP8 (scale suffix and dtype, blocks, FP4 experts)."""
