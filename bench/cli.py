@@ -33,7 +33,7 @@ family: `kimi-audit audit THINKING --json` and `kimi-audit audit K2.6 --json` ag
   INSTRUCT --json`, all full-scale replicas (Kimi-K2-Thinking's 62 INT4 shards, 208,276 tensors, and
   Kimi-K2.6's 64 (kimi_k25: vision tower and projector beside the INT4 text model), 208,550 tensors, built in
   a temp dir; Kimi-K2-Instruct's as for local). Targets: Thinking's wall and K2.6's <= 1.6x Instruct's. And
-  `kimi-audit audit V4FLASH --json`, the DeepSeek-V4-Flash replica (46 BF16 shards, 35,022 tensors, built in a
+  `kimi-audit audit V4FLASH --json`, the DeepSeek-V4-Flash replica (46 BF16 shards, 35,020 tensors, built in a
   temp dir). Target: <= 1.0x Instruct's.
 formats: `kimi-audit audit MLX4 --json`, the replica of Kimi-K2-Instruct as mlx-lm converts it (MLX affine 4-bit,
   180 shards, its experts stacked), against `kimi-audit audit INSTRUCT --json`. Target: <= 1.2x Instruct's.
@@ -408,7 +408,7 @@ def bench_family(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dic
     r4 = flash.median_wall() / inst.median_wall()
     targets = [Target("Thinking (208,276 tensors) wall <= 1.6x Instruct's (139,644)", f"{r:.2f}x", r <= 1.6),
                Target("Kimi-K2.6 (208,550 tensors, kimi_k25) wall <= 1.6x Instruct's", f"{r26:.2f}x", r26 <= 1.6),
-               Target("DeepSeek-V4-Flash (35,022 tensors) wall <= 1.0x Instruct's", f"{r4:.2f}x", r4 <= 1.0)]
+               Target("DeepSeek-V4-Flash (35,020 tensors) wall <= 1.0x Instruct's", f"{r4:.2f}x", r4 <= 1.0)]
     lines = [f"built the Kimi-K2-Thinking and DeepSeek-V4-Flash replicas in {built:.0f} s: {thinking}, {v4}",
              f"built the Kimi-K2.6 replica in {built_k26:.0f} s: {k26}"]
     lines += table(f"family, full-scale replicas: medians of {repeats} alternating runs", cmds, targets)

@@ -49,6 +49,14 @@ def test_three_dspark_stages_are_what_0731_adds_to_v4_flash() -> None:
     assert not any(n.startswith(f"mtp.{k}.e_proj") for k in range(3) for n in stages)
 
 
+def test_v4_flash_holds_the_published_inventory() -> None:
+    """With its published schedule (`compress_ratios`, kimi_audit/data/deepseek-v4-flash.sources.json) and the
+    release's FP8/FP4, V4-Flash's layout is the published inventory: 69,187 tensors, 1,575 of them `mtp.0.*`."""
+    raw = {k: v for k, v in flash_0731().items() if not k.startswith("dspark_")}
+    layout = expected_layout(model_config_from_dict(raw))
+    assert (len(layout), sum(n.startswith("mtp.0.") for n in layout)) == (PUBLISHED_FLASH, PUBLISHED_FLASH_MTP)
+
+
 @pytest.fixture(scope="module")
 def v4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
