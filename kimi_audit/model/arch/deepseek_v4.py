@@ -45,6 +45,7 @@ from kimi_audit.model.arch.spec import (
     Node,
     Param,
     register,
+    w123_mlp,
 )
 from kimi_audit.model.config_fields import (
     I64_MAX,
@@ -173,6 +174,21 @@ def describe(cfg: ModelConfig) -> ModelTree:
     return _Describe(cfg).tree()
 
 
+def hyper_connection(c: ModelConfig, key: str, name: str, title: str, stem: str, head: bool = False,
+                     fn_dtype: str = F32) -> Leaf:
+    """A manifold-constrained hyper-connection (DeepseekV4HyperConnection, or DeepseekV4HyperHead for the output;
+    GLM-5.3-Flash's too, its `fn` in the model's dtype): `fn` [(2 + n) × n, n × hidden] (the head's [n, n ×
+    hidden]), `base`, `scale` [3] ([1]), F32."""
+    n, hd = c.dim("hc_mult"), c.hidden_size
+    rows = Factor(n if head else (2 + n) * n, "mixing weights", ("hc_mult",), None if head else f"((2 + {n}) × {n})")
+    width = Factor(n * hd, "streams × hidden", ("hc_mult", "hidden_size"), f"({n} × {hd:,})")
+    scales = Factor(1 if head else 3, "scales", ())
+    return Leaf(key, name, title, "hyper_connection", (
+        Param("Mixing projection", f"{stem}fn", (rows, width), fn_dtype),
+        Param("Mixing bias", f"{stem}base", (rows,), F32),
+        Param("Scales", f"{stem}scale", (scales,), F32)), ("hc_mult", *(() if head else (BLOCK_KEYS,))))
+
+
 def dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
     """transformers' spelling: TRANSFORMERS, after each layer's `attn.kv_norm` written `attn.norm`."""
     kv_norms = tuple((f"{cfg.layer_name(i)}{KV_NORM}", f"model.{cfg.layer_name(i)}attn.norm.")
@@ -277,18 +293,7 @@ class _Describe:
         )
 
     def hyper(self, key: str, name: str, title: str, stem: str, head: bool = False) -> Leaf:
-        """A manifold-constrained hyper-connection (DeepseekV4HyperConnection, or DeepseekV4HyperHead for the
-        output): `fn` [(2 + n) × n, n × hidden] (the head's [n, n × hidden]), `base`, `scale` [3] ([1]), F32."""
-        c = self.cfg
-        n, hd = c.dim("hc_mult"), c.hidden_size
-        rows = Factor(n if head else (2 + n) * n, "mixing weights", ("hc_mult",),
-                      None if head else f"((2 + {n}) × {n})")
-        width = Factor(n * hd, "streams × hidden", ("hc_mult", "hidden_size"), f"({n} × {hd:,})")
-        scales = Factor(1 if head else 3, "scales", ())
-        return Leaf(key, name, title, "hyper_connection", (
-            Param("Mixing projection", f"{stem}fn", (rows, width), F32),
-            Param("Mixing bias", f"{stem}base", (rows,), F32),
-            Param("Scales", f"{stem}scale", (scales,), F32)), ("hc_mult", *(() if head else (BLOCK_KEYS,))))
+        return hyper_connection(self.cfg, key, name, title, stem, head)
 
     def attention(self, kind: str) -> Group:
         c = self.cfg
@@ -374,14 +379,8 @@ class _Describe:
         return tuple(out)
 
     def mlp(self, key: str, title: str, role: str, module: str, inter: Factor, repeat: Factor | None = None) -> Group:
-        h = self.f("hidden_size", "hidden")
-        rows = (("w1", "Gate projection", (inter,), (h,)), ("w2", "Down projection", (h,), (inter,)),
-                ("w3", "Up projection", (inter,), (h,)))
-        return Group(key, title, tuple(
-            Leaf(p, p, t, f"{role}_{p}", (Linear(f"{module}.{p}", out, inp),),
-                 (BLOCK_KEYS, "moe_intermediate_size", DTYPE_KEYS)) for p, t, out, inp in rows),
-            repeat=repeat, index_at="experts." if repeat is not None else "")
-
+        return w123_mlp(key, title, role, module, self.f("hidden_size", "hidden"), inter,
+                        (BLOCK_KEYS, "moe_intermediate_size", DTYPE_KEYS), repeat)
 
 ARCHITECTURE = register(Architecture(
     name="DeepSeek-V4", model_types=MODEL_TYPES, read=read, describe=describe, dialects=dialects,

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.arch import glm_moe_dsa, kimi_linear
+from kimi_audit.model.arch import deepseek_v4, glm_moe_dsa, kimi_linear
 from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
@@ -148,15 +148,8 @@ class _Describe(kimi_linear._Describe):
                 self.hyper("hc_ffn", "MLP hyper-connection"), *(self.moe() if mlp == "moe" else self.dense()))
 
     def hyper(self, stem: str, title: str) -> Leaf:
-        """DeepSeek-V4's hyper-connection: `fn` [(2 + n) × n, n × hidden], `base` [(2 + n) × n], `scale` [3]."""
-        c = self.cfg
-        n = c.dim("hc_mult")
-        rows = Factor((2 + n) * n, "mixing weights", ("hc_mult",), f"((2 + {n}) × {n})")
-        width = Factor(n * c.hidden_size, "streams × hidden", ("hc_mult", "hidden_size"), f"({n} × {c.hidden_size:,})")
-        return Leaf(stem, stem, title, "hyper_connection", (
-            Param("Mixing projection", f"{stem}_fn", (rows, width), c.dtype),
-            Param("Mixing bias", f"{stem}_base", (rows,), F32),
-            Param("Scales", f"{stem}_scale", (Factor(3, "scales", ()),), F32)), ("hc_mult", BLOCK_KEYS))
+        """DeepSeek-V4's hyper-connection, its `fn` in the model's dtype."""
+        return deepseek_v4.hyper_connection(self.cfg, stem, stem, title, f"{stem}_", fn_dtype=self.cfg.dtype)
 
     def glm_indexer(self) -> Group:
         c = self.cfg

@@ -40,6 +40,7 @@ from kimi_audit.model.arch.spec import (
     Node,
     Param,
     register,
+    w123_mlp,
 )
 from kimi_audit.model.config_fields import ModelConfig, read_eps, read_int, read_layer_types, scheduled
 from kimi_audit.model.kinds import ROUTER_BIAS
@@ -210,13 +211,9 @@ class _Describe(_MLA):
             Leaf("e_score_correction_bias", "e_score_correction_bias", "Expert score correction bias",
                  "e_score_correction_bias",
                  (Param("Bias", "block_sparse_moe.gate.e_score_correction_bias", (e,), rd),), (BLOCK_KEYS,))))
-        w = self.expert_width()
-        rows = (("w1", "Gate projection", (inter,), (w,)), ("w2", "Down projection", (w,), (inter,)),
-                ("w3", "Up projection", (inter,), (w,)))
-        experts = Group("experts", "Routed experts", tuple(
-            Leaf(p, p, t, f"expert_{p}", (Linear(f"block_sparse_moe.experts.{p}", out, inp),),
-                 (BLOCK_KEYS, "moe_intermediate_size", DTYPE_KEYS)) for p, t, out, inp in rows),
-            repeat=Factor(c.n_routed_experts, "experts", ("n_routed_experts",)), index_at="experts.")
+        experts = w123_mlp("experts", "Routed experts", "expert", "block_sparse_moe.experts", self.expert_width(),
+                           inter, (BLOCK_KEYS, "moe_intermediate_size", DTYPE_KEYS),
+                           Factor(c.n_routed_experts, "experts", ("n_routed_experts",)))
         out: list[Node] = [router, experts]
         if c.n_shared_experts:
             sh = Factor(c.moe_intermediate_size * c.n_shared_experts, "shared intermediate",

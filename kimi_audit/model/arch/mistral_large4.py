@@ -40,6 +40,7 @@ from kimi_audit.model.arch.spec import (
     Node,
     Param,
     register,
+    w123_mlp,
 )
 from kimi_audit.model.config_fields import ModelConfig, nested_text, read_eps, read_int, read_layer_types, scheduled
 
@@ -222,12 +223,8 @@ class _Describe:
             self.scaling("indexer_ssmax_scaling", f"{at}ssmax_scaling", ih)))
 
     def mlp(self, key: str, title: str, role: str, module: str, inter: Factor, repeat: Factor | None = None) -> Group:
-        h = self.f("hidden_size", "hidden")
-        rows = (("w1", "Gate projection", (inter,), (h,)), ("w2", "Down projection", (h,), (inter,)),
-                ("w3", "Up projection", (inter,), (h,)))
-        return Group(key, title, tuple(
-            Leaf(p, p, t, f"{role}_{p}", (Linear(f"{module}.{p}", out, inp),), (BLOCK_KEYS, DTYPE_KEYS))
-            for p, t, out, inp in rows), repeat=repeat, index_at="experts." if repeat is not None else "")
+        return w123_mlp(key, title, role, module, self.f("hidden_size", "hidden"), inter, (BLOCK_KEYS, DTYPE_KEYS),
+                        repeat)
 
     def moe(self) -> tuple[Node, ...]:
         c = self.cfg

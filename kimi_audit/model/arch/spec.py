@@ -146,6 +146,18 @@ class ModelTree:
     after: tuple[Node, ...]
 
 
+def w123_mlp(key: str, title: str, role: str, module: str, width: Factor, inter: Factor, keys: tuple[str, ...],
+             repeat: Factor | None = None) -> Group:
+    """A gated MLP in DeepSeek's native names (DeepSeek-V4, Kimi-Linear's experts, Mistral's releases): `w1`
+    (gate) and `w3` (up) [inter, width], `w2` (down) [width, inter]; repeated (the routed experts), indexed after
+    `experts.`."""
+    rows = (("w1", "Gate projection", (inter,), (width,)), ("w2", "Down projection", (width,), (inter,)),
+            ("w3", "Up projection", (inter,), (width,)))
+    return Group(key, title, tuple(Leaf(p, p, t, f"{role}_{p}", (Linear(f"{module}.{p}", out, inp),), keys)
+                                   for p, t, out, inp in rows),
+                 repeat=repeat, index_at="experts." if repeat is not None else "")
+
+
 def prefixed(node: Node, prefix: str) -> Node:
     """The node with every full name under `prefix` (a text model nested in a multimodal one:
     `model.embed_tokens.weight` -> `language_model.model.embed_tokens.weight`)."""
