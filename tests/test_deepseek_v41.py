@@ -26,6 +26,7 @@ from kimi_audit.errors import ConfigError
 from kimi_audit.findings import Severity
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.layout import expected_layout
+from loader_tables import dim
 
 TABLE = json.loads((Path(__file__).parent / "data" / "loader_names" / "deepseek_v41.vllm.json").read_text())
 BLOCK = 32
@@ -44,12 +45,6 @@ CONFIG: dict[str, Any] = {
     "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [32, 32],
                             "expert_dtype": "fp4"},
     "text_config": TEXT, "vision_config": {"n_layers": 2}}
-
-
-def dim(expr: str, keys: dict[str, Any]) -> int:
-    """A table dimension: arithmetic over text_config keys (our own test data)."""
-    text = re.sub(r"[a-z_]+", lambda m: str(keys[m.group(0)]), expr)
-    return int(eval(text, {"__builtins__": {}}))  # the table's own arithmetic: digits and + * / ( )
 
 
 def stored(name: str, shape: tuple[int, ...], how: str) -> dict[str, tuple[tuple[int, ...], str]]:

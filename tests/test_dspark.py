@@ -24,7 +24,7 @@ from kimi_audit.errors import ConfigError
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.layout import expected_layout
 from kimi_audit.sources import LocalSource
-from test_lineage_differential import SHARD, TINY, Shards, respell, rewrite
+from test_lineage_differential import SHARD, TINY, Shards, respell, rewrite, with_v4_stage_layers
 
 PUBLISHED_0731, PUBLISHED_FLASH, PUBLISHED_FLASH_MTP = 72_317, 69_187, 1_575
 """Tensor counts of the published V4-Flash-0731 and V4-Flash, and of V4-Flash's MTP stage (family.md)."""
@@ -66,19 +66,13 @@ def v4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def with_dspark(shards: Shards, stages: int = 3, config: dict[str, Any] | None = None) -> None:
-    """DSpark stages as 0731 stores them: layer 0's attention (sliding-window) and layer 1's MoE (bias-routed)
-    copied into each, the first and last stage's own parts beside."""
-    cfg = {**TINY["deepseek_v4"], **DSPARK, **(config or {})}
+def with_dspark(shards: Shards, stages: int = 3) -> None:
+    """DSpark stages as 0731 stores them: a decoder layer in each (with_v4_stage_layers), the first and last
+    stage's own parts beside."""
+    cfg = {**TINY["deepseek_v4"], **DSPARK}
     h, v, r, hc = cfg["hidden_size"], cfg["vocab_size"], cfg["dspark_markov_rank"], cfg["hc_mult"]
+    with_v4_stage_layers(shards, [f"mtp.{k}." for k in range(stages)])
     first = next(iter(shards.values()))
-    for ts in list(shards.values()):
-        for name, t in list(ts.items()):
-            for layer, parts in ((0, ("attn.", "attn_norm.", "hc_attn_")), (1, ("ffn.", "ffn_norm.", "hc_ffn_"))):
-                rest = name.removeprefix(f"layers.{layer}.")
-                if rest != name and rest.startswith(parts):
-                    for k in range(stages):
-                        first[f"mtp.{k}.{rest}"] = t.clone()
     last = f"mtp.{stages - 1}."
     own = {"mtp.0.main_proj.weight": ((h, len(cfg["dspark_target_layer_ids"]) * h), torch.bfloat16),
            "mtp.0.main_norm.weight": ((h,), torch.float32), last + "norm.weight": ((h,), torch.float32),

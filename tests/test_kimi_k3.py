@@ -30,6 +30,7 @@ from kimi_audit.errors import ConfigError
 from kimi_audit.findings import Severity
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.layout import expected_layout
+from loader_tables import dim
 
 DATA = Path(__file__).parent / "data"
 TABLE = json.loads((DATA / "loader_names" / "kimi_k3.json").read_text())
@@ -64,18 +65,6 @@ def mxfp4_config() -> dict[str, Any]:
 def with_experts_quantized(raw: dict[str, Any]) -> dict[str, Any]:
     """`raw` with the experts' MXFP4 config group as compressed-tensors writes it (the published config's too)."""
     return {**raw, "text_config": {**raw["text_config"], "quantization_config": mxfp4_config()}}
-
-
-def dim(expr: str, text: dict[str, Any]) -> int:
-    """A table dimension: a sum of products of text_config keys (linear_attn_config.* inside it) and numbers."""
-    def value(term: str) -> int:
-        if term.isdigit():
-            return int(term)
-        node: Any = text
-        for part in term.split("."):
-            node = node[part]
-        return int(node)
-    return sum(math.prod(value(f) for f in product.split("*")) for product in expr.split("+"))
 
 
 def table_tensors(raw: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:

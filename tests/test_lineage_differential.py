@@ -341,12 +341,20 @@ def with_v4_mtp(shards: Shards) -> None:
     for name, dims in V4_MTP_OWN.items():
         dtype = torch.bfloat16 if name.endswith("proj.weight") else torch.float32
         first["mtp.0." + name] = torch.ones(tuple(size[d] for d in dims), dtype=dtype) / 8
+    with_v4_stage_layers(shards, ["mtp.0."])
+
+
+def with_v4_stage_layers(shards: Shards, stages: list[str]) -> None:
+    """A decoder layer under each stage prefix, in the first shard: the tiny model's layer 0 attention
+    (sliding-window, as every MTP stage's) and layer 1 MoE (bias-routed, as every layer past the hash-routed)."""
+    first = next(iter(shards.values()))
     for ts in list(shards.values()):
         for name, t in list(ts.items()):
             for layer, parts in ((0, ("attn.", "attn_norm.", "hc_attn_")), (1, ("ffn.", "ffn_norm.", "hc_ffn_"))):
                 rest = name.removeprefix(f"layers.{layer}.")
                 if rest != name and rest.startswith(parts):
-                    first["mtp.0." + rest] = t.clone()
+                    for stage in stages:
+                        first[stage + rest] = t.clone()
 
 
 @pytest.mark.parametrize("model_type", list(TINY))
