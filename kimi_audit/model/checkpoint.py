@@ -208,11 +208,11 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
                                             loader=plan.tree if plan is not None else "")
     findings += shard_findings
     headers, failures = read_headers(source, shards, index, progress, expected)
-    config, stage_findings = with_stored_stages(config_raw, config, [h.columns.names for h in headers.values()])
+    stored = [h.columns.names for h in headers.values()]
+    config, stage_findings = with_stored_stages(config_raw, config, stored)
     if expected is None or stage_findings:
         expected = expected_layout(config)
-    config, expected, dialect_findings = resolve_dialect(config, expected,
-                                                         [h.columns.names for h in headers.values()])
+    config, expected, dialect_findings = resolve_dialect(config, expected, stored)
     findings += failures + stage_findings + dialect_findings
     return Checkpoint(source.label, source.revision, files, config_raw, config, index, expected, headers,
                       tuple(findings), source.reported_parameters())
