@@ -119,9 +119,15 @@ def write(d: Path, tensors: dict[str, tuple[tuple[int, ...], str]]) -> Path:
     return d
 
 
+def release_tensors() -> dict[str, tuple[tuple[int, ...], str]]:
+    """The table's tensors, a dtype the loader leaves open ('-') written F32 (norms, the routing bias) or BF16
+    (the router gate)."""
+    return {n: (s, d if d != "-" else "BF16" if n.endswith("gate.weight") else "F32")
+            for n, (s, d) in table_tensors().items()}
+
+
 def test_a_release_named_checkpoint_audits_clean(tmp_path: Path) -> None:
-    tensors = {n: (s, "F32" if d == "-" and not n.endswith("gate.weight") else "BF16" if d == "-" else d)
-               for n, (s, d) in table_tensors().items()}
+    tensors = release_tensors()
     report = audit(write(tmp_path / "v41", {**tensors, **{n: (s, "BF16") for n, s in EXTRA.items()}}))
     assert [f.code for f in report.findings if f.severity is not Severity.INFO] == []
     assert sorted(f.tensor or "" for f in report.findings if f.code == "TENSORS_UNDESCRIBED") == sorted(EXTRA)
@@ -129,8 +135,8 @@ def test_a_release_named_checkpoint_audits_clean(tmp_path: Path) -> None:
 
 
 def test_a_missing_engram_scale_is_one_finding(tmp_path: Path) -> None:
-    tensors = {n: (s, "F32" if d == "-" and not n.endswith("gate.weight") else "BF16" if d == "-" else d)
-               for n, (s, d) in table_tensors().items() if n != "layers.4.engram.embed.scale"}
+    tensors = release_tensors()
+    del tensors["layers.4.engram.embed.scale"]
     report = audit(write(tmp_path / "v41", tensors))
     assert [(f.code, f.tensor) for f in report.findings if f.severity is Severity.ERROR] == [
         ("SCALE_MISSING", "layers.4.engram.embed.scale")]

@@ -182,5 +182,4 @@ ARCHITECTURE = register(Architecture(
                  r"layers\.\d+\.ffn\.gate\.bias_vl$": "DeepSeek-V4.1's vision routing biases (ffn.gate.bias_vl)",
                  r"mtp\.": "DeepSeek-V4.1's MTP/DSpark stages"},
     float32_routers=deepseek_v4.ARCHITECTURE.float32_routers, buffered=deepseek_v4.ARCHITECTURE.buffered,
-    value_roles=deepseek_v4.ARCHITECTURE.value_roles,
-    block_titles={}))
+    value_roles=deepseek_v4.ARCHITECTURE.value_roles))
