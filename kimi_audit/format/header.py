@@ -50,6 +50,9 @@ class ShardHeader:
     findings: tuple[Finding, ...] = ()
     identity: tuple[int, ...] | None = field(default=None, compare=False)
     """The local file's identity when this header was read (sources.files.file_identity); None elsewhere."""
+    data_offset: int | None = None
+    """Where the data section starts, for a container that says so itself (a GGUF part: after its metadata, at
+    its alignment); None: after the safetensors length prefix and header."""
 
     @cached_property
     def tensors(self) -> dict[str, TensorInfo]:
@@ -63,6 +66,8 @@ class ShardHeader:
 
     @property
     def data_start(self) -> int:
+        if self.data_offset is not None:
+            return self.data_offset
         return HEADER_LENGTH_BYTES + (self.header_len or 0)
 
     @property

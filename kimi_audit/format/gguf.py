@@ -1,0 +1,284 @@
+"""The GGUF container (llama.cpp's files): one part's header read strictly, by byte range, with `struct`.
+
+A part is `GGUF` + u32 version + u64 tensor count + u64 key-value count, the key-values (metadata: the model's
+hyperparameters, the tokenizer, `split.*`), one info per tensor (name, dims in ggml order, ggml type, offset into
+the data section), then the data section at the next multiple of `general.alignment` (32 by default). gguf-py's
+GGUFReader reads the same bytes (gguf-py/gguf/gguf_reader.py), but it builds a numpy view per array element: a
+Kimi-K2 part 1 holds 163,840 tokens and as many merges, 9.9 s there, a fraction of a second here, where only a
+string array's count is kept.
+
+The header is read in growing chunks from the start (part 1 of Kimi-K2 carries a ~7 MB tokenizer, the other parts
+a few KB), never past MAX_GGUF_HEADER_BYTES. Each part becomes a ShardHeader (shapes in numpy order, the ggml
+type's name as the dtype, offsets relative to the data section) feeding the same tensor table and checks as a
+safetensors shard; what is wrong with the container is a Finding on it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from kimi_audit.errors import SourceError
+from kimi_audit.findings import Finding, error, warning
+from kimi_audit.format.columns import TensorColumns, label
+from kimi_audit.format.gguf_types import GGML_TYPES
+from kimi_audit.format.header import ShardHeader
+from kimi_audit.sources.base import Source
+
+GGUF_SUFFIX = ".gguf"
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_GGUF_HEADER_BYTES = 256 << 20
+"""A part's header at most (Kimi-K2's part 1: ~7 MB of tokenizer); past it the part is not read further."""
+MAX_DIMS = 4
+"""GGML_MAX_DIMS."""
+MAX_NAME_BYTES = 63
+"""GGML_MAX_NAME is 64 with the terminating NUL: llama.cpp's gguf.cpp refuses a longer tensor name."""
+MAX_KEY_BYTES = 1 << 16
+KEEP_ARRAY = 64
+"""Arrays up to this length keep their values (split sizes, per-layer schedules); longer ones their length only."""
+FIRST_READ = 1 << 20
+
+# GGUF value types (gguf.cpp's gguf_type)
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+STRING, ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class GgufArray:
+    """A metadata array: its element type and length, and its values where it is short (KEEP_ARRAY)."""
+
+    item_type: int
+    count: int
+    values: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class GgufPart:
+    """One GGUF file: its metadata and its tensors as a ShardHeader."""
+
+    header: ShardHeader
+    version: int = 0
+    kv: dict[str, Any] = field(default_factory=dict)
+    alignment: int = DEFAULT_ALIGNMENT
+
+
+class _Invalid(Exception):
+    """The header cannot be read further: the message says why (GGUF_INVALID)."""
+
+
+class _Cursor:
+    """Reads a part's header front to back, fetching more of the file as the parse needs it."""
+
+    def __init__(self, source: Source, name: str) -> None:
+        self.source, self.name = source, name
+        first = source.read_range(name, 0, FIRST_READ)
+        self.buf = bytearray(first.data)
+        self.file_size = first.file_size
+        self.identity = first.identity
+        self.pos = 0
+
+    def need(self, n: int) -> None:
+        end = self.pos + n
+        if end <= len(self.buf):
+            return
+        if end > self.file_size:
+            raise _Invalid(f"the header runs past the end of the {self.file_size:,}-byte file (a partial download?)")
+        if end > MAX_GGUF_HEADER_BYTES:
+            raise _Invalid(f"the header exceeds {MAX_GGUF_HEADER_BYTES:,} bytes")
+        want = min(max(end - len(self.buf), len(self.buf)), MAX_GGUF_HEADER_BYTES - len(self.buf),
+                   self.file_size - len(self.buf))
+        got = self.source.read_range(self.name, len(self.buf), want).data
+        if len(self.buf) + len(got) < end:
+            raise _Invalid("the file ended while its header was read")
+        self.buf += got
+
+    def take(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        self.need(size)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self, limit: int, what: str) -> str:
+        n = self.take("<Q")
+        if n > limit:
+            raise _Invalid(f"{what} is {n:,} bytes long (at most {limit:,})")
+        self.need(n)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Invalid(f"{what} is not UTF-8") from None
+
+    def skip_strings(self, count: int) -> None:
+        """Past `count` strings, keeping none (a tokenizer's tokens and merges)."""
+        buf = self.buf
+        for _ in range(count):
+            self.need(8)
+            (n,) = struct.unpack_from("<Q", buf, self.pos)
+            self.pos += 8
+            if n > MAX_GGUF_HEADER_BYTES:
+                raise _Invalid(f"an array string is {n:,} bytes long")
+            if self.pos + n > len(buf):
+                self.need(n)
+                buf = self.buf
+            self.pos += n
+
+    def value(self, vtype: int, key: str, depth: int = 0) -> Any:
+        if vtype in _SCALARS:
+            return self.take(_SCALARS[vtype])
+        if vtype == STRING:
+            return self.string(MAX_GGUF_HEADER_BYTES, f"the value of {label(key)}")
+        if vtype != ARRAY or depth > 0:
+            raise _Invalid(f"{label(key)} has value type {vtype}, which GGUF does not define"
+                           if vtype != ARRAY else f"{label(key)} is an array of arrays")
+        item, count = self.take("<I"), self.take("<Q")
+        if item in _SCALARS:
+            size = struct.calcsize(_SCALARS[item])
+            if count * size > self.file_size:
+                raise _Invalid(f"{label(key)} claims {count:,} elements, more than the file holds")
+            self.need(count * size)
+            values = None
+            if count <= KEEP_ARRAY:
+                values = struct.unpack_from(f"<{count}{_SCALARS[item][1]}", self.buf, self.pos)
+            self.pos += count * size
+            return GgufArray(item, count, values)
+        if item == STRING:
+            if count * 8 > self.file_size:
+                raise _Invalid(f"{label(key)} claims {count:,} strings, more than the file holds")
+            if count <= KEEP_ARRAY:
+                return GgufArray(item, count, tuple(self.string(MAX_GGUF_HEADER_BYTES, label(key))
+                                                    for _ in range(count)))
+            self.skip_strings(count)
+            return GgufArray(item, count)
+        raise _Invalid(f"{label(key)} is an array of value type {item}, which GGUF does not define"
+                       if item != ARRAY else f"{label(key)} is an array of arrays")
+
+
+def read_gguf_part(source: Source, name: str) -> GgufPart:
+    """One part's header, checked: the container's own rules (magic, version, counts, alignment, every tensor's
+    type, bytes inside the file, aligned, not overlapping, names unique)."""
+    try:
+        cur = _Cursor(source, name)
+    except SourceError as e:
+        return _failed(name, 0, f"unreadable: {e}")
+    try:
+        return _parse(cur, name)
+    except _Invalid as e:
+        return _failed(name, cur.file_size, str(e))
+    except SourceError as e:
+        return _failed(name, cur.file_size, f"unreadable: {e}")
+
+
+def _failed(name: str, size: int, why: str) -> GgufPart:
+    return GgufPart(ShardHeader(name, size, None, findings=(
+        error("GGUF_INVALID", f"{name}: not a readable GGUF file: {why}", shard=name),)))
+
+
+def _parse(cur: _Cursor, name: str) -> GgufPart:
+    cur.need(4)
+    magic = bytes(cur.buf[:4])
+    if magic != MAGIC:
+        raise _Invalid(f"it starts with {magic!r}, not the GGUF magic")
+    cur.pos = 4
+    version = cur.take("<I")
+    if version not in VERSIONS:
+        endian = " (a big-endian file)" if version & 0xFFFF == 0 else ""
+        raise _Invalid(f"GGUF version {version}{endian}: llama.cpp reads versions 2 and 3, little-endian")
+    n_tensors, n_kv = cur.take("<Q"), cur.take("<Q")
+    if n_tensors > cur.file_size // 24 or n_kv > cur.file_size // 12:
+        raise _Invalid(f"it claims {n_tensors:,} tensors and {n_kv:,} metadata keys, more than its "
+                       f"{cur.file_size:,} bytes can hold")
+    kv: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = cur.string(MAX_KEY_BYTES, "a metadata key")
+        if key in kv:
+            raise _Invalid(f"metadata key {label(key)} appears twice")
+        kv[key] = cur.value(cur.take("<I"), key)
+    alignment = kv.get("general.alignment", DEFAULT_ALIGNMENT)
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+        raise _Invalid(f"general.alignment {alignment!r} is not a power of two")
+    infos = []
+    for _ in range(n_tensors):
+        tname = cur.string(MAX_GGUF_HEADER_BYTES, "a tensor name")
+        n_dims = cur.take("<I")
+        if n_dims > MAX_DIMS:
+            raise _Invalid(f"tensor {label(tname)} has {n_dims} dimensions (ggml has at most {MAX_DIMS})")
+        cur.need(8 * n_dims + 12)
+        ne = struct.unpack_from(f"<{n_dims}Q", cur.buf, cur.pos)
+        cur.pos += 8 * n_dims
+        infos.append((tname, ne, cur.take("<I"), cur.take("<Q")))
+    data_offset = -(-cur.pos // alignment) * alignment
+    columns, findings = _columns(infos, name, alignment, data_offset, cur.file_size)
+    header = ShardHeader(name, cur.file_size, None, columns=columns, findings=tuple(findings),
+                         identity=cur.identity, data_offset=data_offset)
+    return GgufPart(header, version, kv, alignment)
+
+
+def _columns(infos: list[tuple[str, tuple[int, ...], int, int]], part: str, alignment: int, data_offset: int,
+             file_size: int) -> tuple[TensorColumns, list[Finding]]:
+    findings: list[Finding] = []
+    names: list[str] = []
+    dtypes: list[str] = []
+    shapes: list[tuple[int, ...]] = []
+    begins: list[int] = []
+    ends: list[int] = []
+    seen: set[str] = set()
+    cut: list[str] = []
+    for tname, ne, type_id, offset in infos:
+        t = GGML_TYPES.get(type_id)
+        where = f"{part}: {label(tname)}"
+        if len(tname.encode()) > MAX_NAME_BYTES:
+            findings.append(error("GGUF_INVALID", f"{where}: a tensor name of {len(tname.encode())} bytes (llama.cpp "
+                                  f"takes at most {MAX_NAME_BYTES})", tensor=tname, shard=part))
+            continue
+        if tname in seen:
+            findings.append(error("TENSOR_DUPLICATE", f"{where} is stored twice in the part", tensor=tname, shard=part))
+            continue
+        if t is None:
+            findings.append(error("GGUF_TYPE_UNKNOWN", f"{where}: ggml type {type_id} is not one llama.cpp defines",
+                                  tensor=tname, shard=part, actual=type_id))
+            continue
+        if any(d == 0 for d in ne) or (ne and ne[0] % t.block):
+            findings.append(error("GGUF_ROW_BLOCK", f"{where}: a row of {ne[0] if ne else 0:,} elements is not whole "
+                                  f"{t.name} blocks of {t.block}", tensor=tname, shard=part, expected=t.block,
+                                  actual=ne[0] if ne else 0))
+            continue
+        numel = 1
+        for d in ne:
+            numel *= d
+        nbytes = t.nbytes(numel)
+        if offset % alignment:
+            findings.append(error("GGUF_MISALIGNED", f"{where}: data offset {offset:,} is not a multiple of the "
+                                  f"alignment {alignment}", tensor=tname, shard=part, expected=alignment,
+                                  actual=offset))
+        seen.add(tname)
+        if data_offset + offset + nbytes > file_size:
+            cut.append(tname)
+        names.append(tname)
+        dtypes.append(t.name)
+        shapes.append(tuple(reversed(ne)))
+        begins.append(offset)
+        ends.append(offset + nbytes)
+    if cut:
+        first = ", ".join(label(n, 120) for n in cut[:3]) + (f" and {len(cut) - 3:,} more" if len(cut) > 3 else "")
+        findings.append(error("DATA_PAST_EOF", f"{part}: the data of {len(cut):,} tensor{'s' if len(cut) != 1 else ''} "
+                              f"is not within the file bounds ({file_size:,} bytes): a partial download? ({first})",
+                              tensor=cut[0], shard=part, expected=file_size, actual=data_offset + max(ends),
+                              covers=len(cut)))
+    pos = 0
+    for begin, end, tname in sorted(zip(begins, ends, names)):
+        if begin < pos:
+            findings.append(error("OFFSETS_OVERLAP", f"{part}: {label(tname)}: data [{begin:,}, {end:,}) overlaps "
+                                  f"bytes before {pos:,}", tensor=tname, shard=part, expected=pos, actual=begin))
+        pos = max(pos, end)
+    end_of_data = data_offset + -(-pos // alignment) * alignment
+    if not cut and file_size > end_of_data:
+        findings.append(warning("GGUF_TRAILING_BYTES", f"{part}: {file_size - end_of_data:,} bytes follow the last "
+                                "tensor, which llama.cpp never reads (parts joined with cat? llama-gguf-split --merge "
+                                "joins them)", shard=part, expected=end_of_data, actual=file_size))
+    return TensorColumns(names, dtypes, shapes, begins, ends), findings
