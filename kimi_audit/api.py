@@ -175,7 +175,7 @@ def layout(config: str | os.PathLike[str] | Mapping[str, Any], revision: str | N
     if not chosen:
         names = ", ".join(d.name.split()[0] for d in known) or "none"
         raise KimiAuditError(f"{cfg.model_type} has no dialect {dialect!r} (its dialects: {names})")
-    return respelled(expected, chosen[0])
+    return respelled(expected, chosen[0].rename)
 
 
 def _config_of(config: str | os.PathLike[str] | Mapping[str, Any], revision: str | None) -> ModelConfig:

@@ -29,7 +29,9 @@ from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
 from kimi_audit.model.config import parse_config_bytes
 from kimi_audit.model.config_fields import ModelConfig
+from kimi_audit.format.gguf_split import split_findings
 from kimi_audit.model.dialect import resolve_dialect
+from kimi_audit.model.gguf import choose_set, gguf_model, is_gguf, read_set
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.model.mtp_stages import with_stored_stages
 from kimi_audit.sources.base import Source
@@ -58,6 +60,9 @@ class Checkpoint:
     """What loading itself found: absent or unlisted shards, pickle files, unreadable files."""
     reported_parameters: int | None = None
     """The parameter total the source reports (the Hub's model info), checks.hub_count compares it."""
+    container: str = "safetensors"
+    """The files' container: `safetensors`, or `gguf` (llama.cpp's; config_raw is then what its metadata implies,
+    model.gguf)."""
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -176,8 +181,25 @@ def _names_by_shard(shards: list[str], index: IndexFile | None) -> dict[str, lis
     return out
 
 
-def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Checkpoint:
-    return _load(source, source.list_files(), source.remote, progress)
+def load_checkpoint(source: Source, progress: ProgressFn | None = None, include: tuple[str, ...] = ()) -> Checkpoint:
+    """What an audit reads: a safetensors checkpoint, or the GGUF set `include` (globs) selects, or the one GGUF
+    set of a folder with no safetensors file."""
+    files = source.list_files()
+    if include or (is_gguf(files) and not any(f.endswith(SAFETENSORS_SUFFIX) for f in files)):
+        return _load_gguf(source, files, progress, include)
+    return _load(source, files, source.remote, progress)
+
+
+def _load_gguf(source: Source, files: tuple[str, ...], progress: ProgressFn | None,
+               include: tuple[str, ...]) -> Checkpoint:
+    names = choose_set(files, include)
+    parts = read_set(source, names, progress)
+    findings = split_findings(parts)
+    raw, config, expected, meta = gguf_model(parts)
+    headers = {n: p.header for n, p in parts.items() if p.header.tensor_count or p.header.ok}
+    failed = [f for n, p in parts.items() if n not in headers for f in p.header.findings]
+    return Checkpoint(source.label, source.revision, tuple(names), raw, config, None, expected, headers,
+                      tuple(failed + findings + meta), container="gguf")
 
 
 def _load(source: Source, files: tuple[str, ...], remote: bool, progress: ProgressFn | None) -> Checkpoint:

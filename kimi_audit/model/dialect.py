@@ -6,7 +6,7 @@ unexpected)."""
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import replace
 from itertools import chain, islice
 from operator import methodcaller
@@ -18,9 +18,10 @@ from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 
 
-def respelled(layout: ExpectedLayout, dialect: Dialect) -> ExpectedLayout:
-    """The same layout with every name in the dialect's spelling (dtypes, shapes and order unchanged)."""
-    return ExpectedLayout(list(map(dialect.rename, layout.names)), layout.spec_of, layout.specs, layout.layer_of,
+def respelled(layout: ExpectedLayout, rename: Callable[[str], str]) -> ExpectedLayout:
+    """The same layout with every name in a dialect's spelling (`rename`: Dialect.rename, GgufDialect.rename;
+    dtypes, shapes and order unchanged)."""
+    return ExpectedLayout(list(map(rename, layout.names)), layout.spec_of, layout.specs, layout.layer_of,
                           layout.meta_at, layout.meta_owner)
 
 
@@ -65,7 +66,7 @@ def resolve_dialect(cfg: ModelConfig, layout: ExpectedLayout,
             spelled = canonical_ignores(cfg, dialect)
             if spelled is not cfg:
                 cfg, layout = spelled, expected_layout(spelled)
-            return cfg, respelled(layout, dialect), [info(
+            return cfg, respelled(layout, dialect.rename), [info(
                 "LAYOUT_DIALECT", f"the checkpoint names its tensors in the {dialect.name} dialect ({renames}): "
                 f"audited against the same layout so spelled. The release's names are canonical; vLLM and "
                 f"SGLang load those ({dialect.note})", tensor=pairs[0][1], expected=pairs[0][0],

@@ -117,3 +117,16 @@ def block_titles() -> dict[str, str]:
 def value_roles() -> tuple[tuple[str, str], ...]:
     """Every architecture's (suffix, value role) pairs."""
     return _union("value_roles")
+
+
+def gguf_architecture(name: object) -> Architecture | None:
+    """The architecture whose GGUF dialect writes `general.architecture` `name` (None: none described)."""
+    for arch in dict.fromkeys(REGISTERED.values()):
+        if arch.gguf is not None and name in arch.gguf.archs:
+            return arch
+    return None
+
+
+def gguf_archs() -> tuple[str, ...]:
+    """Every GGUF `general.architecture` a registered dialect reads, sorted."""
+    return tuple(sorted({a for arch in REGISTERED.values() if arch.gguf is not None for a in arch.gguf.archs}))

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
+from kimi_audit.findings import Finding
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.quant.scheme import DEEPSEEK_RELEASE, ReleaseQuant
 
@@ -199,6 +201,43 @@ def no_dialects(cfg: ModelConfig) -> tuple[Dialect, ...]:
     return ()
 
 
+GgufMetadata = Mapping[str, Any]
+"""A GGUF set's metadata (part 1's key-values; format.gguf)."""
+StoredShapes = Mapping[str, tuple[int, ...]]
+"""Every tensor a GGUF set stores -> its shape (numpy order)."""
+
+
+@dataclass(frozen=True)
+class GgufDialect:
+    """llama.cpp's GGUF spelling of an architecture: the `general.architecture` names its converter writes, how
+    its metadata keys read back into config.json's (as llama.cpp's loader derives the hyperparameters from them),
+    and its tensor names, one more dialect of the same tree (the tree's `llama.cpp` writer variant: what the
+    converter stacks, splits or drops)."""
+
+    archs: tuple[str, ...]
+    config: Callable[[GgufMetadata, StoredShapes], tuple[dict[str, Any], list[Finding]]]
+    """The metadata (and the stored names and shapes, where llama.cpp's loader decides by them: a tied output,
+    the pre-MLA `attn_kv_b`) -> a config.json its `read` takes, and what is wrong with the metadata."""
+    top: tuple[tuple[str, str], ...]
+    """(the tree's full name, the GGUF name) of the tensors outside the layers."""
+    layer: tuple[tuple[str, str], ...]
+    """(the tree's name relative to a layer, the GGUF name relative to `blk.N.`)."""
+    layer_prefix: str = "model.layers."
+
+    def rename(self, name: str) -> str:
+        """A tree name in GGUF's spelling (unchanged where the table has none)."""
+        table = self._table
+        if name.startswith(self.layer_prefix):
+            number, _, rest = name[len(self.layer_prefix):].partition(".")
+            spelled = table.get(rest)
+            return name if spelled is None else f"blk.{number}.{spelled}"
+        return table.get(name, name)
+
+    @cached_property
+    def _table(self) -> dict[str, str]:
+        return dict(self.top + self.layer)
+
+
 @dataclass(frozen=True, eq=False)
 class Architecture:
     """Everything this tool knows of one architecture, in one record (llama.cpp's gguf-py keeps one table per
@@ -243,6 +282,8 @@ class Architecture:
     (DeepSeek-V4-Flash-0731's DSpark stages; model.mtp_stages)."""
     block_titles: Mapping[str, str] = field(default_factory=dict)
     """Block kind -> what explain and the reports call it (DENSE, MOE and MTP have the family's words)."""
+    gguf: GgufDialect | None = None
+    """How llama.cpp's GGUF writes it; None: no GGUF of it is described."""
 
     def title(self, model_type: str) -> str:
         return self.titles.get(model_type, self.name)

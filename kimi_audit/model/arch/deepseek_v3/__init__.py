@@ -41,7 +41,9 @@ from kimi_audit.model.config_fields import (
     read_int,
     weights_dtype,
 )
+from kimi_audit.model.arch.deepseek_v3.gguf import GGUF_DIALECT
 from kimi_audit.model.kinds import ROTARY_BUFFER, ROUTER_BIAS
+from kimi_audit.model.quant.gguf import GGUF_KV_B_TREE, GGUF_TREE
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32")
 """The config model_types this description is registered for (model.arch.registry)."""
@@ -96,8 +98,8 @@ def read_family(cfg: dict[str, Any], defaults: dict[str, Any], *, indexer: bool,
     moe_layer_freq = i("moe_layer_freq")
     if moe_layer_freq == 0:
         raise ConfigError("config.json moe_layer_freq must be at least 1")
-    # mlx-lm's sanitize drops the MTP layer (`model.layers.61`): its checkpoints hold none
-    mtp = 0 if plan is not None and plan.tree == MLX_TREE else i("num_nextn_predict_layers")
+    # mlx-lm's sanitize and llama.cpp's converter drop the MTP layer (`model.layers.61`): their files hold none
+    mtp = 0 if plan is not None and plan.tree in WRITER_TREES else i("num_nextn_predict_layers")
     bounded(i("num_hidden_layers") + mtp, i("n_routed_experts", optional=True) or 0)
     return ModelConfig(
         model_type=str(cfg.get("model_type", MODEL_TYPES[0])),
@@ -142,6 +144,7 @@ loader of mlx-community's Kimi-K2 and DeepSeek-V3 conversions): the routed exper
 `mlp.switch_mlp.{gate,up,down}_proj` [E, out, in]; kv_b_proj split per head into `self_attn.embed_q`
 [heads, kv_lora_rank, qk_nope_head_dim] (the key half, transposed) and `self_attn.unembed_out`
 [heads, v_head_dim, kv_lora_rank]; the embedding quantized as a Linear; no MTP layer and no rotary buffer."""
+WRITER_TREES = (MLX_TREE, GGUF_TREE, GGUF_KV_B_TREE)
 NORM_KEYS = (BLOCK_KEYS, "torch_dtype", "rms_norm_eps")
 
 
@@ -160,7 +163,11 @@ class _Describe:
     def __init__(self, cfg: ModelConfig, fused_experts: bool = False) -> None:
         self.cfg = cfg
         self.norm_dtype = cfg.norm_dtype or cfg.dtype
-        self.mlx = cfg.quant is not None and cfg.quant.tree == MLX_TREE
+        self.writer = cfg.quant.tree if cfg.quant is not None else ""
+        self.mlx = self.writer == MLX_TREE
+        self.stacked = self.writer in WRITER_TREES
+        """A writer's tree (MLX_TREE, GGUF_TREE, GGUF_KV_B_TREE): the experts stacked, the embedding a weight, no
+        MTP layer, no rotary buffer."""
         self.fused_experts = fused_experts
         """The routed experts as two stacked parameters per layer (`mlp.experts.gate_up_proj` [E, 2I, H],
         `mlp.experts.down_proj` [E, H, I]): Mistral Small 4's release and transformers' save of it."""
@@ -176,11 +183,11 @@ class _Describe:
     def tree(self) -> ModelTree:
         c = self.cfg
         h, v = self.f("hidden_size", "hidden"), self.f("vocab_size", "vocab")
-        table: Linear | Param = (Linear("model.embed_tokens", (v,), (h,)) if self.mlx else
+        table: Linear | Param = (Linear("model.embed_tokens", (v,), (h,)) if self.stacked else
                                  Param("Embedding table", "model.embed_tokens.weight", (v, h), c.dtype))
         before: tuple[Node, ...] = (
             Leaf("embedding", "embed_tokens", "Token embedding", "embedding", (table,),
-                 ("torch_dtype", QUANT_KEYS) if self.mlx else ("torch_dtype",)),)
+                 ("torch_dtype", QUANT_KEYS) if self.stacked else ("torch_dtype",)),)
         after: list[Node] = [self.gain("norm", "norm", "Final RMSNorm", "final_norm", "model.norm.weight", h,
                                        ("torch_dtype", "rms_norm_eps"))]
         if not c.tie_word_embeddings:
@@ -236,6 +243,12 @@ class _Describe:
                      (Linear("self_attn.embed_q", (kvl,), (nope,), stack=(heads,)),), bk),
                 Leaf("unembed_out", "unembed_out", "Value up-projection, per head (kv_b_proj's value half)",
                      "kv_b_proj", (Linear("self_attn.unembed_out", (vd,), (kvl,), stack=(heads,)),), bk))
+        elif self.writer == GGUF_TREE:  # split as llama.cpp's converter splits it, k_b transposed
+            nope = self.f("qk_nope_head_dim", "nope key dim")
+            up = (Leaf("k_b_proj", "k_b_proj", "Key up-projection, per head (kv_b_proj's key half)", "kv_b_proj",
+                       (Linear("self_attn.k_b_proj", (kvl,), (nope,), stack=(heads,)),), bk),
+                  Leaf("v_b_proj", "v_b_proj", "Value up-projection, per head (kv_b_proj's value half)",
+                       "kv_b_proj", (Linear("self_attn.v_b_proj", (vd,), (kvl,), stack=(heads,)),), bk))
         else:
             up = (Leaf("kv_b_proj", "kv_b_proj", "Key-value up-projection", "kv_b_proj",
                        (Linear("self_attn.kv_b_proj", (heads, kvb), (kvl,)),), bk),)
@@ -250,7 +263,7 @@ class _Describe:
         if c.index_n_heads and c.index_head_dim:
             last: tuple[Node, ...] = (self.indexer(),)
         else:
-            last = () if self.mlx else (Buffer("self_attn.rotary_emb.inv_freq", (c.qk_rope_head_dim // 2,), c.dtype),)
+            last = () if self.stacked else (Buffer("self_attn.rotary_emb.inv_freq", (c.qk_rope_head_dim // 2,), c.dtype),)
         return Group("attention", "Latent attention", (q, kv, o, *last))
 
     def indexer(self) -> Group:
@@ -286,8 +299,9 @@ class _Describe:
                      (Param("Weight", f"{module}.down_proj", (repeat, h, inter), self.cfg.dtype),),
                      (*keys, "torch_dtype"))))
         stack: tuple[Factor, ...] = ()
-        if repeat is not None and self.mlx:  # one stacked tensor per projection (MLX_TREE)
-            module, stack, repeat = module.replace(".experts", ".switch_mlp"), (repeat,), None
+        if repeat is not None and self.stacked:  # one stacked tensor per projection (mlx-lm's, llama.cpp's)
+            module = module.replace(".experts", ".switch_mlp") if self.mlx else module
+            stack, repeat = (repeat,), None
         return Group(key, title, tuple(
             Leaf(p, p, t, f"{role}_{p}",
                  (Linear(f"{module}.{p}", (h,) if p == "down_proj" else (inter,),
@@ -350,7 +364,8 @@ ROUTER_BIAS_SUFFIX = ".e_score_correction_bias"
 
 ARCHITECTURE = register(Architecture(
     name="DeepSeek-V3", model_types=MODEL_TYPES, read=read, describe=describe,
-    class_names=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"), writer_trees=(MLX_TREE,),
+    class_names=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"), writer_trees=WRITER_TREES,
+    gguf=GGUF_DIALECT,
     titles={"kimi_k2": "Kimi K2", V32: "DeepSeek-V3.2"},
     float32_routers=ROUTER_FP32, buffered=("mlp.gate.e_score_correction_bias",),
     value_roles=((ROUTER_BIAS_SUFFIX, ROUTER_BIAS), (".inv_freq", ROTARY_BUFFER))))

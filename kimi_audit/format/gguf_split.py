@@ -1,0 +1,94 @@
+"""GGUF split sets: which files are one model, and whether the set is whole and consistent.
+
+llama.cpp's converter (`--split-max-tensors`/`--split-max-size`) and `llama-gguf-split` name the parts
+`NAME-%05d-of-%05d.gguf` (llama.cpp's `llama_split_path`) and write `split.no` (u16, from 0), `split.count` (u16)
+and `split.tensors.count` (i32, the whole set's) into every part; llama.cpp's loader opens part 1, derives the
+others' names from it, and fails when one is missing or when the tensors found are not `split.tensors.count`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from kimi_audit.findings import Finding, error
+from kimi_audit.format.gguf import GGUF_SUFFIX, GgufPart
+
+SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+
+
+def set_key(name: str) -> str:
+    """The set a GGUF file belongs to: its path without the `-NNNNN-of-NNNNN.gguf` of a split part."""
+    m = SPLIT_NAME.match(name)
+    return m.group("stem") if m else name[: -len(GGUF_SUFFIX)]
+
+
+def gguf_sets(files: Iterable[str]) -> dict[str, list[str]]:
+    """Set key -> its files (natural order), for every .gguf file; `mmproj` projector files are not models."""
+    out: dict[str, list[str]] = {}
+    for f in sorted(files):
+        if f.endswith(GGUF_SUFFIX) and "mmproj" not in f.rsplit("/", 1)[-1].lower():
+            out.setdefault(set_key(f), []).append(f)
+    return out
+
+
+def part_number(name: str) -> tuple[int, int] | None:
+    """(part number from 1, part count) as the file name says, or None for an unsplit name."""
+    m = SPLIT_NAME.match(name)
+    return (int(m.group("no")), int(m.group("count"))) if m else None
+
+
+def split_findings(parts: dict[str, GgufPart]) -> list[Finding]:
+    """The set whole and consistent: every part's split keys present and agreeing with its name and each other,
+    no part missing or twice, and the tensors of all parts `split.tensors.count`."""
+    out: list[Finding] = []
+    readable = {n: p for n, p in parts.items() if p.header.ok or p.header.tensor_count}
+    if not readable:
+        return out
+    counts: dict[str, int] = {}
+    numbers: dict[int, str] = {}
+    declared: dict[str, int] = {}
+    for name, part in readable.items():
+        kv = part.kv
+        no, count, total = kv.get(SPLIT_NO), kv.get(SPLIT_COUNT), kv.get(SPLIT_TENSORS)
+        by_name = part_number(name)
+        if count is None:
+            if by_name is not None and by_name[1] > 1:
+                out.append(error("GGUF_SPLIT_INVALID", f"{name} is named part {by_name[0]} of {by_name[1]} but holds "
+                                 "no split.count: not a part llama.cpp can load as one", shard=name))
+            counts[name], numbers[0] = 1, name
+            continue
+        if not all(type(v) is int for v in (no, count, total)):
+            out.append(error("GGUF_SPLIT_INVALID", f"{name}: split.no, split.count and split.tensors.count must all "
+                             f"be integers (read {no!r}, {count!r}, {total!r})", shard=name))
+            continue
+        if by_name is not None and (by_name[0] != no + 1 or by_name[1] != count):
+            out.append(error("GGUF_SPLIT_INVALID", f"{name}: its name says part {by_name[0]} of {by_name[1]}, its "
+                             f"metadata part {no + 1} of {count}: renamed, or swapped in from another set",
+                             shard=name, expected=f"{by_name[0]}/{by_name[1]}", actual=f"{no + 1}/{count}"))
+        if no in numbers:
+            out.append(error("GGUF_SPLIT_INVALID", f"{name} and {numbers[no]} are both part {no + 1}", shard=name))
+        numbers.setdefault(no, name)
+        counts[name] = count
+        declared[name] = total
+    if len(set(counts.values())) > 1:
+        out.append(error("GGUF_SPLIT_INVALID", "the parts disagree on how many parts the set has: " + ", ".join(
+            f"{n}: {c}" for n, c in counts.items()), shard=next(iter(counts)), actual=len(set(counts.values()))))
+        return out
+    count = next(iter(counts.values()), 1)
+    for no in range(count):
+        if no not in numbers:
+            first = next(iter(readable))
+            m = SPLIT_NAME.match(first)
+            missing = f"{m.group('stem')}-{no + 1:05d}-of-{count:05d}.gguf" if m else f"part {no + 1}"
+            out.append(error("GGUF_PART_MISSING", f"part {no + 1} of {count} ({missing}) is not in the set: llama.cpp "
+                             "cannot load it", shard=missing, expected=count, actual=len(numbers)))
+    found = sum(p.header.tensor_count for p in readable.values())
+    for name, total in declared.items():
+        if total != found and len(numbers) == count:
+            out.append(error("GGUF_SPLIT_COUNT", f"{name}: split.tensors.count says {total:,} tensors, the "
+                             f"{count} parts hold {found:,} (a stale count after a repack: llama.cpp refuses it)",
+                             shard=name, expected=total, actual=found))
+            break
+    return out

@@ -1,0 +1,104 @@
+"""DeepseekV3 as llama.cpp's GGUF writes it (GGUF arch `deepseek2`): Kimi-K2 (Instruct, Base, 0905, Thinking),
+DeepSeek-V3/R1/V3.1 and the Kimi-K2.5/K2.6 text model, as `convert_hf_to_gguf.py` (conversion/deepseek.py,
+DeepseekV2Model) writes them and llama.cpp's loader (llama-model.cpp, LLM_ARCH_DEEPSEEK2) reads them back: its
+metadata keys, its tensor names, what it would misread."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kimi_audit.errors import ConfigError
+from kimi_audit.findings import Finding, error, warning
+from kimi_audit.model.arch.spec import GgufDialect
+
+GGUF_ARCH = "deepseek2"
+GGUF_TOP = (("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"),
+            ("lm_head.weight", "output.weight"))
+GGUF_LAYER = tuple((f"{hf}.weight", f"{gguf}.weight") for hf, gguf in (
+    ("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"), ("self_attn.q_proj", "attn_q"),
+    ("self_attn.q_a_proj", "attn_q_a"), ("self_attn.q_a_layernorm", "attn_q_a_norm"), ("self_attn.q_b_proj", "attn_q_b"),
+    ("self_attn.kv_a_proj_with_mqa", "attn_kv_a_mqa"), ("self_attn.kv_a_layernorm", "attn_kv_a_norm"),
+    ("self_attn.kv_b_proj", "attn_kv_b"), ("self_attn.k_b_proj", "attn_k_b"), ("self_attn.v_b_proj", "attn_v_b"),
+    ("self_attn.o_proj", "attn_output"), ("mlp.gate", "ffn_gate_inp"), ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down"), ("mlp.experts.gate_proj", "ffn_gate_exps"),
+    ("mlp.experts.up_proj", "ffn_up_exps"), ("mlp.experts.down_proj", "ffn_down_exps"),
+    ("mlp.shared_experts.gate_proj", "ffn_gate_shexp"), ("mlp.shared_experts.up_proj", "ffn_up_shexp"),
+    ("mlp.shared_experts.down_proj", "ffn_down_shexp"))) + (("mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),)
+"""GGUF's names of the llama.cpp tree (gguf-py/gguf/constants.py TENSOR_NAMES and tensor_mapping.py, llama.cpp
+0c1e5709: MODEL_ARCH.DEEPSEEK2's tensors; tests/data/loader_names/deepseek2.gguf.json cites them)."""
+SIGMOID = 2
+"""llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (gguf-py ExpertGatingFuncType)."""
+
+
+def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Any], list[Finding]]:
+    """The config.json a `deepseek2` GGUF was converted from, as llama.cpp's loader reads its hyperparameters
+    (llama-model.cpp, LLM_ARCH_DEEPSEEK2), and what in the metadata llama.cpp would misread."""
+    a = GGUF_ARCH
+    findings: list[Finding] = []
+
+    def k(key: str, default: Any = None) -> Any:
+        return kv.get(f"{a}.{key}", default)
+
+    required = ("block_count", "embedding_length", "attention.head_count", "attention.kv_lora_rank",
+                "rope.dimension_count", "attention.key_length", "attention.value_length")
+    absent = [f"{a}.{key}" for key in required if k(key) is None]
+    if absent:
+        raise ConfigError(f"the GGUF metadata lacks {', '.join(absent)}: llama.cpp cannot load it")
+    rope = k("rope.dimension_count")
+    split = any(n.endswith(".attn_k_b.weight") for n in stored)
+    whole = any(n.endswith(".attn_kv_b.weight") for n in stored)
+    mla = k("attention.key_length_mla") is not None and k("attention.value_length_mla") is not None
+    if mla:
+        nope, v = k("attention.key_length_mla") - rope, k("attention.value_length_mla")
+    else:
+        nope, v = k("attention.key_length") - rope, k("attention.value_length")
+        if split:
+            findings.append(error("GGUF_KEY_MISSING", f"attn_k_b/attn_v_b are stored but {a}.attention.key_length_mla"
+                                  " and value_length_mla are not: llama.cpp reads the key and value lengths wrong",
+                                  tensor=f"{a}.attention.key_length_mla"))
+            nope, v = k("attention.key_length") - k("attention.kv_lora_rank") - rope, k("attention.value_length")
+    if whole and not split:
+        findings.append(warning("GGUF_PRE_MLA", "attention stored as one attn_kv_b per layer: a conversion from "
+                                "before llama.cpp #12801, which runs without MLA (more KV cache, slower); "
+                                "re-convert for attn_k_b/attn_v_b", tensor="attn_kv_b"))
+    gating, bias = k("expert_gating_func"), any(n.endswith(".exp_probs_b.bias") for n in stored)
+    if bias and gating != SIGMOID:
+        said = "absent" if gating is None else f"{gating}"
+        findings.append(error("GGUF_GATING", f"{a}.expert_gating_func is {said}, but the experts carry exp_probs_b "
+                              "(sigmoid routing with a correction bias): llama.cpp routes by softmax, other logits. "
+                              "The config.json converted had no scoring_func; re-convert with scoring_func: sigmoid",
+                              tensor=f"{a}.expert_gating_func", expected=SIGMOID, actual=gating))
+    tokens = kv.get("tokenizer.ggml.tokens")
+    vocab = getattr(tokens, "count", None) or k("vocab_size")
+    embed = stored.get("token_embd.weight")
+    if vocab is not None and embed is not None and embed and embed[0] != vocab:
+        findings.append(error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
+                              f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
+                              expected=vocab, actual=embed[0]))
+    experts = k("expert_count")
+    cfg: dict[str, Any] = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "kimi_k2" if kv.get("tokenizer.ggml.pre") == "kimi-k2" else "deepseek_v3",
+        "hidden_size": k("embedding_length"), "num_hidden_layers": k("block_count"),
+        "intermediate_size": k("feed_forward_length", 0), "moe_intermediate_size": k("expert_feed_forward_length", 0),
+        "first_k_dense_replace": k("leading_dense_block_count", 0), "moe_layer_freq": 1,
+        "n_routed_experts": experts or None, "n_shared_experts": k("expert_shared_count"),
+        "num_experts_per_tok": k("expert_used_count"), "num_attention_heads": k("attention.head_count"),
+        "q_lora_rank": k("attention.q_lora_rank"), "kv_lora_rank": k("attention.kv_lora_rank"),
+        "qk_rope_head_dim": rope, "qk_nope_head_dim": nope, "v_head_dim": v,
+        "vocab_size": embed[0] if vocab is None and embed else vocab,
+        "topk_method": "noaux_tc" if bias or gating == SIGMOID else "greedy",
+        "tie_word_embeddings": "output.weight" not in stored, "num_nextn_predict_layers": 0,
+        "torch_dtype": "float32",
+        "quantization_config": {"quant_method": "gguf", **({"format": "kv_b"} if whole and not split else {})},
+    }
+    eps = k("attention.layer_norm_rms_epsilon")
+    if eps is not None:
+        cfg["rms_norm_eps"] = eps
+    return cfg, findings
+
+
+GGUF_DIALECT = GgufDialect((GGUF_ARCH,), gguf_config, GGUF_TOP, GGUF_LAYER)
+
+

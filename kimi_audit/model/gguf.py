@@ -1,0 +1,124 @@
+"""A GGUF set as a Checkpoint: the same audit as a safetensors checkpoint's, with a second container.
+
+The set's parts are read (format.gguf) and checked as a set (format.gguf_split); part 1's metadata is read back
+into the config.json it implies by the architecture's GGUF dialect (model.arch's `GgufDialect`, found by
+`general.architecture`); the expected layout is that config's, in the tree llama.cpp's converter writes
+(the `gguf` quantization scheme), spelled in GGUF's names, each weight's ggml type the one stored where it is a
+type llama.cpp keeps a weight in and its blocks divide the row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from fnmatch import fnmatchcase
+from typing import Any
+
+from kimi_audit.errors import KimiAuditError, SourceError
+from kimi_audit.findings import Finding
+from kimi_audit.format.gguf import GgufPart, read_gguf_part
+from kimi_audit.format.gguf_split import SPLIT_NO, gguf_sets, set_key
+from kimi_audit.format.gguf_types import GGML_BY_NAME
+from kimi_audit.format.header import ShardHeader
+from kimi_audit.model.arch.registry import gguf_architecture
+from kimi_audit.model.config import model_config_from_dict
+from kimi_audit.model.config_fields import ModelConfig, unsupported_config
+from kimi_audit.model.dialect import respelled
+from kimi_audit.model.layout import ExpectedLayout, Spec, expected_layout
+from kimi_audit.model.quant.gguf import GGML_ANY
+from kimi_audit.sources.base import Source
+
+GENERAL_ARCHITECTURE = "general.architecture"
+
+
+class GgufSetError(KimiAuditError):
+    """The files name no one GGUF set to audit (none, or several and no --include)."""
+
+    code = "GGUF_SET"
+
+
+def is_gguf(files: Iterable[str]) -> bool:
+    return any(f.endswith(".gguf") for f in files)
+
+
+def choose_set(files: Iterable[str], include: tuple[str, ...] = ()) -> list[str]:
+    """The one GGUF set among `files` (those matching an `include` glob, when given)."""
+    chosen = [f for f in files if not include or any(fnmatchcase(f, g) for g in include)]
+    sets = gguf_sets(chosen)
+    if not sets:
+        raise GgufSetError(f"no GGUF file matches --include {' '.join(include)}" if include else "no GGUF file here")
+    if len(sets) > 1:
+        names = ", ".join(sorted(sets)[:6]) + (f" and {len(sets) - 6} more" if len(sets) > 6 else "")
+        first = sorted(sets)[0]
+        folder = first.rsplit("/", 1)[0] + "/*" if "/" in first else f"{first}*"
+        raise GgufSetError(f"{len(sets)} GGUF sets here ({names}): choose one, e.g. --include '{folder}', or name "
+                           "one of its files")
+    return next(iter(sets.values()))
+
+
+def set_of(name: str) -> tuple[str, ...]:
+    """The --include globs that select the set `name` (one of its files) belongs to."""
+    return (set_key(name) + "-*-of-*.gguf", set_key(name) + ".gguf")
+
+
+def with_stored_types(layout: ExpectedLayout, headers: dict[str, ShardHeader]) -> ExpectedLayout:
+    """The layout with each GGUF weight's dtype the ggml type stored for it, where that is a weight type whose
+    block divides the row (a weight stored otherwise keeps GGML_ANY, which no stored type equals)."""
+    stored = {n: d for h in headers.values() for n, d in zip(h.columns.names, h.columns.dtypes)}
+    specs, spec_of = list(layout.specs), list(layout.spec_of)
+    made: dict[tuple[int, str], int] = {}
+    for p, name in enumerate(layout.names):
+        s = specs[spec_of[p]]
+        if s.dtype != GGML_ANY:
+            continue
+        t = GGML_BY_NAME.get(stored.get(name, ""))
+        if t is None or not t.weight or s.shape[-1] % t.block:
+            continue
+        key = (spec_of[p], t.name)
+        if key not in made:
+            made[key] = len(specs)
+            specs.append(s._replace(dtype=t.name, nbytes=t.nbytes(math.prod(s.shape))))
+        spec_of[p] = made[key]
+    return ExpectedLayout(layout.names, spec_of, specs, layout.layer_of, layout.meta_at, layout.meta_owner)
+
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def read_set(source: Source, names: list[str], progress: ProgressFn | None = None) -> dict[str, GgufPart]:
+    parts: dict[str, GgufPart] = {}
+    for done, name in enumerate(names, 1):
+        parts[name] = read_gguf_part(source, name)
+        if progress:
+            progress(name, done, len(names))
+    return parts
+
+
+def first_part(parts: dict[str, GgufPart]) -> GgufPart:
+    """Part 1 (split.no 0), which alone carries the model's metadata; else the first readable part."""
+    readable = [p for p in parts.values() if p.kv]
+    for p in readable:
+        if p.kv.get(SPLIT_NO, 0) == 0 and GENERAL_ARCHITECTURE in p.kv:
+            return p
+    if not readable:
+        raise SourceError("no part of the GGUF set could be read: " + "; ".join(
+            f.message for p in parts.values() for f in p.header.findings)[:500])
+    return readable[0]
+
+
+def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig, ExpectedLayout, list[Finding]]:
+    """The config.json the set's metadata implies, its model, its layout in GGUF's names, and what the
+    metadata holds that llama.cpp would misread."""
+    kv = first_part(parts).kv
+    headers = {n: p.header for n, p in parts.items()}
+    name = kv.get(GENERAL_ARCHITECTURE)
+    arch = gguf_architecture(name)
+    if arch is None or arch.gguf is None:
+        raw = {"model_type": None, "gguf_architecture": name}
+        cfg = unsupported_config(raw)
+        return raw, cfg, expected_layout(cfg), []
+    stored = {n: s for h in headers.values() for n, s in zip(h.columns.names, h.columns.shapes)}
+    raw, findings = arch.gguf.config(kv, stored)
+    cfg = model_config_from_dict(raw)
+    layout = with_stored_types(respelled(expected_layout(cfg), arch.gguf.rename), headers)
+    return raw, cfg, layout, findings
