@@ -133,16 +133,17 @@ class AuditReport:
 
 def audit(
     source: str | os.PathLike[str], revision: str | None = None, *, values: bool = False,
-    progress: ProgressFn | None = None, values_progress: ProgressFn | None = None,
+    progress: ProgressFn | None = None, values_progress: ProgressFn | None = None, include: tuple[str, ...] = (),
 ) -> AuditReport:
-    """Audit a checkpoint: a local directory (or .safetensors file), an HF cache snapshot, or a Hub repo id
-    `owner/name[@revision]` (`revision` overrides the `@` part). `values=True` also reads every small
-    tensor (norm gains, router biases, quantization scales), as `audit --values` does.
+    """Audit a checkpoint: a local directory (or .safetensors file), a GGUF set (a folder, or any of its parts),
+    an HF cache snapshot, or a Hub repo id `owner/name[@revision]` (`revision` overrides the `@` part).
+    `include`: only the files these globs match (one GGUF set of several: `("UD-Q2_K_XL/*",)`). `values=True`
+    also reads every small tensor (norm gains, router biases, quantization scales), as `audit --values` does.
 
     `progress` is called with (shard, shards done, shards total) after each header is read, and only then,
     with or without `values`; `values_progress`, with `values=True`, with (shard, tensors done, tensors total)
     as the small tensors are checked. Each counts up to its own total: neither changes meaning mid-run."""
-    src = open_source(os.fspath(source), revision)
+    src = open_source(os.fspath(source), revision, include)
     if values:
         from kimi_audit.checks.values import audit_with_values
 

@@ -12,6 +12,7 @@ PINNED_REVISION = "fd1984e2b7a3350dbf7305fe73a4ede25c14de50"
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SAFETENSORS_SUFFIX = ".safetensors"
+GGUF_SUFFIX = ".gguf"
 
 # Format limits (see the safetensors reference implementation).
 HEADER_LENGTH_BYTES = 8

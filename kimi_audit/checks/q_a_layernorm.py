@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import compress, count
-from operator import methodcaller
 
 from kimi_audit.format.table import TensorLookup
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
@@ -78,7 +76,8 @@ def q_a_layernorm_report(cfg: ModelConfig, actual: TensorLookup,
         name = cfg.layer_name(layer) + COMPONENT
         if expected is not None and name not in expected:  # the layout in a dialect: its names, found once
             if named is None:
-                at = compress(count(), map(methodcaller("endswith", "." + COMPONENT), expected.names))
+                specs = expected.specs  # the component is the tree's name in every dialect (GGUF's attn_q_a_norm)
+                at = (p for p, i in enumerate(expected.spec_of) if specs[i].component == COMPONENT)
                 named = {expected.layer_of[p]: expected.names[p] for p in at}
             name = named.get(layer, name)
         found = actual.get(name)

@@ -38,8 +38,12 @@ def emit_report(report: AuditReport, as_json: bool) -> None:
 def audit(
     source: str = typer.Argument(
         PINNED_REPO_ID,
-        help="A local checkpoint directory (or .safetensors file), or a Hub repo id `owner/name[@revision]`.",
+        help="A local checkpoint directory (or .safetensors file), a GGUF file (any part of a split set) or "
+        "folder, or a Hub repo id `owner/name[@revision]`.",
     ),
+    include: list[str] | None = typer.Option(
+        None, "--include", metavar="GLOB", help="Only the files matching GLOB (repeatable): one GGUF set of a repo "
+        "or folder holding several, e.g. 'UD-Q2_K_XL/*'."),
     revision: str | None = typer.Option(
         None, "--revision", "-r", help="Hub revision: commit hash (full or short), branch or tag."),
     as_json: bool = typer.Option(False, "--json", help="Alias for --format json."),
@@ -71,6 +75,10 @@ def audit(
 
     Reads config.json, model.safetensors.index.json and each shard's header only: no tensor data.
     Over the Hub, one ranged request per shard, 16 at a time, at the resolved commit.
+
+    A GGUF set (llama.cpp's files, e.g. `kimi-audit audit UD-Q2_K_XL/Kimi-K2-Instruct-UD-Q2_K_XL-00001-of-00008.gguf`)
+    is audited the same way: the split set whole, every tensor's bytes inside its part, and the tensors its
+    metadata implies, as llama.cpp's loader derives them.
     """
     from kimi_audit.checks.gates import apply_gates, check_sha, parse_count
     from kimi_audit.checks.ignore import apply_ignores
@@ -90,7 +98,7 @@ def audit(
             validate(value)  # refuse a malformed gate before reading anything
     started = time.monotonic()
     with errors_reported(out_format, output, source):  # exit 2 still leaves a JSON, SARIF or JUnit report
-        src = open_source(source, revision)
+        src = open_source(source, revision, tuple(include or ()))
     refuse_output_over_input(output, src)  # (outside: nothing is written over an input)
     with errors_reported(out_format, output, source), shard_progress("reading headers", progress) as update:
         if values:

@@ -26,7 +26,6 @@ from kimi_audit.format.gguf_types import GGML_TYPES
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.sources.base import Source
 
-GGUF_SUFFIX = ".gguf"
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32

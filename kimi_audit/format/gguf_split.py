@@ -8,13 +8,13 @@ others' names from it, and fails when one is missing or when the tensors found a
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from kimi_audit.findings import Finding, error
-from kimi_audit.format.gguf import GGUF_SUFFIX, GgufPart
+from kimi_audit.constants import GGUF_SUFFIX
+from kimi_audit.format.gguf import GgufPart
+from kimi_audit.sources.selected import SPLIT_NAME
 
-SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
 
 

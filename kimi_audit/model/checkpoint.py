@@ -181,18 +181,17 @@ def _names_by_shard(shards: list[str], index: IndexFile | None) -> dict[str, lis
     return out
 
 
-def load_checkpoint(source: Source, progress: ProgressFn | None = None, include: tuple[str, ...] = ()) -> Checkpoint:
-    """What an audit reads: a safetensors checkpoint, or the GGUF set `include` (globs) selects, or the one GGUF
-    set of a folder with no safetensors file."""
+def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Checkpoint:
+    """What an audit reads: a safetensors checkpoint, or the one GGUF set of files with no safetensors file
+    (`--include` narrows a repo of several to one: sources.selected)."""
     files = source.list_files()
-    if include or (is_gguf(files) and not any(f.endswith(SAFETENSORS_SUFFIX) for f in files)):
-        return _load_gguf(source, files, progress, include)
+    if is_gguf(files):
+        return _load_gguf(source, files, progress)
     return _load(source, files, source.remote, progress)
 
 
-def _load_gguf(source: Source, files: tuple[str, ...], progress: ProgressFn | None,
-               include: tuple[str, ...]) -> Checkpoint:
-    names = choose_set(files, include)
+def _load_gguf(source: Source, files: tuple[str, ...], progress: ProgressFn | None) -> Checkpoint:
+    names = choose_set(files)
     parts = read_set(source, names, progress)
     findings = split_findings(parts)
     raw, config, expected, meta = gguf_model(parts)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from fnmatch import fnmatchcase
 from typing import Any
 
+from kimi_audit.constants import GGUF_SUFFIX, SAFETENSORS_SUFFIX
 from kimi_audit.errors import KimiAuditError, SourceError
 from kimi_audit.findings import Finding
 from kimi_audit.format.gguf import GgufPart, read_gguf_part
-from kimi_audit.format.gguf_split import SPLIT_NO, gguf_sets, set_key
+from kimi_audit.format.gguf_split import SPLIT_NO, gguf_sets
 from kimi_audit.format.gguf_types import GGML_BY_NAME
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.model.arch.registry import gguf_architecture
@@ -38,15 +38,16 @@ class GgufSetError(KimiAuditError):
 
 
 def is_gguf(files: Iterable[str]) -> bool:
-    return any(f.endswith(".gguf") for f in files)
+    """GGUF files and no safetensors file: a GGUF checkpoint."""
+    files = tuple(files)
+    return any(f.endswith(GGUF_SUFFIX) for f in files) and not any(f.endswith(SAFETENSORS_SUFFIX) for f in files)
 
 
-def choose_set(files: Iterable[str], include: tuple[str, ...] = ()) -> list[str]:
-    """The one GGUF set among `files` (those matching an `include` glob, when given)."""
-    chosen = [f for f in files if not include or any(fnmatchcase(f, g) for g in include)]
-    sets = gguf_sets(chosen)
+def choose_set(files: Iterable[str]) -> list[str]:
+    """The one GGUF set among `files`."""
+    sets = gguf_sets(files)
     if not sets:
-        raise GgufSetError(f"no GGUF file matches --include {' '.join(include)}" if include else "no GGUF file here")
+        raise GgufSetError("no GGUF model file here (projector files, mmproj, are not models)")
     if len(sets) > 1:
         names = ", ".join(sorted(sets)[:6]) + (f" and {len(sets) - 6} more" if len(sets) > 6 else "")
         first = sorted(sets)[0]
@@ -54,11 +55,6 @@ def choose_set(files: Iterable[str], include: tuple[str, ...] = ()) -> list[str]
         raise GgufSetError(f"{len(sets)} GGUF sets here ({names}): choose one, e.g. --include '{folder}', or name "
                            "one of its files")
     return next(iter(sets.values()))
-
-
-def set_of(name: str) -> tuple[str, ...]:
-    """The --include globs that select the set `name` (one of its files) belongs to."""
-    return (set_key(name) + "-*-of-*.gguf", set_key(name) + ".gguf")
 
 
 def with_stored_types(layout: ExpectedLayout, headers: dict[str, ShardHeader]) -> ExpectedLayout:

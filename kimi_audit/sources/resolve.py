@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from kimi_audit.constants import GGUF_SUFFIX
 from kimi_audit.errors import FileMissingError, KimiAuditError
 from kimi_audit.sources.base import Source
 from kimi_audit.sources.cache import find_snapshot, is_offline
 from kimi_audit.sources.local import LocalSource
+from kimi_audit.sources.selected import Selected, set_globs
 
 if TYPE_CHECKING:
     from kimi_audit.sources.hub import HubSource
@@ -36,18 +38,31 @@ def looks_like_repo_id(spec: str) -> bool:
     return bool(REPO_ID_RE.match(spec)) and not spec.startswith((".", "/"))
 
 
-def open_source(spec: str, revision: str | None = None) -> Source:
+def open_source(spec: str, revision: str | None = None, include: tuple[str, ...] = ()) -> Source:
     """A local path wins over a repo id of the same spelling; `REPO@REV` is accepted too.
 
     With huggingface_hub's offline mode on (HF_HUB_OFFLINE=1), a repo id is read from its snapshot in
-    the HF cache (cache.py): a LocalSource whose revision is the snapshot's commit.
+    the HF cache (cache.py): a LocalSource whose revision is the snapshot's commit. `include`: only the files
+    these globs match (one GGUF set of several); a `.gguf` file stands for its folder's split set.
     """
-    return resolve_source(spec, revision).source
+    return resolve_source(spec, revision, include=include).source
 
 
 def resolve_source(spec: str, revision: str | None = None, *, mode: Mode = "auto",
-                   local_dir: Path | None = None) -> Opened:
-    """`spec` opened as `mode` says (see Mode); `local_dir` names a repo's local copy (copy mode only)."""
+                   local_dir: Path | None = None, include: tuple[str, ...] = ()) -> Opened:
+    """`spec` opened as `mode` says (see Mode); `local_dir` names a repo's local copy (copy mode only);
+    `include`: only the files these globs match."""
+    path = Path(spec)
+    if mode != "stream" and path.suffix == GGUF_SUFFIX and path.is_file() and not include:
+        folder = LocalSource(path.parent)
+        return Opened(Selected(folder, set_globs(path.name), label=spec))
+    opened = _resolve(spec, revision, mode=mode, local_dir=local_dir)
+    if not include:
+        return opened
+    return Opened(Selected(opened.source, include), opened.hub)
+
+
+def _resolve(spec: str, revision: str | None, *, mode: Mode, local_dir: Path | None) -> Opened:
     if mode == "stream" and local_dir is not None:
         raise KimiAuditError("--stream reads from the Hub: it takes no --local-dir")
     if mode != "stream" and Path(spec).exists():

@@ -41,7 +41,7 @@ from kimi_audit.model.config_fields import (
     read_int,
     weights_dtype,
 )
-from kimi_audit.model.arch.deepseek_v3.gguf import GGUF_DIALECT
+from kimi_audit.model.arch.deepseek_v3.gguf import GGUF_DIALECT, GGUF_ROUTER_BIAS
 from kimi_audit.model.kinds import ROTARY_BUFFER, ROUTER_BIAS
 from kimi_audit.model.quant.gguf import GGUF_KV_B_TREE, GGUF_TREE
 
@@ -368,4 +368,4 @@ ARCHITECTURE = register(Architecture(
     gguf=GGUF_DIALECT,
     titles={"kimi_k2": "Kimi K2", V32: "DeepSeek-V3.2"},
     float32_routers=ROUTER_FP32, buffered=("mlp.gate.e_score_correction_bias",),
-    value_roles=((ROUTER_BIAS_SUFFIX, ROUTER_BIAS), (".inv_freq", ROTARY_BUFFER))))
+    value_roles=((ROUTER_BIAS_SUFFIX, ROUTER_BIAS), (GGUF_ROUTER_BIAS, ROUTER_BIAS), (".inv_freq", ROTARY_BUFFER))))

@@ -27,6 +27,8 @@ GGUF_LAYER = tuple((f"{hf}.weight", f"{gguf}.weight") for hf, gguf in (
     ("mlp.shared_experts.down_proj", "ffn_down_shexp"))) + (("mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),)
 """GGUF's names of the llama.cpp tree (gguf-py/gguf/constants.py TENSOR_NAMES and tensor_mapping.py, llama.cpp
 0c1e5709: MODEL_ARCH.DEEPSEEK2's tensors; tests/data/loader_names/deepseek2.gguf.json cites them)."""
+GGUF_ROUTER_BIAS = ".exp_probs_b.bias"
+"""The router's correction bias as GGUF names it (its value role: model.kinds.ROUTER_BIAS)."""
 SIGMOID = 2
 """llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (gguf-py ExpertGatingFuncType)."""
 
@@ -62,7 +64,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         findings.append(warning("GGUF_PRE_MLA", "attention stored as one attn_kv_b per layer: a conversion from "
                                 "before llama.cpp #12801, which runs without MLA (more KV cache, slower); "
                                 "re-convert for attn_k_b/attn_v_b", tensor="attn_kv_b"))
-    gating, bias = k("expert_gating_func"), any(n.endswith(".exp_probs_b.bias") for n in stored)
+    gating, bias = k("expert_gating_func"), any(n.endswith(GGUF_ROUTER_BIAS) for n in stored)
     if bias and gating != SIGMOID:
         said = "absent" if gating is None else f"{gating}"
         findings.append(error("GGUF_GATING", f"{a}.expert_gating_func is {said}, but the experts carry exp_probs_b "
