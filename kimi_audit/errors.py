@@ -70,6 +70,12 @@ class DataNotPresentError(SourceError):
     code = "DATA_NOT_PRESENT"
 
 
+class GgufSetError(KimiAuditError):
+    """The files name no one GGUF set to audit (none, or several and no --include)."""
+
+    code = "GGUF_SET"
+
+
 class ConfigError(KimiAuditError):
     """config.json is missing, not JSON, or lacks a key the layout needs."""
 

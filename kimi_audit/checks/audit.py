@@ -22,9 +22,10 @@ from kimi_audit.checks.root_causes import attribute, covered, fold_quantization,
 from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import EXIT_INCONCLUSIVE, Finding, Severity, exit_code_of, warning
 from kimi_audit.format.table import tensor_table
-from kimi_audit.model.arch.registry import buffered, model_types
+from kimi_audit.model.arch.registry import buffered, gguf_archs, model_types
 from kimi_audit.model.arch.spec import DENSE, MOE, is_mtp
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
+from kimi_audit.model.gguf import GGUF_ARCHITECTURE
 from kimi_audit.model.kinds import BUFFER
 from kimi_audit.model.layout import layer_block
 from kimi_audit.sources.base import Source
@@ -107,11 +108,18 @@ def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
         "kv_lora_rank": cfg.kv_lora_rank,
         "vocab_size": cfg.vocab_size,
         "quantization": None if q is None else q.summary(),
+        "container": ckpt.container,
     }
 
 
 def layout_unsupported(ckpt: Checkpoint) -> Finding:
     raw = ckpt.config_raw
+    if ckpt.container == "gguf":
+        name = raw.get(GGUF_ARCHITECTURE)
+        return warning("LAYOUT_UNSUPPORTED", f"the GGUF's general.architecture is {name!r}, no architecture "
+                       f"kimi-audit describes (it reads {', '.join(gguf_archs())}): only the container and split "
+                       "checks ran, no tensor was checked against a layout (exit 3, inconclusive)",
+                       tensor="general.architecture", actual=name)
     model_type = raw.get("model_type")
     near = near_model_type(model_type)
     hint = f"; did you mean {near!r}?" if near is not None else ""
@@ -153,8 +161,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         all_findings.extend(cov.extra)
         all_findings.extend(fold_respelled(layout_findings(actual, expected, aligned, cov.positions, cov.everything,
                                                            cfg.dtype, cov.invalid)))
-    else:
-        all_findings.append(layout_unsupported(ckpt))
+    elif ckpt.container != "gguf" or ckpt.config_raw.get(GGUF_ARCHITECTURE) is not None:
+        all_findings.append(layout_unsupported(ckpt))  # (a GGUF whose metadata is unreadable: GGUF_INVALID says)
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards, cov.invalid))
     index = ckpt.index
     every_shard = index is None or all(shard in ckpt.headers for shard in index.shards)

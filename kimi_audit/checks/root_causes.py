@@ -64,7 +64,10 @@ def covered(ckpt: Checkpoint, expected: ExpectedLayout, positions: list[int | No
         out.positions.update(compress(range(len(expected)), map(linear.__getitem__, expected.spec_of)))
     usable = usable_shards(ckpt)
     shards = [f for f in ckpt.files if f.endswith(".safetensors")]
-    if ckpt.index is not None:
+    if ckpt.container == "gguf":  # a part missing or unreadable: its tensors are unknown, that finding the cause
+        out.everything = any(f not in usable for f in ckpt.files) or any(
+            f.code == "GGUF_PART_MISSING" for f in ckpt.findings)
+    elif ckpt.index is not None:
         listed = Counter(ckpt.index.weight_map.values())
         out.shards = {s for s in listed if s not in usable}
         if out.shards:

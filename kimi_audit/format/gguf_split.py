@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kimi_audit.findings import Finding, error
 from kimi_audit.constants import GGUF_SUFFIX
+from kimi_audit.findings import Finding, error
 from kimi_audit.format.gguf import GgufPart
 from kimi_audit.sources.selected import SPLIT_NAME
 
@@ -59,7 +59,7 @@ def split_findings(parts: dict[str, GgufPart]) -> list[Finding]:
                                  "no split.count: not a part llama.cpp can load as one", shard=name))
             counts[name], numbers[0] = 1, name
             continue
-        if not all(type(v) is int for v in (no, count, total)):
+        if not (type(no) is int and type(count) is int and type(total) is int):
             out.append(error("GGUF_SPLIT_INVALID", f"{name}: split.no, split.count and split.tensors.count must all "
                              f"be integers (read {no!r}, {count!r}, {total!r})", shard=name))
             continue

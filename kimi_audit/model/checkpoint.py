@@ -25,11 +25,11 @@ from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, 
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format.estimate import first_read_bytes
 from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header, parse_fetched
+from kimi_audit.format.gguf_split import split_findings
 from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
 from kimi_audit.model.config import parse_config_bytes
 from kimi_audit.model.config_fields import ModelConfig
-from kimi_audit.format.gguf_split import split_findings
 from kimi_audit.model.dialect import resolve_dialect
 from kimi_audit.model.gguf import choose_set, gguf_model, is_gguf, read_set
 from kimi_audit.model.layout import ExpectedLayout, expected_layout

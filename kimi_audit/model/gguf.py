@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kimi_audit.constants import GGUF_SUFFIX, SAFETENSORS_SUFFIX
-from kimi_audit.errors import KimiAuditError, SourceError
+from kimi_audit.errors import GgufSetError
 from kimi_audit.findings import Finding
 from kimi_audit.format.gguf import GgufPart, read_gguf_part
 from kimi_audit.format.gguf_split import SPLIT_NO, gguf_sets
@@ -24,17 +24,13 @@ from kimi_audit.model.arch.registry import gguf_architecture
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.config_fields import ModelConfig, unsupported_config
 from kimi_audit.model.dialect import respelled
-from kimi_audit.model.layout import ExpectedLayout, Spec, expected_layout
+from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.model.quant.gguf import GGML_ANY
 from kimi_audit.sources.base import Source
 
 GENERAL_ARCHITECTURE = "general.architecture"
-
-
-class GgufSetError(KimiAuditError):
-    """The files name no one GGUF set to audit (none, or several and no --include)."""
-
-    code = "GGUF_SET"
+GGUF_ARCHITECTURE = "gguf_architecture"
+"""The key of config_raw (what the metadata implies) holding general.architecture where no dialect reads it."""
 
 
 def is_gguf(files: Iterable[str]) -> bool:
@@ -90,27 +86,26 @@ def read_set(source: Source, names: list[str], progress: ProgressFn | None = Non
     return parts
 
 
-def first_part(parts: dict[str, GgufPart]) -> GgufPart:
-    """Part 1 (split.no 0), which alone carries the model's metadata; else the first readable part."""
+def first_part(parts: dict[str, GgufPart]) -> GgufPart | None:
+    """Part 1 (split.no 0), which alone carries the model's metadata; else the first readable part; None when no
+    part could be read (each part's GGUF_INVALID says why)."""
     readable = [p for p in parts.values() if p.kv]
     for p in readable:
         if p.kv.get(SPLIT_NO, 0) == 0 and GENERAL_ARCHITECTURE in p.kv:
             return p
-    if not readable:
-        raise SourceError("no part of the GGUF set could be read: " + "; ".join(
-            f.message for p in parts.values() for f in p.header.findings)[:500])
-    return readable[0]
+    return readable[0] if readable else None
 
 
 def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig, ExpectedLayout, list[Finding]]:
     """The config.json the set's metadata implies, its model, its layout in GGUF's names, and what the
     metadata holds that llama.cpp would misread."""
-    kv = first_part(parts).kv
+    first = first_part(parts)
+    kv = {} if first is None else first.kv
     headers = {n: p.header for n, p in parts.items()}
     name = kv.get(GENERAL_ARCHITECTURE)
     arch = gguf_architecture(name)
     if arch is None or arch.gguf is None:
-        raw = {"model_type": None, "gguf_architecture": name}
+        raw = {"model_type": None, GGUF_ARCHITECTURE: name}
         cfg = unsupported_config(raw)
         return raw, cfg, expected_layout(cfg), []
     stored = {n: s for h in headers.values() for n, s in zip(h.columns.names, h.columns.shapes)}

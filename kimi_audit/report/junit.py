@@ -67,6 +67,8 @@ CHECKS: tuple[Check, ...] = (
     Check("layout", "every tensor the config implies is present with its dtype and shape, and no other",
           lambda c: c in LAYOUT_CODES or c.startswith("BUFFER_")),
     Check("release-gates", "--expect-params / --expect-revision", lambda c: c.endswith("_GATE")),
+    Check("gguf", "every GGUF part a well-formed container, the split set whole, the metadata as llama.cpp reads it",
+          lambda c: c.startswith("GGUF_")),
 )
 OTHER = Check("other", "findings of other checks", lambda c: True)
 """A code no check owns: none today (a test checks every code of report.rules); kept so that a new code
@@ -79,6 +81,8 @@ def not_run(check: str, report: AuditReport) -> str | None:
     """Why a check did not run on this report, or None when it ran."""
     if check == "values" and not report.values_checked:
         return "not run: audit --values fetches and checks the small tensors' values"
+    if check == "gguf" and report.model.get("container") != "gguf":
+        return "not run: not a GGUF checkpoint"
     if check == "release-gates" and not report.gates_checked:
         return "not run: no --expect-params or --expect-revision"
     return None

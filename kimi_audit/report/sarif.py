@@ -19,7 +19,7 @@ from urllib.parse import quote
 from kimi_audit.checks.audit import AuditReport
 from kimi_audit.constants import CONFIG_FILE, INDEX_FILE, VERSION
 from kimi_audit.findings import Finding, Severity
-from kimi_audit.report.junit import check_of
+from kimi_audit.report.junit import CHECKS, check_of, not_run
 from kimi_audit.report.rules import RULES, rule
 from kimi_audit.text import clip
 
@@ -141,8 +141,7 @@ def sarif_dict(report: AuditReport, fail_on: Severity = Severity.ERROR,
                 "tensors": report.stats.tensors, "parameters": report.stats.parameters,
                 "results": len(entries), "resultsListed": len(results), "resultsLeftOut": left_out,
                 "ignored": len(report.ignored),
-                "checksNotRun": [name for name, ran in (("values", report.values_checked),
-                                                        ("release-gates", report.gates_checked)) if not ran],
+                "checksNotRun": [c.name for c in CHECKS if not_run(c.name, report)],
             },
         }],
     }

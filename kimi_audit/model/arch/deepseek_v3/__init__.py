@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from kimi_audit.errors import ConfigError
+from kimi_audit.model.arch.deepseek_v3.gguf import GGUF_DIALECT, GGUF_ROUTER_BIAS
 from kimi_audit.model.arch.spec import (
     ATTENTION_BIAS_KEYS,
     BLOCK_KEYS,
@@ -41,7 +42,6 @@ from kimi_audit.model.config_fields import (
     read_int,
     weights_dtype,
 )
-from kimi_audit.model.arch.deepseek_v3.gguf import GGUF_DIALECT, GGUF_ROUTER_BIAS
 from kimi_audit.model.kinds import ROTARY_BUFFER, ROUTER_BIAS
 from kimi_audit.model.quant.gguf import GGUF_KV_B_TREE, GGUF_TREE
 
@@ -263,7 +263,8 @@ class _Describe:
         if c.index_n_heads and c.index_head_dim:
             last: tuple[Node, ...] = (self.indexer(),)
         else:
-            last = () if self.stacked else (Buffer("self_attn.rotary_emb.inv_freq", (c.qk_rope_head_dim // 2,), c.dtype),)
+            rotary = Buffer("self_attn.rotary_emb.inv_freq", (c.qk_rope_head_dim // 2,), c.dtype)
+            last = () if self.stacked else (rotary,)
         return Group("attention", "Latent attention", (q, kv, o, *last))
 
     def indexer(self) -> Group:

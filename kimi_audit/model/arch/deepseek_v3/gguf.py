@@ -17,7 +17,8 @@ GGUF_TOP = (("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.wei
             ("lm_head.weight", "output.weight"))
 GGUF_LAYER = tuple((f"{hf}.weight", f"{gguf}.weight") for hf, gguf in (
     ("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"), ("self_attn.q_proj", "attn_q"),
-    ("self_attn.q_a_proj", "attn_q_a"), ("self_attn.q_a_layernorm", "attn_q_a_norm"), ("self_attn.q_b_proj", "attn_q_b"),
+    ("self_attn.q_a_proj", "attn_q_a"), ("self_attn.q_a_layernorm", "attn_q_a_norm"),
+    ("self_attn.q_b_proj", "attn_q_b"),
     ("self_attn.kv_a_proj_with_mqa", "attn_kv_a_mqa"), ("self_attn.kv_a_layernorm", "attn_kv_a_norm"),
     ("self_attn.kv_b_proj", "attn_kv_b"), ("self_attn.k_b_proj", "attn_k_b"), ("self_attn.v_b_proj", "attn_v_b"),
     ("self_attn.o_proj", "attn_output"), ("mlp.gate", "ffn_gate_inp"), ("mlp.gate_proj", "ffn_gate"),

@@ -1,0 +1,267 @@
+"""GGUF, proven against llama.cpp's own tools: tests/data/gguf was written by llama.cpp 0c1e5709's converter
+(`convert_hf_to_gguf.py`), `llama-quantize` and `llama-gguf-split` (tests/writers/gguf_generate.py,
+PROVENANCE.json), and loaded back by its `llama-simple` when it was written. The reader is held to gguf-py's
+GGUFReader, the names to gguf-py's TensorNameMap (what the converter renames with), the parameter count to
+transformers' model of the source config; each fault users meet is one finding."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import gguf_builder as gb
+from kimi_audit import audit
+from kimi_audit.cli import app
+from kimi_audit.format.gguf import read_gguf_part
+from kimi_audit.model.arch.registry import architecture
+from kimi_audit.sources import LocalSource
+
+gguf = pytest.importorskip("gguf")
+
+DATA = Path(__file__).resolve().parent / "data" / "gguf"
+SPLIT = DATA / "Q8_0"
+Q2K = DATA / "tiny-Q2_K.gguf"
+runner = CliRunner()
+
+
+def codes(report: object) -> list[str]:
+    return [f.code for f in report.findings]  # type: ignore[attr-defined]
+
+
+def test_provenance_pins_the_generator_and_every_file() -> None:
+    prov = json.loads((DATA / "PROVENANCE.json").read_text())
+    script = Path(__file__).resolve().parent / "writers" / "gguf_generate.py"
+    assert prov["script_sha256"] == hashlib.sha256(script.read_bytes()).hexdigest()
+    for name, digest in prov["files"].items():
+        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == digest, name
+    assert set(prov["llama.cpp"]["tools"]) == {"convert_hf_to_gguf.py", "llama-quantize", "llama-gguf-split"}
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(DATA).as_posix() for p in DATA.rglob("*.gguf")))
+def test_reader_equals_gguf_py(path: str) -> None:
+    """Every tensor's name, ggml type, shape and offset, and every scalar key, as llama.cpp's gguf-py reads them."""
+    ours = read_gguf_part(LocalSource(DATA), path)
+    theirs = gguf.GGUFReader(DATA / path)
+    cols = ours.header.columns
+    assert ours.header.findings == ()
+    assert cols.names == [t.name for t in theirs.tensors]
+    assert cols.dtypes == [t.tensor_type.name for t in theirs.tensors]
+    assert cols.shapes == [tuple(int(d) for d in reversed(t.shape)) for t in theirs.tensors]
+    assert [ours.header.data_start + b for b in cols.begins] == [int(t.data_offset) for t in theirs.tensors]
+    assert [e - b for b, e in zip(cols.begins, cols.ends)] == [int(t.n_bytes) for t in theirs.tensors]
+    for key, f in theirs.fields.items():
+        if key.startswith("GGUF.") or f.types[0] == gguf.GGUFValueType.ARRAY:
+            continue
+        value = f.contents()
+        assert ours.kv[key] == (pytest.approx(value) if isinstance(value, float) else value), key
+    tokens = theirs.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        assert ours.kv["tokenizer.ggml.tokens"].count == len(tokens.data)
+
+
+@pytest.mark.parametrize("path", ["Q8_0", "Q8_0/tiny-Q8_0-00003-of-00004.gguf", "tiny-Q2_K.gguf"])
+def test_llama_cpp_outputs_audit_clean(path: str) -> None:
+    report = audit(DATA / path)
+    assert report.verdict() == "PASS" and codes(report) == []
+    assert report.stats.tensors == 52
+    q = report.q_a_layernorm
+    assert q.width == 256 and q.total_params == 3 * 256 and q.ok
+
+
+def test_parameters_equal_the_source_model_as_transformers_builds_it() -> None:
+    """The GGUF's element total is the source model's parameters (transformers' DeepseekV3, from the config the
+    converter read) plus the router biases transformers keeps as buffers."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = json.loads((DATA / "source.config.json").read_text())
+    config = transformers.DeepseekV3Config(**{k: v for k, v in cfg.items() if k not in ("architectures",)})
+    with torch.device("meta"):
+        model = transformers.DeepseekV3ForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    biases = sum(b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
+    for path in (SPLIT, Q2K):
+        assert audit(path).stats.parameters == params + biases
+
+
+def test_gguf_names_are_the_converters() -> None:
+    """Each name of the llama.cpp tree, renamed by deepseek2's dialect, is what gguf-py's TensorNameMap (the table
+    convert_hf_to_gguf renames with) makes of it."""
+    dialect = architecture("kimi_k2").gguf  # type: ignore[union-attr]
+    assert dialect is not None and dialect.archs == (gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.DEEPSEEK2],)
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, 4)
+    for tree, spelled in dialect.top + tuple((f"model.layers.3.{a}", f"blk.3.{b}") for a, b in dialect.layer):
+        # conversion/base.py ModelBase.modify_tensors first respells the router bias `e_score_correction.bias`
+        converted = tree.replace("e_score_correction_bias", "e_score_correction.bias")
+        assert tmap.get_name(converted, try_suffixes=(".weight", ".bias")) == spelled, tree
+        assert dialect.rename(tree) == spelled
+
+
+def test_one_set_of_several_is_chosen() -> None:
+    result = runner.invoke(app, ["audit", str(DATA), "--no-progress"])
+    assert result.exit_code == 2 and "GGUF sets here" in result.output and "--include" in result.output
+    result = runner.invoke(app, ["audit", str(DATA), "--include", "Q8_0/*", "--no-progress", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["result"]["verdict"] == "PASS" and doc["model"]["quantization"]["method"] == "gguf"
+    assert doc["model"]["container"] == "gguf"
+
+
+def test_values_check_the_gains_and_router_biases() -> None:
+    report = audit(Q2K, values=True)
+    checked = [f for f in report.findings if f.code == "VALUES_CHECKED"]
+    assert report.verdict() == "PASS" and "13 gains, 2 router biases" in checked[0].message
+
+
+# --- faults: one finding each ------------------------------------------------------------------------------
+
+
+def copy_split(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(SPLIT, tmp_path / "Q8_0"))
+
+
+def test_missing_part(tmp_path: Path) -> None:
+    d = copy_split(tmp_path)
+    (d / "tiny-Q8_0-00003-of-00004.gguf").unlink()
+    report = audit(d)
+    assert codes(report) == ["GGUF_PART_MISSING"] and report.verdict() == "FAIL"
+
+
+def test_partial_download(tmp_path: Path) -> None:
+    d = copy_split(tmp_path)
+    part = d / "tiny-Q8_0-00002-of-00004.gguf"
+    part.write_bytes(part.read_bytes()[:600_000])
+    report = audit(d)
+    assert codes(report) == ["DATA_PAST_EOF"] and "not within the file bounds" in report.findings[0].message
+
+
+def test_header_cut_short(tmp_path: Path) -> None:
+    d = copy_split(tmp_path)
+    part = d / "tiny-Q8_0-00001-of-00004.gguf"
+    part.write_bytes(part.read_bytes()[:5000])
+    report = audit(d / "tiny-Q8_0-00002-of-00004.gguf")
+    assert "GGUF_INVALID" in codes(report) and "TENSOR_MISSING" not in codes(report)
+
+
+def test_parts_joined_with_cat(tmp_path: Path) -> None:
+    joined = tmp_path / "tiny-Q8_0-00001-of-00004.gguf"
+    joined.write_bytes(b"".join(p.read_bytes() for p in sorted(SPLIT.glob("*.gguf"))))
+    report = audit(joined)
+    assert set(codes(report)) == {"GGUF_PART_MISSING", "GGUF_TRAILING_BYTES"}
+
+
+def rewrite(src: Path, dst: Path, edit: object) -> None:
+    g = gb.read(src)
+    edit(g)  # type: ignore[operator]
+    gb.write(g, dst)
+
+
+def test_stale_split_tensor_count(tmp_path: Path) -> None:
+    d = copy_split(tmp_path)
+    for p in d.glob("*.gguf"):
+        rewrite(p, p, lambda g: g.set("split.tensors.count", 5, 2760))
+    report = audit(d)
+    assert codes(report) == ["GGUF_SPLIT_COUNT"] and report.findings[0].expected == 2760
+
+
+def test_part_from_another_set(tmp_path: Path) -> None:
+    d = copy_split(tmp_path)
+    p = d / "tiny-Q8_0-00002-of-00004.gguf"
+    rewrite(p, p, lambda g: (g.set("split.count", 2, 3), g.set("split.no", 2, 2)))
+    assert "GGUF_SPLIT_INVALID" in codes(audit(d))
+
+
+def drop(name: str) -> object:
+    return lambda g: g.tensors.remove(g.tensor(name))
+
+
+def test_missing_expert_tensor(tmp_path: Path) -> None:
+    """ktransformers #656: a quant without blk.N.ffn_up_exps."""
+    out = tmp_path / "m.gguf"
+    rewrite(Q2K, out, drop("blk.1.ffn_up_exps.weight"))
+    report = audit(out)
+    assert codes(report) == ["TENSOR_MISSING"] and report.findings[0].tensor == "blk.1.ffn_up_exps.weight"
+
+
+def test_token_list_longer_than_the_embedding(tmp_path: Path) -> None:
+    """llama.cpp #14642: 163,842 tokens for a 163,840-row embedding."""
+    out = tmp_path / "v.gguf"
+
+    def more_tokens(g: gb.Gguf) -> None:
+        vtype, tokens, item = g.kv["tokenizer.ggml.tokens"]
+        g.set("tokenizer.ggml.tokens", vtype, [*tokens, "extra1", "extra2"], item)
+        vtype, types, item = g.kv["tokenizer.ggml.token_type"]
+        g.set("tokenizer.ggml.token_type", vtype, [*types, 1, 1], item)
+
+    rewrite(Q2K, out, more_tokens)
+    assert "GGUF_VOCAB_MISMATCH" in codes(audit(out))
+
+
+def test_gating_absent_when_the_config_had_no_scoring_func() -> None:
+    """Written by the converter itself from a config.json with no scoring_func: llama.cpp would route by softmax."""
+    report = audit(DATA / "noscoring-Q2_K.gguf")
+    assert codes(report) == ["GGUF_GATING"] and report.findings[0].actual is None
+
+
+def test_split_attention_without_the_mla_keys(tmp_path: Path) -> None:
+    out = tmp_path / "k.gguf"
+    rewrite(Q2K, out, lambda g: [g.kv.pop(k) for k in ("deepseek2.attention.key_length_mla",
+                                                         "deepseek2.attention.value_length_mla")])
+    assert "GGUF_KEY_MISSING" in codes(audit(out))
+
+
+def test_pre_mla_conversion_is_a_warning(tmp_path: Path) -> None:
+    """Files converted before llama.cpp #12801 keep one attn_kv_b [heads x (nope + v), kv_lora] per layer."""
+    out = tmp_path / "old.gguf"
+    heads, nope, v, kvl = 2, 64, 64, 256
+
+    def old(g: gb.Gguf) -> None:
+        for n in range(3):
+            for part in ("attn_k_b", "attn_v_b"):
+                g.tensors.remove(g.tensor(f"blk.{n}.{part}.weight"))
+            data = bytes(2 * heads * (nope + v) * kvl)
+            g.tensors.append(gb.Tensor(f"blk.{n}.attn_kv_b.weight", [kvl, heads * (nope + v)], 1, data))
+        for k in ("key_length_mla", "value_length_mla"):
+            g.kv.pop(f"deepseek2.attention.{k}")
+        g.set("deepseek2.attention.key_length", 4, nope + 32)
+        g.set("deepseek2.attention.value_length", 4, v)
+
+    rewrite(Q2K, out, old)
+    report = audit(out)
+    assert codes(report) == ["GGUF_PRE_MLA"] and report.verdict() == "PASS"
+
+
+@pytest.mark.parametrize(("edit", "code"), [
+    (lambda g: setattr(g.tensor("blk.0.attn_norm.weight"), "type_id", 99), "GGUF_TYPE_UNKNOWN"),
+    (lambda g: setattr(g.tensor("blk.0.attn_q_b.weight"), "ne", [255, 192]), "GGUF_ROW_BLOCK"),
+    (lambda g: setattr(g.tensors[-1], "offset", 1_000_000 + 8), "GGUF_MISALIGNED"),
+    (lambda g: setattr(g, "version", 1), "GGUF_INVALID"),
+])
+def test_container_faults(tmp_path: Path, edit: object, code: str) -> None:
+    out = tmp_path / "f.gguf"
+    rewrite(Q2K, out, edit)
+    report = audit(out)
+    assert code in codes(report)
+    assert report.verdict() == "FAIL"
+
+
+def test_not_a_gguf_file(tmp_path: Path) -> None:
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"safetensors?" + bytes(100))
+    report = audit(bad)
+    assert codes(report)[0] == "GGUF_INVALID"
+    big = tmp_path / "y.gguf"
+    big.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**60, 2**60) + bytes(64))
+    assert codes(audit(big))[0] == "GGUF_INVALID"
+
+
+def test_unknown_gguf_architecture_is_inconclusive(tmp_path: Path) -> None:
+    out = tmp_path / "llama.gguf"
+    rewrite(Q2K, out, lambda g: g.set("general.architecture", 8, "llama"))
+    report = audit(out)
+    assert report.exit_code() == 3 and "LAYOUT_UNSUPPORTED" in codes(report)
