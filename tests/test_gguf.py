@@ -265,3 +265,22 @@ def test_unknown_gguf_architecture_is_inconclusive(tmp_path: Path) -> None:
     rewrite(Q2K, out, lambda g: g.set("general.architecture", 8, "llama"))
     report = audit(out)
     assert report.exit_code() == 3 and "LAYOUT_UNSUPPORTED" in codes(report)
+
+
+def f32(value: object) -> object:
+    return struct.unpack("<f", struct.pack("<f", value))[0] if isinstance(value, float) else value
+
+
+def test_metadata_is_what_the_converter_writes_from_the_config() -> None:
+    """deepseek2's dialect, applied to the config.json the converter read, gives every `deepseek2.*` key the
+    converter wrote, value for value (floats as GGUF stores them)."""
+    dialect = architecture("kimi_k2").gguf  # type: ignore[union-attr]
+    assert dialect is not None
+    written = read_gguf_part(LocalSource(DATA), "tiny-Q2_K.gguf").kv
+    ours = dialect.metadata(json.loads((DATA / "source.config.json").read_text()))
+    assert {k: f32(v) for k, v in ours.items()} == {k: v for k, v in written.items() if k.startswith("deepseek2.")}
+    nogating = read_gguf_part(LocalSource(DATA), "noscoring-Q2_K.gguf").kv
+    cfg = json.loads((DATA / "source.config.json").read_text())
+    del cfg["scoring_func"]
+    assert {k: f32(v) for k, v in dialect.metadata(cfg).items()} == {
+        k: v for k, v in nogating.items() if k.startswith("deepseek2.")}

@@ -218,6 +218,8 @@ class GgufDialect:
     config: Callable[[GgufMetadata, StoredShapes], tuple[dict[str, Any], list[Finding]]]
     """The metadata (and the stored names and shapes, where llama.cpp's loader decides by them: a tied output,
     the pre-MLA `attn_kv_b`) -> a config.json its `read` takes, and what is wrong with the metadata."""
+    metadata: Callable[[Mapping[str, Any]], dict[str, Any]]
+    """A config.json -> the architecture's metadata keys the converter writes from it (`audit --against`)."""
     top: tuple[tuple[str, str], ...]
     """(the tree's full name, the GGUF name) of the tensors outside the layers."""
     layer: tuple[tuple[str, str], ...]

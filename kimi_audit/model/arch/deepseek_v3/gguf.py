@@ -27,11 +27,26 @@ GGUF_LAYER = tuple((f"{hf}.weight", f"{gguf}.weight") for hf, gguf in (
     ("mlp.shared_experts.gate_proj", "ffn_gate_shexp"), ("mlp.shared_experts.up_proj", "ffn_up_shexp"),
     ("mlp.shared_experts.down_proj", "ffn_down_shexp"))) + (("mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),)
 """GGUF's names of the llama.cpp tree (gguf-py/gguf/constants.py TENSOR_NAMES and tensor_mapping.py, llama.cpp
-0c1e5709: MODEL_ARCH.DEEPSEEK2's tensors; tests/data/loader_names/deepseek2.gguf.json cites them)."""
+0c1e5709: MODEL_ARCH.DEEPSEEK2's tensors; tests/test_gguf.py holds them to gguf-py's TensorNameMap)."""
 GGUF_ROUTER_BIAS = ".exp_probs_b.bias"
 """The router's correction bias as GGUF names it (its value role: model.kinds.ROUTER_BIAS)."""
 SIGMOID = 2
 """llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (gguf-py ExpertGatingFuncType)."""
+GATING = {"softmax": 1, "sigmoid": SIGMOID}
+"""config.json `scoring_func` -> `expert_gating_func` (the converter writes it only when the config has one)."""
+TOKENIZER_PRE = "tokenizer.ggml.pre"
+DIRECT = (
+    ("block_count", "num_hidden_layers"), ("context_length", "max_position_embeddings"),
+    ("embedding_length", "hidden_size"), ("feed_forward_length", "intermediate_size"),
+    ("attention.head_count", "num_attention_heads"), ("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+    ("expert_count", "n_routed_experts"), ("expert_used_count", "num_experts_per_tok"),
+    ("expert_group_count", "n_group"), ("expert_group_used_count", "topk_group"), ("vocab_size", "vocab_size"),
+    ("attention.q_lora_rank", "q_lora_rank"), ("attention.kv_lora_rank", "kv_lora_rank"),
+    ("expert_feed_forward_length", "moe_intermediate_size"), ("expert_shared_count", "n_shared_experts"),
+    ("expert_weights_scale", "routed_scaling_factor"), ("expert_weights_norm", "norm_topk_prob"),
+    ("rope.dimension_count", "qk_rope_head_dim"))
+"""(the `deepseek2.` key, the config.json key it holds), one value each way (TextModel.set_gguf_parameters and
+DeepseekV2Model's; llama-model.cpp reads them back)."""
 
 
 def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Any], list[Finding]]:
@@ -79,29 +94,56 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         findings.append(error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
                               f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
                               expected=vocab, actual=embed[0]))
-    experts = k("expert_count")
-    cfg: dict[str, Any] = {
+    cfg: dict[str, Any] = {config: k(key) for key, config in DIRECT if k(key) is not None}
+    cfg.update({
         "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "kimi_k2" if kv.get("tokenizer.ggml.pre") == "kimi-k2" else "deepseek_v3",
-        "hidden_size": k("embedding_length"), "num_hidden_layers": k("block_count"),
+        "model_type": "kimi_k2" if kv.get(TOKENIZER_PRE) == "kimi-k2" else "deepseek_v3",
         "intermediate_size": k("feed_forward_length", 0), "moe_intermediate_size": k("expert_feed_forward_length", 0),
         "first_k_dense_replace": k("leading_dense_block_count", 0), "moe_layer_freq": 1,
-        "n_routed_experts": experts or None, "n_shared_experts": k("expert_shared_count"),
-        "num_experts_per_tok": k("expert_used_count"), "num_attention_heads": k("attention.head_count"),
-        "q_lora_rank": k("attention.q_lora_rank"), "kv_lora_rank": k("attention.kv_lora_rank"),
-        "qk_rope_head_dim": rope, "qk_nope_head_dim": nope, "v_head_dim": v,
+        "n_routed_experts": k("expert_count") or None, "qk_nope_head_dim": nope, "v_head_dim": v,
         "vocab_size": embed[0] if vocab is None and embed else vocab,
         "topk_method": "noaux_tc" if bias or gating == SIGMOID else "greedy",
         "tie_word_embeddings": "output.weight" not in stored, "num_nextn_predict_layers": 0,
         "torch_dtype": "float32",
         "quantization_config": {"quant_method": "gguf", **({"format": "kv_b"} if whole and not split else {})},
-    }
-    eps = k("attention.layer_norm_rms_epsilon")
-    if eps is not None:
-        cfg["rms_norm_eps"] = eps
+    })
     return cfg, findings
 
 
-GGUF_DIALECT = GgufDialect((GGUF_ARCH,), gguf_config, GGUF_TOP, GGUF_LAYER)
+def gguf_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The `deepseek2.*` keys the converter writes from `config` (a config.json): DeepseekV2Model's and
+    TextModel's set_gguf_parameters (llama.cpp 0c1e5709 conversion/deepseek.py, base.py). Floats as GGUF stores
+    them (float32). `audit --against` holds a GGUF's metadata to the config.json it was converted from."""
+    a = GGUF_ARCH
+    out: dict[str, Any] = {f"{a}.{key}": config[c] for key, c in DIRECT if config.get(c) is not None}
+    kvl, rope = config.get("kv_lora_rank", 512), config.get("qk_rope_head_dim")
+    nope, v = config.get("qk_nope_head_dim"), config.get("v_head_dim")
+    if isinstance(kvl, int) and isinstance(rope, int) and isinstance(nope, int) and isinstance(v, int):
+        out.update({f"{a}.attention.kv_lora_rank": kvl, f"{a}.attention.key_length": kvl + rope,
+                    f"{a}.attention.value_length": kvl, f"{a}.attention.key_length_mla": nope + rope,
+                    f"{a}.attention.value_length_mla": v})
+    out[f"{a}.attention.head_count_kv"] = 1  # MLA written as MQA
+    out[f"{a}.leading_dense_block_count"] = config.get("first_k_dense_replace", 0)
+    out[f"{a}.expert_shared_count"] = config.get("n_shared_experts", 0)
+    if not config.get("norm_topk_prob"):
+        out.pop(f"{a}.expert_weights_norm", None)
+    gating = GATING.get(config.get("scoring_func"))  # type: ignore[arg-type]
+    if gating is not None:
+        out[f"{a}.expert_gating_func"] = gating
+    rope_scaling = config.get("rope_scaling") or config.get("rope_parameters")
+    theta = config.get("rope_theta") or (rope_scaling or {}).get("rope_theta")
+    if theta is not None:
+        out[f"{a}.rope.freq_base"] = theta
+    if isinstance(rope_scaling, dict) and (rope_scaling.get("type") or rope_scaling.get("rope_type")) == "yarn":
+        out.update({f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": rope_scaling.get("factor"),
+                    f"{a}.rope.scaling.original_context_length": rope_scaling.get("original_max_position_embeddings"),
+                    f"{a}.rope.scaling.yarn_beta_fast": rope_scaling.get("beta_fast"),
+                    f"{a}.rope.scaling.yarn_beta_slow": rope_scaling.get("beta_slow")})
+        if rope_scaling.get("mscale_all_dim") is not None:
+            out[f"{a}.rope.scaling.yarn_log_multiplier"] = 0.1 * rope_scaling["mscale_all_dim"]
+    return {key: value for key, value in out.items() if value is not None}
+
+
+GGUF_DIALECT = GgufDialect((GGUF_ARCH,), gguf_config, gguf_metadata, GGUF_TOP, GGUF_LAYER)
 
 
