@@ -1,7 +1,7 @@
 """Benchmark: the kimi-audit CLI against its peers, as whole processes, in one run.
 
     python bench/cli.py [--replica DIR] [--repeats 5] [--latency-ms 20]
-                        [--only local|version|remote|family|formats|scale]
+                        [--only local|version|remote|family|formats|scale|gguf]
                         [--json]
 
 Every command is a fresh process started with this Python (`sys.executable`); kimi-audit runs as
@@ -40,6 +40,10 @@ formats: `kimi-audit audit MLX4 --json`, the replica of Kimi-K2-Instruct as mlx-
 scale: `kimi-audit audit K3 --json` against the safe_open script on the Kimi K3 replica (`demo --model kimi-k3`:
   its text model, 497,052 tensors with MXFP4 experts, 96 shards, a 60 MB index).
   Targets: audit wall <= 1.0x the safe_open script's, peak RSS <= 1.2x its.
+gguf: `kimi-audit audit GGUF --json` on the Kimi-K2 GGUF replica (`demo --model kimi-k2-instruct-gguf`: 8 sparse
+  parts, 1,096 tensors, part 1 with a 163,840-token tokenizer and as many merges) against the fastest header read:
+  a struct script that walks every part's key-values and tensor infos, keeping the tensors' types, dims and
+  offsets; and gguf-py's GGUFReader on every part, for scale. Target: audit wall <= 1.2x the struct script's.
 It is a benchmark, not a test: nothing is asserted; each target is shown PASS or MISS.
 """
 
@@ -100,6 +104,78 @@ for shard in sorted(Path(sys.argv[1]).glob("*.safetensors")):
         n = int.from_bytes(f.read(8), "little")
         headers.append(json.loads(f.read(n)))
 print(sum(len(h) - ("__metadata__" in h) for h in headers))
+"""
+
+GGUF_STRUCT_SCRIPT = """\
+import struct
+import sys
+from pathlib import Path
+
+SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+tensors = {}
+for part in sorted(Path(sys.argv[1]).rglob("*.gguf")):
+    with open(part, "rb") as f:
+        buf = f.read(1 << 20)
+        pos = 4 + 4
+        n_tensors, n_kv = struct.unpack_from("<QQ", buf, pos)
+        pos += 16
+
+        def need(n):
+            global buf
+            if pos + n > len(buf):
+                buf += f.read(max(n, len(buf)))
+
+        def string():
+            global pos
+            need(8)
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            need(8 + n)
+            s = buf[pos + 8:pos + 8 + n]
+            pos += 8 + n
+            return s
+
+        for _ in range(n_kv):
+            string()
+            need(4)
+            (t,) = struct.unpack_from("<I", buf, pos)
+            pos += 4
+            if t == 8:
+                string()
+            elif t == 9:
+                need(12)
+                item, count = struct.unpack_from("<IQ", buf, pos)
+                pos += 12
+                if item == 8:
+                    for _ in range(count):
+                        string()
+                else:
+                    need(count * SCALAR[item])
+                    pos += count * SCALAR[item]
+            else:
+                pos += SCALAR[t]
+        for _ in range(n_tensors):
+            name = string()
+            need(4)
+            (nd,) = struct.unpack_from("<I", buf, pos)
+            need(4 + 8 * nd + 12)
+            dims = struct.unpack_from(f"<{nd}Q", buf, pos + 4)
+            t, off = struct.unpack_from("<IQ", buf, pos + 4 + 8 * nd)
+            pos += 4 + 8 * nd + 12
+            tensors[name] = (t, dims, off)
+print(len(tensors))
+"""
+
+GGUF_PY_SCRIPT = """\
+import sys
+from pathlib import Path
+
+from gguf import GGUFReader
+
+tensors = {}
+for part in sorted(Path(sys.argv[1]).rglob("*.gguf")):
+    for t in GGUFReader(part).tensors:
+        tensors[t.name] = (t.tensor_type, tuple(t.shape))
+print(len(tensors))
 """
 
 HF_REMOTE_SCRIPT = """\
@@ -443,6 +519,33 @@ def bench_formats(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], di
     return lines, _json_group(cmds, targets)
 
 
+def bench_gguf(repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
+    from kimi_audit.replica.build import build_replica
+
+    t0 = time.perf_counter()
+    replica = build_replica(tmp / "gguf", model="kimi-k2-instruct-gguf").resolve()
+    built = time.perf_counter() - t0
+    env = base_env()
+    py = sys.executable
+    kimi = Cmd("kimi-audit audit --json", [py, "-m", "kimi_audit", "audit", str(replica), "--json"], env)
+    peer = Cmd("struct header script", [py, script(tmp, "gguf_struct.py", GGUF_STRUCT_SCRIPT), str(replica)], env)
+    cmds = [kimi, peer]
+    with contextlib.suppress(ImportError):
+        import gguf  # noqa: F401  (llama.cpp's gguf-py: in the test extra)
+
+        cmds.append(Cmd("gguf-py GGUFReader script", [py, script(tmp, "gguf_py.py", GGUF_PY_SCRIPT), str(replica)],
+                        env))
+    alternate(cmds, repeats, tmp)
+    wall = kimi.median_wall() / peer.median_wall()
+    targets = [Target("audit wall <= 1.2x the struct header script's", f"{wall:.2f}x", wall <= 1.2)]
+    lines = [f"built the Kimi-K2 GGUF replica (8 parts) in {built:.0f} s: {replica}"]
+    lines += table(f"gguf, {repeats} alternating runs", cmds, targets)
+    lines.append("  ratios kimi-audit / peer, wall: " + ", ".join(
+        f"{c.label} {kimi.median_wall() / c.median_wall():.2f}x" for c in cmds[1:]) + "; RSS: " + ", ".join(
+        f"{c.label} {kimi.median_rss() / c.median_rss():.2f}x" for c in cmds[1:]))
+    return lines, _json_group(cmds, targets)
+
+
 def bench_scale(repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
     from kimi_audit.replica.build import build_replica
 
@@ -473,11 +576,12 @@ def main() -> int:
     ap.add_argument("--replica", type=Path, default=None, help="an existing replica directory (default: build one)")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of each command (default 5)")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="the hub's latency per request (default 20)")
-    ap.add_argument("--only", action="append", choices=("local", "version", "remote", "family", "formats", "scale"),
+    ap.add_argument("--only", action="append",
+                    choices=("local", "version", "remote", "family", "formats", "scale", "gguf"),
                     help="run only this part (repeatable; default: all)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     args = ap.parse_args()
-    parts = args.only or ["local", "version", "remote", "family", "formats", "scale"]
+    parts = args.only or ["local", "version", "remote", "family", "formats", "scale", "gguf"]
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
 
@@ -520,6 +624,10 @@ def main() -> int:
         if "scale" in parts:
             lines.append("")
             text, results["scale"] = bench_scale(args.repeats, tmp)
+            lines += text
+        if "gguf" in parts:
+            lines.append("")
+            text, results["gguf"] = bench_gguf(args.repeats, tmp)
             lines += text
     print(json.dumps(results, indent=2) if args.json else "\n".join(lines))
     return 0

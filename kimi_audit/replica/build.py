@@ -204,7 +204,14 @@ def build_replica(
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     raw_cfg = m.config_bytes()
-    _, cfg = parse_config_bytes(raw_cfg)
+    config_raw, cfg = parse_config_bytes(raw_cfg)
+    if m.gguf_stem:
+        from kimi_audit.replica.gguf import build_gguf_replica
+
+        folder = out / m.gguf_stem.rpartition("/")[0]
+        folder.mkdir(parents=True, exist_ok=True)
+        build_gguf_replica(folder, config_raw, m.gguf_stem.rpartition("/")[2], m.shards, progress)
+        return out
     with new_file(out / CONFIG_FILE) as f:
         f.write(raw_cfg)
     weight_map: dict[str, str] = {}

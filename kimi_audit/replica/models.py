@@ -18,6 +18,8 @@ shard holds each tensor (facts from the releases; see replica.build for the writ
 - kimi-k2.6: 64 shards `model-00001-of-000064.safetensors` (family.md); which tensor sits in which shard is not
   published: the layout cut into 64 shards of about equal bytes. Config and its sources:
   kimi_audit/data/kimi-k2.6.config.json and kimi-k2.6.sources.md. No `rotary_emb.inv_freq` stored (not known).
+- kimi-k2-instruct-gguf: Kimi-K2-Instruct as llama.cpp's converter and a dynamic 2-bit quantization write it
+  (unsloth's `UD-Q2_K_XL/Kimi-K2-Instruct-UD-Q2_K_XL-0000N-of-00008.gguf`): replica.gguf.
 - kimi-k3: 96 shards `model-00001-of-000096.safetensors` (family.md: 96 shards, 1.42 TB), the text model cut into
   shards of about equal bytes; its vision tower and projector are not described and not stored. Config and its
   sources: kimi_audit/data/kimi-k3.config.json and kimi-k3.sources.md.
@@ -123,6 +125,8 @@ class ReplicaModel:
     assign: Assign
     inv_freq: tuple[int, ...] | None
     """The shape `rotary_emb.inv_freq` is stored in (None: not stored)."""
+    gguf_stem: str = ""
+    """A GGUF split set (replica.gguf) of `shards` parts named `{gguf_stem}-0000N-of-0000M.gguf`, not safetensors."""
 
     def config_bytes(self) -> bytes:
         return resources.files("kimi_audit").joinpath(f"data/{self.config}").read_bytes()
@@ -149,6 +153,9 @@ REPLICA_MODELS: dict[str, ReplicaModel] = {m.name: m for m in (
                  "kimi-k2.6.config.json", 64, padded_name, balanced_mtp_last, None),
     ReplicaModel("kimi-k3", "Kimi K3 (kimi_k3: text model, MXFP4 experts; no vision tower)",
                  "kimi-k3.config.json", 96, padded_name, balanced_mtp_last, None),
+    ReplicaModel("kimi-k2-instruct-gguf", "Kimi-K2-Instruct as llama.cpp converts it (GGUF, a 2-bit-like mix, 8 parts)",
+                 "kimi-k2-instruct.config.json", 8, padded_name, balanced_mtp_last, None,
+                 gguf_stem="UD-Q2_K_XL/Kimi-K2-Instruct-UD-Q2_K_XL"),
 )}
 DEFAULT_MODEL = "kimi-k2-instruct"
 
