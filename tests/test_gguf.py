@@ -284,3 +284,106 @@ def test_metadata_is_what_the_converter_writes_from_the_config() -> None:
     del cfg["scoring_func"]
     assert {k: f32(v) for k, v in dialect.metadata(cfg).items()} == {
         k: v for k, v in nogating.items() if k.startswith("deepseek2.")}
+
+
+# --- against the checkpoint it was converted from -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint tests/data/gguf was converted from, saved again by the generator's own code (seeded:
+    the same bytes on this torch and transformers)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "writers"))
+    import gguf_generate
+
+    out = tmp_path_factory.mktemp("hf") / "tiny"
+    gguf_generate.save_source(out, "sigmoid")
+    return out
+
+
+def against(path: Path, src: Path, *extra: str) -> tuple[int, dict]:
+    result = runner.invoke(app, ["audit", str(path), "--against", str(src), "--no-progress", "--json", *extra])
+    return result.exit_code, json.loads(result.stdout)
+
+
+def found(doc: dict) -> list[str]:
+    return [f["code"] for f in doc["findings"]]
+
+
+def test_against_its_source_every_q8_0_byte_equal(source: Path) -> None:
+    """llama-quantize's Q8_0 of the converter's output, every tensor (stacked experts and the split kv_b
+    included) byte-equal to ggml's Q8_0 of the source's values."""
+    code, doc = against(SPLIT, source, "--values")
+    assert code == 0 and doc["result"]["verdict"] == "PASS"
+    checked = [f for f in doc["findings"] if f["code"] == "AGAINST_CHECKED"]
+    assert checked[0]["actual"] == 52
+
+
+def test_against_finds_the_swapped_part(tmp_path: Path, source: Path) -> None:
+    """A part from another upload: the same names, types and shapes, other values. The headers pass; its
+    values against the source name the part, once."""
+    d = copy_split(tmp_path)
+    part = d / "tiny-Q8_0-00003-of-00004.gguf"
+
+    def other_values(g: gb.Gguf) -> None:
+        for t in g.tensors:
+            t.data = bytes(b ^ 1 for b in t.data[:64]) + t.data[64:]
+
+    rewrite(part, part, other_values)
+    assert audit(d).verdict() == "PASS"
+    code, doc = against(d, source, "--values")
+    assert code == 1 and found(doc).count("AGAINST_VALUES") == 1
+    assert next(f for f in doc["findings"] if f["code"] == "AGAINST_VALUES")["shard"] == part.name
+
+
+def test_against_names_the_metadata_the_config_implies(source: Path) -> None:
+    """Converted from a config.json without scoring_func: its gating key differs from the source's."""
+    code, doc = against(DATA / "noscoring-Q2_K.gguf", source)
+    assert code == 1 and "AGAINST_METADATA" in found(doc) and "GGUF_GATING" in found(doc)
+    meta = next(f for f in doc["findings"] if f["code"] == "AGAINST_METADATA")
+    assert meta["tensor"] == "deepseek2.expert_gating_func" and meta["expected"] == 2
+
+
+def test_against_a_missing_tensor_is_said_once(tmp_path: Path, source: Path) -> None:
+    out = tmp_path / "m.gguf"
+    rewrite(Q2K, out, drop("blk.2.ffn_gate_exps.weight"))
+    code, doc = against(out, source)
+    assert code == 1 and found(doc) == ["TENSOR_MISSING"]
+
+
+def test_against_another_model(tmp_path: Path, source: Path) -> None:
+    other = Path(shutil.copytree(source, tmp_path / "other"))
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["num_hidden_layers"] = 2
+    (other / "config.json").write_text(json.dumps(cfg))
+    code, doc = against(Q2K, other)
+    assert code == 1 and "AGAINST_METADATA" in found(doc) and "AGAINST_UNACCOUNTED" not in found(doc)
+    assert "AGAINST_TOTAL" in found(doc)
+
+
+def test_against_not_a_source(tmp_path: Path) -> None:
+    code, doc = against(Q2K, SPLIT)
+    assert code == 2
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
+    code, doc = against(Q2K, tmp_path)
+    assert code == 1 and "AGAINST_ARCHITECTURE" in found(doc)
+
+
+def test_q8_0_encoding_equals_gguf_py() -> None:
+    import numpy as np
+
+    from kimi_audit.numerics.ggml import encode
+
+    rng = np.random.default_rng(0)
+    for scale in (1e-6, 0.02, 30.0):
+        x = (rng.normal(0, scale, (16, 256))).astype(np.float32)
+        x[0, :32] = 0
+        x[1, :32] = np.arange(32, dtype=np.float32) * np.float32(0.5)
+        for name in ("Q8_0", "BF16", "F16", "F32"):
+            qt = getattr(gguf.GGMLQuantizationType, name)
+            assert encode(x, name) == gguf.quants.quantize(x, qt).tobytes(), name

@@ -19,6 +19,7 @@ from kimi_audit.model.quant.compressed.naive import FloatQuantized, IntQuantized
 from kimi_audit.model.quant.compressed.pack import PackQuantized
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.dispatch import quant_plan
+from kimi_audit.model.quant.gguf import Gguf, GgufKvB
 from kimi_audit.model.quant.gptq import Gptq
 from kimi_audit.model.quant.mlx import Mlx
 from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Unquantized, UnsupportedQuantization
@@ -57,7 +58,8 @@ def test_every_scheme_registers_under_its_method_and_format() -> None:
         ("compressed-tensors", "int-quantized"): IntQuantized,
         ("compressed-tensors", "nvfp4-pack-quantized"): Nvfp4PackQuantized,
         ("compressed-tensors", "mxfp4-pack-quantized"): Mxfp4PackQuantized,
-        ("mlx", None): Mlx, ("bitsandbytes", None): Bitsandbytes, ("gptq", None): Gptq, ("awq", None): AwqGemm}
+        ("mlx", None): Mlx, ("bitsandbytes", None): Bitsandbytes, ("gptq", None): Gptq, ("awq", None): AwqGemm,
+        ("gguf", None): Gguf, ("gguf", "kv_b"): GgufKvB}
 
 
 def test_quant_plan_dispatches_through_the_registry() -> None:

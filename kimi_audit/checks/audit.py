@@ -57,6 +57,8 @@ class AuditReport:
     """The values pass ran (`audit --values`, checks.values.audit_with_values)."""
     gates_checked: bool = False
     """A release gate was asked for (`--expect-params` / `--expect-revision`, checks.gates.apply_gates)."""
+    against: str | None = None
+    """The checkpoint a GGUF set was compared with (`--against`, checks.against.apply_against), or None."""
     ignored: tuple[Finding, ...] = ()
     """Findings an `--ignore` rule accepted (checks.ignore): out of `findings`, the verdict and the exit code."""
     ignored_by: tuple[str, ...] = ()

@@ -66,6 +66,10 @@ def audit(
     values: bool = typer.Option(False, "--values", help="Also fetch every small tensor (norm gains, router "
                                 "biases, FP8 scales: ~250 MB for Kimi-K2) and report NaN/Inf, scales <= 0, "
                                 "zero gains."),
+    against: str | None = typer.Option(None, "--against", metavar="SOURCE", help="A GGUF set against the "
+                                       "safetensors checkpoint it was converted from (a directory or Hub repo): "
+                                       "the metadata its config.json implies, every tensor accounted for, the "
+                                       "element totals; with --values, every F32/F16/BF16/Q8_0 tensor's bytes."),
     ignore: list[str] | None = typer.Option(None, "--ignore", metavar="CODE[:GLOB]", help="Accept a known "
                                             "deviation: findings of CODE (whose tensor name, or shard, matches "
                                             "GLOB) leave the verdict and the exit code and are listed as "
@@ -106,6 +110,13 @@ def audit(
             report = audit_with_values(src, update, update)
         else:
             report = audit_source(src, update)
+    if against is not None:
+        from kimi_audit.checks.against import apply_against
+
+        with errors_reported(out_format, output, source):
+            reference = open_source(against)
+        with errors_reported(out_format, output, source), shard_progress("comparing", progress) as update:
+            report = apply_against(report, src, reference, values, update)
     report = apply_ignores(apply_gates(report, expect_params, expect_revision), ignore_rules)
     deliver(report, out_format, output, severity, time.monotonic() - started, stdout, all_findings, plain)
     _one_shard_hint(source)

@@ -8,9 +8,9 @@ size and the expected layout) and parsed here, one after another, as they arrive
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -31,7 +31,7 @@ from kimi_audit.format.index import IndexFile, load_index, natural_key
 from kimi_audit.model.config import parse_config_bytes
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.dialect import resolve_dialect
-from kimi_audit.model.gguf import choose_set, gguf_model, is_gguf, read_set
+from kimi_audit.model.gguf import choose_set, first_part, gguf_model, is_gguf, read_set
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.model.mtp_stages import with_stored_stages
 from kimi_audit.sources.base import Source
@@ -63,6 +63,8 @@ class Checkpoint:
     container: str = "safetensors"
     """The files' container: `safetensors`, or `gguf` (llama.cpp's; config_raw is then what its metadata implies,
     model.gguf)."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """A GGUF set's metadata (part 1's key-values); empty for safetensors."""
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -195,10 +197,11 @@ def _load_gguf(source: Source, files: tuple[str, ...], progress: ProgressFn | No
     parts = read_set(source, names, progress)
     findings = split_findings(parts)
     raw, config, expected, meta = gguf_model(parts)
+    first = first_part(parts)
     headers = {n: p.header for n, p in parts.items() if p.header.tensor_count or p.header.ok}
     failed = [f for n, p in parts.items() if n not in headers for f in p.header.findings]
     return Checkpoint(source.label, source.revision, tuple(names), raw, config, None, expected, headers,
-                      tuple(failed + findings + meta), container="gguf")
+                      tuple(failed + findings + meta), container="gguf", metadata={} if first is None else first.kv)
 
 
 def _load(source: Source, files: tuple[str, ...], remote: bool, progress: ProgressFn | None) -> Checkpoint:

@@ -69,6 +69,8 @@ CHECKS: tuple[Check, ...] = (
     Check("release-gates", "--expect-params / --expect-revision", lambda c: c.endswith("_GATE")),
     Check("gguf", "every GGUF part a well-formed container, the split set whole, the metadata as llama.cpp reads it",
           lambda c: c.startswith("GGUF_")),
+    Check("against-source", "the GGUF set against the checkpoint it was converted from (--against)",
+          lambda c: c.startswith("AGAINST_")),
 )
 OTHER = Check("other", "findings of other checks", lambda c: True)
 """A code no check owns: none today (a test checks every code of report.rules); kept so that a new code
@@ -83,6 +85,8 @@ def not_run(check: str, report: AuditReport) -> str | None:
         return "not run: audit --values fetches and checks the small tensors' values"
     if check == "gguf" and report.model.get("container") != "gguf":
         return "not run: not a GGUF checkpoint"
+    if check == "against-source" and report.against is None:
+        return "not run: no --against"
     if check == "release-gates" and not report.gates_checked:
         return "not run: no --expect-params or --expect-revision"
     return None

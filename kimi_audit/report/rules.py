@@ -131,6 +131,36 @@ RULES: dict[str, Rule] = {
     "GGUF_VOCAB_MISMATCH": Rule("error", "the token list's length is not `token_embd`'s rows",
         'The tokenizer lists another number of tokens than the embedding has rows (the first Kimi-K2 '
         'conversions, llama.cpp #14642): llama.cpp refuses the file.', GGUF_HELP),
+    # GGUF against the checkpoint it was converted from (--against).
+    "AGAINST_ARCHITECTURE": Rule(
+        "error", 'the `--against` checkpoint is no architecture this GGUF is converted from',
+        "The --against checkpoint's config.json names an architecture llama.cpp does not convert to "
+        "this GGUF's general.architecture: it is not this GGUF's source.", GGUF_HELP),
+    "AGAINST_METADATA": Rule(
+        "error", "a metadata key differs from what the converter writes from the source's config.json",
+        'A key the converter writes from config.json (layers, dimensions, experts, gating, RoPE '
+        "scaling) holds another value than the source's config.json gives: converted from another "
+        'config, or edited.', GGUF_HELP),
+    "AGAINST_UNACCOUNTED": Rule(
+        "error", 'source tensors that no GGUF tensor holds',
+        'Tensors of the source checkpoint (FP8 scales, rotary buffers and MTP layers excepted: the '
+        'converter drops them) are in no tensor of the GGUF set.', GGUF_HELP),
+    "AGAINST_TOTAL": Rule(
+        "error", "the GGUF's element total is not the source's",
+        "The GGUF set holds another number of elements than the source's tensors the converter keeps:"
+        ' a different model.', GGUF_HELP),
+    "AGAINST_VALUES": Rule(
+        "error", "a part's tensors differ from what the converter writes from the source",
+        'Tensors stored F32, F16, BF16 or Q8_0 in this part are not the bytes ggml writes for the '
+        "source's values (dequantized as its format says): a part from another conversion or upload, "
+        'which llama.cpp loads without a word.', GGUF_HELP),
+    "AGAINST_CHECKED": Rule(
+        "info", '`--against --values`: how many tensors were compared byte for byte',
+        "The tensors whose bytes were compared with what ggml writes for the source's values.", GGUF_HELP),
+    "AGAINST_NOT_COMPARED": Rule(
+        "info", 'tensors in ggml types whose encoding is not computed (K-quants, IQ types)',
+        "These tensors' types are not encoded by kimi-audit (K-quants, IQ and ternary types): their "
+        'bytes were not compared with the source.', GGUF_HELP),
     # Checkpoint: files, index, layout.
     "NO_SAFETENSORS": Rule("error", "no `.safetensors` file at all",
                          "The checkpoint holds no .safetensors shard, so nothing can be audited.",

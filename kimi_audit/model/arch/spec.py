@@ -14,7 +14,7 @@ QUANT_KEYS (`quantization_config` alone, when present) and ATTENTION_BIAS_KEYS (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
@@ -224,6 +224,12 @@ class GgufDialect:
     """(the tree's full name, the GGUF name) of the tensors outside the layers."""
     layer: tuple[tuple[str, str], ...]
     """(the tree's name relative to a layer, the GGUF name relative to `blk.N.`)."""
+    converted: Callable[[str, int, Container[str]], tuple[str, ...]]
+    """(a release tensor's name, the main layers, the GGUF's names) -> the GGUF tensors the converter writes it
+    into; () for what it drops (scales, buffers, MTP layers)."""
+    release_values: Callable[[str, Callable[[str], Any], int, int, int], Any]
+    """(a GGUF tensor's name, a reader of the release's dequantized tensors, experts, heads, nope head dim) ->
+    the float32 values the converter writes there (numpy), None where the release has no source of it."""
     layer_prefix: str = "model.layers."
 
     def rename(self, name: str) -> str:

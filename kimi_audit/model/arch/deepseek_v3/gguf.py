@@ -5,12 +5,16 @@ metadata keys, its tensor names, what it would misread."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import re
+from collections.abc import Callable, Container, Mapping
+from typing import TYPE_CHECKING, Any
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.model.arch.spec import GgufDialect
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GGUF_ARCH = "deepseek2"
 GGUF_TOP = (("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"),
@@ -144,6 +148,53 @@ def gguf_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in out.items() if value is not None}
 
 
-GGUF_DIALECT = GgufDialect((GGUF_ARCH,), gguf_config, gguf_metadata, GGUF_TOP, GGUF_LAYER)
+LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+\.weight)$")
+STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\w+\.weight)$")
+DROPPED = (".weight_scale_inv", ".inv_freq")
+KV_B, K_B, V_B = "self_attn.kv_b_proj.weight", "self_attn.k_b_proj.weight", "self_attn.v_b_proj.weight"
+
+
+def converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...]:
+    """The GGUF tensors the converter writes a release tensor into (DeepseekV2Model.modify_tensors): none for an
+    FP8 scale (multiplied into its weight), a rotary buffer or an MTP layer's tensor; a routed expert's into its
+    layer's stacked tensor; kv_b_proj into attn_k_b and attn_v_b (one attn_kv_b in files before #12801)."""
+    m = LAYER.match(name)
+    if name.endswith(DROPPED) or (m is not None and int(m.group(1)) >= layers):
+        return ()
+    e = EXPERT.match(name)
+    if e is not None:
+        name = f"{e.group(1)}.{e.group(3)}"
+    rename = GGUF_DIALECT.rename
+    if name.endswith(KV_B) and rename(name) not in stored:
+        return rename(name[: -len(KV_B)] + K_B), rename(name[: -len(KV_B)] + V_B)
+    return (rename(name),)
+
+
+def release_values(gguf_name: str, read: Callable[[str], np.ndarray], experts: int, heads: int,
+                   nope: int) -> np.ndarray | None:
+    """The float32 values the converter writes into GGUF tensor `gguf_name`, from the release's tensors (`read`:
+    a release tensor's values, dequantized, by name): stacked experts, kv_b split (its key half transposed), the
+    rest as they are; None for a name the release has no source of."""
+    import numpy as np
+
+    tree = {v: k for k, v in GGUF_DIALECT._table.items()}
+    m = re.match(r"^blk\.(\d+)\.(.*)$", gguf_name)
+    name = f"model.layers.{m.group(1)}.{tree.get(m.group(2), '')}" if m else tree.get(gguf_name, "")
+    if not name or name.endswith("."):
+        return None
+    s = STACKED.match(name)
+    if s is not None:
+        return np.stack([read(f"{s.group(1)}.{i}.{s.group(2)}") for i in range(experts)]).astype(np.float32)
+    for half in (K_B, V_B):
+        if name.endswith(half):
+            kv_b = read(name[: -len(half)] + KV_B).astype(np.float32)
+            split = kv_b.reshape(heads, -1, kv_b.shape[-1])
+            return np.ascontiguousarray(split[:, :nope].transpose(0, 2, 1) if half == K_B else split[:, nope:])
+    return read(name).astype(np.float32)
+
+
+GGUF_DIALECT = GgufDialect((GGUF_ARCH,), gguf_config, gguf_metadata, GGUF_TOP, GGUF_LAYER, converted,
+                           release_values)
 
 
