@@ -323,6 +323,13 @@ def test_against_its_source_every_q8_0_byte_equal(source: Path) -> None:
     assert checked[0]["actual"] == 52
 
 
+def test_against_counts_what_it_cannot_compare(source: Path) -> None:
+    """The K-quants of a Q2_K file are counted, not compared: the verdict covers only the types it encodes."""
+    code, doc = against(Q2K, source, "--values")
+    assert code == 0 and "AGAINST_NOT_COMPARED" in found(doc)
+    assert next(f for f in doc["findings"] if f["code"] == "AGAINST_CHECKED")["actual"] == 17
+
+
 def test_against_finds_the_swapped_part(tmp_path: Path, source: Path) -> None:
     """A part from another upload: the same names, types and shapes, other values. The headers pass; its
     values against the source name the part, once."""
@@ -387,3 +394,33 @@ def test_q8_0_encoding_equals_gguf_py() -> None:
         for name in ("Q8_0", "BF16", "F16", "F32"):
             qt = getattr(gguf.GGMLQuantizationType, name)
             assert encode(x, name) == gguf.quants.quantize(x, qt).tobytes(), name
+
+
+@pytest.mark.slow
+def test_kimi_k2_gguf_replica_holds_the_seeds_gains(family_replica) -> None:  # type: ignore[no-untyped-def]
+    """The full-scale Kimi-K2 GGUF replica (8 parts, Kimi's 163,840-token tokenizer): the seed's 60 MoE blocks x
+    1,536 + 1,536 attn_q_a_norm gains, F32 [1536], and Kimi-K2's 1,026,408,232,448 parameters (router biases
+    included: the safetensors audit's count of the same model)."""
+    d = family_replica("kimi-k2-instruct-gguf")
+    parts = sorted(p.name for p in (d / "UD-Q2_K_XL").glob("*.gguf"))
+    assert parts == [f"Kimi-K2-Instruct-UD-Q2_K_XL-{i:05d}-of-00008.gguf" for i in range(1, 9)]
+    report = audit(d / "UD-Q2_K_XL" / parts[4], values=True)
+    assert report.verdict() == "PASS" and [f.code for f in report.findings] == ["VALUES_CHECKED"]
+    assert (report.stats.tensors, report.stats.parameters, report.stats.payload_bytes) == (
+        1_096, 1_026_408_232_448, 293_899_601_920)  # docs/family.md's row
+    q = report.q_a_layernorm
+    assert (q.width, [t.params for t in q.totals]) == (1536, [92_160, 1_536])
+    assert all(r.dtype == "F32" and r.tensor.endswith("attn_q_a_norm.weight") for r in q.rows)
+    part1 = read_gguf_part(LocalSource(d / "UD-Q2_K_XL"), parts[0])
+    assert part1.kv["tokenizer.ggml.tokens"].count == 163_840 and part1.header.data_start > 6_000_000
+
+
+def test_params_and_explain_read_a_gguf_set() -> None:
+    """The accounting tree of a GGUF set: every weight in the ggml type llama-quantize chose counts as derived."""
+    r = runner.invoke(app, ["params", str(Q2K), "--json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["total"]["derived"] == doc["total"]["found"] and not doc["total"]["mismatch"]
+    stored = {row["dtype"]: (row["derived"], row["found"]) for row in doc["stored_by_dtype"]}
+    assert all(d == f for d, f in stored.values()) and {"Q2_K", "Q3_K", "Q6_K", "F32"} <= stored.keys()
+    r = runner.invoke(app, ["explain", str(Q2K), "q_a_layernorm"])
+    assert r.exit_code == 0 and "blk.0.attn_q_a_norm.weight" in r.stdout

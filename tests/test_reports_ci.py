@@ -93,7 +93,7 @@ def test_junit_of_a_clean_checkpoint_passes_every_check(tiny_dir):
     assert names == [c.name for c in CHECKS] + ["q_a_layernorm"]
     assert failures(root) == {}
     # checks that did not run are skipped, not passed
-    assert set(skipped(root)) == {"values", "release-gates", "gguf"}
+    assert set(skipped(root)) == {"values", "release-gates", "gguf", "against-source"}
     assert "--values" in skipped(root)["values"] and "--expect-params" in skipped(root)["release-gates"]
     assert "not a GGUF" in skipped(root)["gguf"]
     props = {p.get("name"): p.get("value") for p in root.iter("property")}
@@ -108,9 +108,9 @@ def test_junit_checks_that_ran_are_not_skipped(tiny_dir):
     gated = apply_gates(report, str(report.stats.parameters), None)
     assert gated.gates_checked and gated.exit_code() == 0
     root = validate_junit(render_junit(gated))
-    assert set(skipped(root)) == {"gguf"} and failures(root) == {}
+    assert set(skipped(root)) == {"gguf", "against-source"} and failures(root) == {}
     r = runner.invoke(app, ["audit", str(tiny_dir), "--no-progress", "--format", "junit", "--values"])
-    assert r.exit_code == 0 and set(skipped(validate_junit(r.stdout))) == {"release-gates", "gguf"}
+    assert r.exit_code == 0 and set(skipped(validate_junit(r.stdout))) == {"release-gates", "gguf", "against-source"}
 
 
 def test_junit_failures_name_the_checks_and_tensors(tmp_path):

@@ -26,6 +26,7 @@ from kimi_audit.model.config_fields import ModelConfig, unsupported_config
 from kimi_audit.model.dialect import respelled
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.model.quant.gguf import GGML_ANY
+from kimi_audit.model.quant.scheme import fits
 from kimi_audit.sources.base import Source
 
 GENERAL_ARCHITECTURE = "general.architecture"
@@ -64,7 +65,7 @@ def with_stored_types(layout: ExpectedLayout, headers: dict[str, ShardHeader]) -
         if s.dtype != GGML_ANY:
             continue
         t = GGML_BY_NAME.get(stored.get(name, ""))
-        if t is None or not t.weight or s.shape[-1] % t.block:
+        if t is None or not fits(s.dtype, t.name, s.shape):
             continue
         key = (spec_of[p], t.name)
         if key not in made:

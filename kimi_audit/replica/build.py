@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from kimi_audit.constants import CONFIG_FILE, DTYPE_BITS, INDEX_FILE
 from kimi_audit.model.config import parse_config_bytes
@@ -37,6 +35,7 @@ from kimi_audit.model.kinds import (
 )
 from kimi_audit.model.layout import expected_layout
 from kimi_audit.model.roles import role_of
+from kimi_audit.replica.files import new_file
 from kimi_audit.replica.models import DEFAULT_MODEL, plain_name, replica_model
 
 if TYPE_CHECKING:
@@ -145,24 +144,6 @@ def synthetic_values(t: ReplicaTensor, rng: np.random.Generator) -> np.ndarray:
         v = 1.0 + rng.normal(0.0, 0.05, n)
     np_dtype = {"BF16": ml_dtypes.bfloat16, "F32": np.float32, "F16": np.float16}[t.dtype]
     return v.astype(np_dtype)
-
-
-@contextmanager
-def new_file(path: Path) -> Iterator[BinaryIO]:
-    """Write `path` as a new file: a temporary file created exclusively beside it (O_EXCL, so never through a
-    link; mode 0o666 less the umask, as open() gives), then renamed over it. Whatever `path` was (a symlink
-    planted there, a hard link to another file, someone else's file) is replaced, never written through nor
-    truncated; on an error the temporary file is removed."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.partial")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def write_shard(path: Path, tensors: list[ReplicaTensor], *, seed: int, fill_small: bool = True) -> int:

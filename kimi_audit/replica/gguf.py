@@ -6,7 +6,7 @@ and the embedding at Q4_K, the output at Q6_K, norms and routers F32), a tokeniz
 tensors, gains and router biases, written; the rest a hole).
 
 The metadata is what the converter writes from config.json (GgufDialect.metadata) plus llama.cpp's general and
-split keys; each part is written as a new file (replica.build.new_file).
+split keys; each part is written as a new file (replica.files.new_file).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from kimi_audit.model.arch.registry import architecture_of
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.dialect import respelled
 from kimi_audit.model.layout import expected_layout
-from kimi_audit.replica.build import new_file
+from kimi_audit.replica.files import new_file
 
 ALIGNMENT = 32
 U32, I32, F32, BOOL, STRING, ARRAY, U16 = 4, 5, 6, 7, 8, 9, 2

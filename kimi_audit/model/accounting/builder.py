@@ -23,6 +23,7 @@ from kimi_audit.model.arch.spec import Factor
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, layer_block, scheme_of
+from kimi_audit.model.quant.scheme import fits
 from kimi_audit.model.roles import kind_of, varies_by_writer
 
 Mult = tuple[tuple[int, str], ...]
@@ -129,14 +130,20 @@ class Builder:
             variance = writer_variance(p)
             uniform = variance and len({t.dtype for t in mine}) == 1  # variance is one dtype for every sibling
             explained = (self.cfg.dtype, "F32") if uniform else ()
-            dtype_ok = dtype_ok and all(t.dtype == p.dtype or t.dtype in explained for t in mine)
+            dtype_ok = dtype_ok and all(fits(p.dtype, t.dtype, t.shape) or t.dtype in explained for t in mine)
             params.add(p.logical_dtype, p.numel * n_inst)
             written = {t.dtype for t in mine}
             as_written = written.pop() if variance and len(written) == 1 else None  # the writer's one dtype
             for s in p.stored():
-                stored.add(as_written or s.dtype, s.numel * n_inst)
+                # a dtype the format leaves to the writer (a GGUF weight's ggml type): derived as each was stored
+                chosen = [t for t in mine if t.dtype != s.dtype and fits(s.dtype, t.dtype, t.shape)]
+                for t in chosen:
+                    stored.add(t.dtype, t.numel)
+                rest = s.numel * n_inst - sum(t.numel for t in chosen)
+                if rest:
+                    stored.add(as_written or s.dtype, rest)
             for t in mine:
-                same = t.dtype == p.dtype or t.dtype in explained
+                same = fits(p.dtype, t.dtype, t.shape) or t.dtype in explained
                 params.add(p.logical_dtype if same else t.dtype, found=t.parameters)
                 stored.add(t.dtype, found=t.numel)
             if p.scheme:

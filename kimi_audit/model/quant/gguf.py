@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from kimi_audit.format.gguf_types import GGML_BY_NAME
 from kimi_audit.model.kinds import PARAMETER
 from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Stored, Unquantized
 
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 GGML_ANY = "GGML"
 """The expected dtype of a GGUF weight before the file is read: any ggml type llama.cpp stores a weight in whose
 block divides the row (model.gguf resolves it per tensor against what is stored)."""
+
+
 GGUF_METHOD = "gguf"
 GGUF_TREE = "llama.cpp"
 """The converter's tree (llama.cpp conversion/deepseek.py, DeepseekV2Model.modify_tensors): each layer's routed
@@ -42,6 +45,13 @@ class Gguf(Scheme):
     def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any],
              release: ReleaseQuant) -> QuantPlan:
         return QuantPlan(cls(), Unquantized("F32"))
+
+    @classmethod
+    def accepts(cls, expected: str, stored: str, shape: tuple[int, ...]) -> bool:
+        """Where a GGUF weight is expected (GGML_ANY): a ggml type llama.cpp keeps a weight in whose block divides
+        the row."""
+        t = GGML_BY_NAME.get(stored)
+        return expected == GGML_ANY and t is not None and t.weight and bool(shape) and shape[-1] % t.block == 0
 
     def summary(self) -> dict[str, Any]:
         return {"method": GGUF_METHOD, "tree": self.tree}

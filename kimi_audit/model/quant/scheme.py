@@ -36,8 +36,19 @@ from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["ANY_LENGTH", "FP8_DTYPE", "QuantPlan", "ReleaseQuant", "Scheme", "Stored", "Unquantized",
-           "UnsupportedQuantization", "fp8_block", "stored_weight"]
+__all__ = [
+    "ANY_LENGTH",
+    "FP8_DTYPE",
+    "QuantPlan",
+    "ReleaseQuant",
+    "Scheme",
+    "Stored",
+    "Unquantized",
+    "UnsupportedQuantization",
+    "fits",
+    "fp8_block",
+    "stored_weight",
+]
 
 FP8_DTYPE = "F8_E4M3"
 ANY_LENGTH = -1
@@ -151,6 +162,12 @@ class Scheme:
             Scheme.classes.remove(cls)
 
     @classmethod
+    def accepts(cls, expected: str, stored: str, shape: tuple[int, ...]) -> bool:
+        """Whether a stored dtype other than the expected one is this format's way of storing it (a GGUF weight:
+        any ggml weight type whose block divides the row); see `fits`."""
+        return False
+
+    @classmethod
     def claims(cls, q: dict[str, Any], config: Mapping[str, Any]) -> bool:
         """Whether a quantization_config with no `quant_method` is this format's (MLX writes none)."""
         return False
@@ -200,6 +217,12 @@ class Scheme:
         """The module's weight [out, in] from its stored tensors (decoded, keyed by the suffixes of
         `stored`), computed as the scheme's reference code does (kimi_audit.numerics, imported here)."""
         raise NotImplementedError
+
+
+def fits(expected: str, stored: str, shape: tuple[int, ...]) -> bool:
+    """A stored tensor's dtype is what its layout entry expects: the same, or one a registered format accepts for
+    that expectation (Scheme.accepts)."""
+    return stored == expected or any(c.accepts(expected, stored, shape) for c in Scheme.classes)
 
 
 def stored_weight(tensors: Mapping[str, np.ndarray], suffix: str, out: int, inp: int) -> np.ndarray:

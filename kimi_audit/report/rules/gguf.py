@@ -1,0 +1,85 @@
+"""The GGUF container's finding codes (llama.cpp's files: one part, the split set, the metadata as llama.cpp reads
+it) and a GGUF set's against the checkpoint it was converted from, as rules (report.rules merges them)."""
+
+from __future__ import annotations
+
+from kimi_audit.report.rules.rule import Rule
+
+GGUF_HELP = ("Download the GGUF set again (every part, from one upload), or re-convert it with llama.cpp's current "
+             "convert_hf_to_gguf.py and llama-quantize; llama-gguf-split --merge / --split rewrites a set's parts.")
+
+
+GGUF_RULES: dict[str, Rule] = {
+    # GGUF (llama.cpp): one part's container, the split set, the metadata.
+    "GGUF_INVALID": Rule(
+        "error", 'not a readable GGUF part: magic, version, a count, a key or a tensor name the format does '
+        'not allow, or a header cut short',
+        'The part is not a GGUF file llama.cpp can open (wrong magic, a version other than 2 or 3, a '
+        'big-endian file, counts larger than the file, a header that ends early or passes 256 MB, a '
+        'tensor name over 63 bytes).', GGUF_HELP),
+    "GGUF_TYPE_UNKNOWN": Rule("error", "a tensor's ggml type is not one llama.cpp defines",
+        "The tensor's type id is none of ggml's types (gguf-py GGMLQuantizationType): llama.cpp "
+        'refuses the file.', GGUF_HELP),
+    "GGUF_ROW_BLOCK": Rule("error", "a row is not whole blocks of the tensor's ggml type",
+        "The tensor's fastest dimension is not a multiple of its type's block (32 for Q8_0, 256 for "
+        'the K-quants): llama.cpp refuses it.', GGUF_HELP),
+    "GGUF_MISALIGNED": Rule("error", "a tensor's offset is not a multiple of `general.alignment`",
+        "The tensor's data does not start at a multiple of the file's alignment (32 by default): "
+        'llama.cpp refuses it.', GGUF_HELP),
+    "GGUF_TRAILING_BYTES": Rule("warning", 'bytes after the last tensor (split parts joined with `cat`?)',
+        'The part holds bytes after its last tensor that llama.cpp never reads: usually split parts '
+        "joined with cat, which loads only part 1's tensors. llama-gguf-split --merge joins parts.", GGUF_HELP),
+    "GGUF_PART_MISSING": Rule("error", 'a part of a split set is not there',
+        "The set's split.count names a part that is not in the folder (or the --include selection): "
+        'llama.cpp cannot load the model. Its tensors are not reported missing one by one.', GGUF_HELP),
+    "GGUF_SPLIT_INVALID": Rule("error", 'split keys missing or disagreeing with each other or the file name',
+        "A part's split.no / split.count disagree with its file name or the other parts, two parts "
+        'claim the same number, or a part named as split holds no split keys: renamed parts, or a '
+        'part from another set.', GGUF_HELP),
+    "GGUF_SPLIT_COUNT": Rule("error", '`split.tensors.count` is not the tensors the parts hold',
+        'The parts together hold another number of tensors than split.tensors.count says (a stale '
+        'count after a repack): llama.cpp refuses the set.', GGUF_HELP),
+    "GGUF_KEY_MISSING": Rule("error", 'the metadata lacks a key the stored tensors need',
+        'attn_k_b / attn_v_b are stored (the MLA layout of llama.cpp #12801) but the *_mla key and '
+        'value lengths are not: llama.cpp reads the head dimensions wrong.', GGUF_HELP),
+    "GGUF_GATING": Rule("error", 'the experts carry `exp_probs_b` but `expert_gating_func` is not sigmoid',
+        "The routers have DeepSeek's correction bias (sigmoid routing) but the metadata has no "
+        'sigmoid expert_gating_func: llama.cpp then routes by softmax and computes other logits, '
+        'without a word. The config.json converted had no scoring_func.', GGUF_HELP),
+    "GGUF_PRE_MLA": Rule("warning", 'attention stored as one `attn_kv_b` (a conversion before llama.cpp #12801)',
+        'The conversion predates llama.cpp #12801 (attn_kv_b instead of attn_k_b / attn_v_b): it '
+        "loads, without MLA's smaller KV cache.", GGUF_HELP),
+    "GGUF_VOCAB_MISMATCH": Rule("error", "the token list's length is not `token_embd`'s rows",
+        'The tokenizer lists another number of tokens than the embedding has rows (the first Kimi-K2 '
+        'conversions, llama.cpp #14642): llama.cpp refuses the file.', GGUF_HELP),
+    # GGUF against the checkpoint it was converted from (--against).
+    "AGAINST_ARCHITECTURE": Rule(
+        "error", 'the `--against` checkpoint is no architecture this GGUF is converted from',
+        "The --against checkpoint's config.json names an architecture llama.cpp does not convert to "
+        "this GGUF's general.architecture: it is not this GGUF's source.", GGUF_HELP),
+    "AGAINST_METADATA": Rule(
+        "error", "a metadata key differs from what the converter writes from the source's config.json",
+        'A key the converter writes from config.json (layers, dimensions, experts, gating, RoPE '
+        "scaling) holds another value than the source's config.json gives: converted from another "
+        'config, or edited.', GGUF_HELP),
+    "AGAINST_UNACCOUNTED": Rule(
+        "error", 'source tensors that no GGUF tensor holds',
+        'Tensors of the source checkpoint (FP8 scales, rotary buffers and MTP layers excepted: the '
+        'converter drops them) are in no tensor of the GGUF set.', GGUF_HELP),
+    "AGAINST_TOTAL": Rule(
+        "error", "the GGUF's element total is not the source's",
+        "The GGUF set holds another number of elements than the source's tensors the converter keeps:"
+        ' a different model.', GGUF_HELP),
+    "AGAINST_VALUES": Rule(
+        "error", "a part's tensors differ from what the converter writes from the source",
+        'Tensors stored F32, F16, BF16 or Q8_0 in this part are not the bytes ggml writes for the '
+        "source's values (dequantized as its format says): a part from another conversion or upload, "
+        'which llama.cpp loads without a word.', GGUF_HELP),
+    "AGAINST_CHECKED": Rule(
+        "info", '`--against --values`: how many tensors were compared byte for byte',
+        "The tensors whose bytes were compared with what ggml writes for the source's values.", GGUF_HELP),
+    "AGAINST_NOT_COMPARED": Rule(
+        "info", 'tensors in ggml types whose encoding is not computed (K-quants, IQ types)',
+        "These tensors' types are not encoded by kimi-audit (K-quants, IQ and ternary types): their "
+        'bytes were not compared with the source.', GGUF_HELP),
+}
