@@ -424,3 +424,32 @@ def test_params_and_explain_read_a_gguf_set() -> None:
     assert all(d == f for d, f in stored.values()) and {"Q2_K", "Q3_K", "Q6_K", "F32"} <= stored.keys()
     r = runner.invoke(app, ["explain", str(Q2K), "q_a_layernorm"])
     assert r.exit_code == 0 and "blk.0.attn_q_a_norm.weight" in r.stdout
+
+
+def test_tensor_and_rmsnorm_read_a_gguf_part() -> None:
+    """One F32 tensor by byte range from its part; DeepseekV3RMSNorm on each layer's real attn_q_a_norm gain."""
+    r = runner.invoke(app, ["tensor", str(SPLIT), "blk.2.attn_q_a_norm.weight", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["ok"]
+    r = runner.invoke(app, ["rmsnorm", str(SPLIT), "--all", "--json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["ok"] and [x["tensor"] for x in doc["layers"]] == [
+        f"blk.{n}.attn_q_a_norm.weight" for n in range(3)]
+    r = runner.invoke(app, ["tensor", str(Q2K), "blk.1.attn_q_a.weight"])
+    assert r.exit_code == 2 and "Q2_K" in r.output  # said, not decoded wrong
+
+
+def test_gguf_set_over_the_hub(hub, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A repo of several quant folders: --include picks one; its parts' headers by Range, far less than the files."""
+    root = tmp_path / "repo"
+    shutil.copytree(SPLIT, root / "Q8_0")
+    shutil.copy(Q2K, root / "tiny-Q2_K.gguf")
+    hub.add_repo("test-org/tiny-gguf", root)
+    result = runner.invoke(app, ["audit", "test-org/tiny-gguf", "--no-progress", "--json"])
+    assert result.exit_code == 2 and "--include" in result.output
+    hub.reset_stats()
+    result = runner.invoke(app, ["audit", "test-org/tiny-gguf", "--include", "Q8_0/*", "--no-progress", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["result"]["verdict"] == "PASS" and doc["summary"]["tensors"] == 52
+    sent = hub.stats().bytes_sent
+    assert sent < 0.35 * sum(p.stat().st_size for p in SPLIT.glob("*.gguf"))

@@ -17,7 +17,7 @@ from rich.text import Text
 from kimi_audit.cli.application import app, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import KimiAuditError
-from kimi_audit.model.checkpoint import load_config
+from kimi_audit.model.checkpoint import load_model
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.layout import layer_block, role_name
 from kimi_audit.numerics.tensor_io import DEFAULT_MAX_TENSOR_BYTES, TensorFetcher
@@ -98,7 +98,7 @@ def rmsnorm(
         raise KimiAuditError(f"{', '.join(given)} shape the random input; "
                              f"{'--input' if input_file is not None else '--from-embeddings'} gives the input")
     src = open_source(source, revision)
-    _, cfg = load_config(src)
+    _, cfg, spelled = load_model(src)
     if cfg.q_lora_rank is None:
         raise KimiAuditError(f"{src.label}: the model has no q_a_layernorm (q_lora_rank is null)")
     width = cfg.q_lora_rank
@@ -126,7 +126,7 @@ def rmsnorm(
         found = role_name(cfg, n, "q_a_layernorm")
         if found is None:
             raise KimiAuditError(f"{src.label}: layer {n} has no query latent RMSNorm (q_a_layernorm)")
-        name = found
+        name = spelled(found)
         gain, t, shard = fetch.read(name)
         if t.shape != (width,):
             raise KimiAuditError(f"{name} has shape {list(t.shape)}, expected [{width}]")

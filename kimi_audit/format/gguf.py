@@ -38,7 +38,9 @@ MAX_NAME_BYTES = 63
 MAX_KEY_BYTES = 1 << 16
 KEEP_ARRAY = 64
 """Arrays up to this length keep their values (split sizes, per-layer schedules); longer ones their length only."""
-FIRST_READ = 1 << 20
+FIRST_READ = 1 << 18
+"""The first ranged read of a part (a Hub request): a part after the first holds a few KB of header; part 1 of
+Kimi-K2 ~7 MB, read in doubling steps (6 requests)."""
 
 # GGUF value types (gguf.cpp's gguf_type)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

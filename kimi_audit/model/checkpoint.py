@@ -31,7 +31,7 @@ from kimi_audit.format.index import IndexFile, load_index, natural_key
 from kimi_audit.model.config import parse_config_bytes
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.dialect import resolve_dialect
-from kimi_audit.model.gguf import choose_set, first_part, gguf_model, is_gguf, read_set
+from kimi_audit.model.gguf import choose_set, first_part, gguf_model, gguf_names, is_gguf, read_set
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.model.mtp_stages import with_stored_stages
 from kimi_audit.sources.base import Source
@@ -79,6 +79,17 @@ def load_config(source: Source) -> tuple[dict[str, Any], ModelConfig]:
     except FileTooLargeError as e:
         raise ConfigError(str(e)) from None
     return parse_config_bytes(raw)
+
+
+def load_model(source: Source) -> tuple[dict[str, Any], ModelConfig, Callable[[str], str]]:
+    """The config a checkpoint's layout is derived from, and how its files spell the tree's names: config.json and
+    the release's names, or a GGUF set's metadata and its dialect's names (one tensor's commands: rmsnorm)."""
+    files = source.list_files()
+    if not is_gguf(files):
+        return (*load_config(source), str)
+    parts = read_set(source, choose_set(files))
+    raw, cfg, _, _ = gguf_model(parts)
+    return raw, cfg, gguf_names(parts)
 
 
 def shards_to_read(files: tuple[str, ...], index: IndexFile | None,

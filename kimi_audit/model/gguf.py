@@ -97,6 +97,13 @@ def first_part(parts: dict[str, GgufPart]) -> GgufPart | None:
     return readable[0] if readable else None
 
 
+def gguf_names(parts: dict[str, GgufPart]) -> Callable[[str], str]:
+    """How the set spells the tree's names: its architecture's GGUF dialect (unchanged where none reads it)."""
+    first = first_part(parts)
+    arch = gguf_architecture(None if first is None else first.kv.get(GENERAL_ARCHITECTURE))
+    return str if arch is None or arch.gguf is None else arch.gguf.rename
+
+
 def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig, ExpectedLayout, list[Finding]]:
     """The config.json the set's metadata implies, its model, its layout in GGUF's names, and what the
     metadata holds that llama.cpp would misread."""

@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
-from kimi_audit.constants import HEADER_LENGTH_BYTES, SAFETENSORS_SUFFIX
+from kimi_audit.constants import GGUF_SUFFIX, HEADER_LENGTH_BYTES, SAFETENSORS_SUFFIX
 from kimi_audit.errors import DataNotPresentError, KimiAuditError, ShortReadError, SourceError
 from kimi_audit.findings import Severity
 from kimi_audit.format.estimate import first_read_bytes
+from kimi_audit.format.gguf import read_gguf_part
 from kimi_audit.format.header import ShardHeader, TensorInfo, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
 from kimi_audit.sources.base import Source
@@ -229,10 +230,15 @@ class TensorFetcher:
         self.bytes_read = 0
 
     def _shards(self) -> list[str]:
-        return sorted((f for f in self.files if f.endswith(SAFETENSORS_SUFFIX)), key=natural_key)
+        return sorted((f for f in self.files if f.endswith((SAFETENSORS_SUFFIX, GGUF_SUFFIX))), key=natural_key)
 
     def header(self, shard: str) -> ShardHeader:
         h = self._headers.get(shard)
+        if h is None and shard.endswith(GGUF_SUFFIX):  # a GGUF part: its header is read as the audit reads it
+            h = self._headers[shard] = read_gguf_part(self.source, shard).header
+            if not h.ok:
+                raise SourceError(f"{shard}: {h.findings[0].message}")
+            self.bytes_read += h.data_start
         if h is None:
             names = []
             if self._index is not None:
