@@ -117,6 +117,11 @@ class AuditReport:
         return self.audit.gates_checked
 
     @property
+    def against(self) -> str | None:
+        """The checkpoint a GGUF set was compared with (`against=`), or None."""
+        return self.audit.against
+
+    @property
     def ignored(self) -> tuple[Finding, ...]:
         return self.audit.ignored
 
@@ -134,11 +139,14 @@ class AuditReport:
 def audit(
     source: str | os.PathLike[str], revision: str | None = None, *, values: bool = False,
     progress: ProgressFn | None = None, values_progress: ProgressFn | None = None, include: tuple[str, ...] = (),
+    against: str | os.PathLike[str] | None = None,
 ) -> AuditReport:
     """Audit a checkpoint: a local directory (or .safetensors file), a GGUF set (a folder, or any of its parts),
     an HF cache snapshot, or a Hub repo id `owner/name[@revision]` (`revision` overrides the `@` part).
     `include`: only the files these globs match (one GGUF set of several: `("UD-Q2_K_XL/*",)`). `values=True`
     also reads every small tensor (norm gains, router biases, quantization scales), as `audit --values` does.
+    `against`: a GGUF set's source checkpoint (a directory or Hub repo), compared as `audit --against` does (its
+    values too with `values=True`).
 
     `progress` is called with (shard, shards done, shards total) after each header is read, and only then,
     with or without `values`; `values_progress`, with `values=True`, with (shard, tensors done, tensors total)
@@ -147,8 +155,14 @@ def audit(
     if values:
         from kimi_audit.checks.values import audit_with_values
 
-        return AuditReport(audit_with_values(src, progress, values_progress))
-    return AuditReport(checks_audit.audit_source(src, progress))
+        report = audit_with_values(src, progress, values_progress)
+    else:
+        report = checks_audit.audit_source(src, progress)
+    if against is not None:
+        from kimi_audit.checks.against import apply_against
+
+        report = apply_against(report, src, open_source(os.fspath(against)), values)
+    return AuditReport(report)
 
 
 def layout(config: str | os.PathLike[str] | Mapping[str, Any], revision: str | None = None, *,

@@ -18,7 +18,14 @@ from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
 from kimi_audit.checks.respelled import fold_respelled
-from kimi_audit.checks.root_causes import attribute, covered, fold_quantization, fold_undescribed, fold_unindexed
+from kimi_audit.checks.root_causes import (
+    attribute,
+    covered,
+    fold_format_mismatch,
+    fold_quantization,
+    fold_undescribed,
+    fold_unindexed,
+)
 from kimi_audit.checks.stats import Stats, compute_stats
 from kimi_audit.findings import EXIT_INCONCLUSIVE, Finding, Severity, exit_code_of, warning
 from kimi_audit.format.table import tensor_table
@@ -184,8 +191,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
                                                                 (stored_buffers, stored_buffers + buffers)))
         if count_hub:
             all_findings.extend(hub_parameters_findings(ckpt, actual, parameters))
-    all_findings = fold_unindexed(fold_quantization(fold_undescribed(attribute(all_findings, ckpt, cov), cfg),
-                                                    expected))
+    all_findings = fold_unindexed(fold_format_mismatch(fold_quantization(
+        fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected), expected, aligned.positions))
     listed = ckpt.index.shards if ckpt.index is not None else []
     stats = compute_stats(actual, expected, ckpt.headers, aligned)
     shards = tuple(

@@ -12,6 +12,9 @@
   stray shard. A SHARD_NOT_IN_INDEX warning covers nothing: the errors it would hide are errors.
 - A wrong or missing quantization_config is one QUANT_CONFIG error covering the per-tensor dtype and
   scale findings it explains.
+- A quantization_config whose format is not the one stored (every weight it plans in one dtype stored in
+  another: an FP8 export declared NVFP4) is one QUANT_FORMAT_MISMATCH error covering the findings of those
+  modules' tensors.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from itertools import compress
 
 from kimi_audit.constants import INDEX_FILE
-from kimi_audit.findings import Finding, Severity, info, warning
+from kimi_audit.findings import Finding, Severity, error, info, warning
 from kimi_audit.model.arch.registry import undescribed
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.model.config_fields import ModelConfig
@@ -174,6 +177,45 @@ def fold_undescribed(findings: list[Finding], cfg: ModelConfig) -> list[Finding]
             kept.append(info("TENSORS_UNDESCRIBED", f"{len(mine):,} tensors of {what} are stored: not checked "
                              "against a layout", tensor=mine[0].tensor, actual=len(mine), covers=len(mine)))
     return kept
+
+
+MODULE_CODES = frozenset(("DTYPE_MISMATCH", "SHAPE_MISMATCH", "TENSOR_MISSING", "TENSOR_UNEXPECTED")) | QUANT_COVERED
+
+
+def fold_format_mismatch(findings: list[Finding], expected: ExpectedLayout,
+                         positions: list[int | None]) -> list[Finding]:
+    """Every stored weight of a quantization scheme (at least two) in another dtype than the scheme stores it in:
+    the config names another format than the files hold. One QUANT_FORMAT_MISMATCH per scheme covers the
+    findings of those modules' tensors. `positions`: the layout position of each stored tensor."""
+    wrong: dict[tuple[str, str, str], list[str]] = {}
+    for f in findings:
+        e = expected.get(f.tensor) if f.code == "DTYPE_MISMATCH" and f.tensor else None
+        if e is not None and e.scheme and e.logical and isinstance(f.actual, str):
+            wrong.setdefault((e.scheme, e.dtype, f.actual), []).append(str(f.tensor))
+    if not wrong:
+        return findings
+    specs, spec_of = expected.specs, expected.spec_of
+    planned = Counter((s.scheme, s.dtype) for p in positions if p is not None
+                      for s in (specs[spec_of[p]],) if s.logical)  # the weights stored, per scheme
+    roots: list[Finding] = []
+    modules: set[str] = set()
+    for (scheme, want, got), names in wrong.items():
+        if len(names) < 2 or len(names) != planned[scheme, want]:
+            continue
+        roots.append(error("QUANT_FORMAT_MISMATCH", f"quantization_config plans {len(names):,} weights as {scheme} "
+                           f"({want}), and every one is stored {got}: the config describes another format than the "
+                           f"files hold (first: {names[0]})", tensor=names[0], expected=want, actual=got))
+        modules.update(n[: n.rindex(".")] for n in names)
+    if not roots:
+        return findings
+
+    def of_module(f: Finding) -> bool:
+        name = f.tensor or ""
+        return f.code in MODULE_CODES and "." in name and name[: name.rindex(".")] in modules
+
+    kept = [f for f in findings if not of_module(f)]
+    folded = len(findings) - len(kept)
+    return [replace(roots[0], covers=folded), *roots[1:], *kept]
 
 
 def fold_quantization(findings: list[Finding], expected: ExpectedLayout) -> list[Finding]:

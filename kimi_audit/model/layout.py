@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from kimi_audit.constants import DTYPE_BITS
 from kimi_audit.model.arch.registry import describe
-from kimi_audit.model.arch.spec import DENSE, MOE, MTP, Buffer, Group, Node, Param, indexed, product
+from kimi_audit.model.arch.spec import DENSE, MOE, MTP, Buffer, Group, Node, Param, indexed, is_mtp, product
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.kinds import BUFFER, PARAMETER, SCALE
 from kimi_audit.model.quant.scheme import ANY_LENGTH, Scheme, Unquantized
@@ -230,6 +230,9 @@ def expected_layout(cfg: ModelConfig) -> ExpectedLayout:
         if template is None:
             seen: list[str] = []
             rows = [t for node in tree.blocks[block] for t in _walk(cfg, node, layer, block, seen)]
+            if cfg.quant is not None and not is_mtp(block):  # the KV cache's scales (QuantPlan.layer_tensors)
+                rows += [_tensor(s.suffix, s.dtype, s.shape, s.kind, s.suffix, layer, block)
+                         for s in cfg.quant.layer_tensors]
             modules.setdefault(block, seen)
             if by_name and not choices:
                 assert cfg.quant is not None

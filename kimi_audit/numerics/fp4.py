@@ -156,3 +156,21 @@ def dequantize_mlx_fp(words: np.ndarray, scale: np.ndarray, in_features: int, mo
     with np.errstate(all="ignore"):
         values = values * _group_scales(f, values.shape[0], in_features, group)
     return _bf16(values)
+
+
+def dequantize_modelopt_nvfp4(packed: np.ndarray, scale: np.ndarray, scale_2: np.ndarray, in_features: int,
+                              group: int = 16) -> np.ndarray:
+    """NVIDIA ModelOpt's NVFP4QTensor.dequantize: bf16 ``fp4 * (f32(scale) * weight_scale_2)``, the per-block scale
+    and the product in float32, code 8 (E2M1's -0) as +0 as its value table has it."""
+    s = np.asarray(scale)
+    if s.dtype != np.dtype(ml_dtypes.float8_e4m3fn):
+        raise NumericsError(f"NVFP4 scales must be F8_E4M3, got {s.dtype}")
+    g = np.asarray(scale_2).reshape(-1)
+    if g.shape != (1,) or g.dtype != np.float32:
+        raise NumericsError(f"weight_scale_2 must be one F32 value, got {g.dtype} {list(g.shape)}")
+    values = unpack_fp4(packed, in_features)
+    values[values == 0] = 0  # ModelOpt's e2m1 table holds +0 for code 8 (E2M1's -0)
+    s32 = fp8_e4m3_lut().take(s.view(np.uint8))
+    with np.errstate(all="ignore"):
+        values *= _group_scales((s32 * g[0]).astype(np.float32), values.shape[0], in_features, group)
+    return _bf16(values)

@@ -288,6 +288,9 @@ class QuantPlan:
     layer is asked."""
     groups: tuple[dict[str, Any], ...] = ()
     """Each scheme's targets as written (summary of a plan with several schemes)."""
+    layer_tensors: tuple[Stored, ...] = ()
+    """Quantization metadata every decoder layer stores beside its modules, named relative to the layer (the FP8
+    KV cache's k and v scales): expected in each main layer, never parameters."""
 
     @property
     def schemes(self) -> tuple[Scheme, ...]:

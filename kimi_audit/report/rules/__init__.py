@@ -143,6 +143,12 @@ RULES: dict[str, Rule] = {
                        "config.json's quantization_config does not describe DeepSeek block FP8; the per-tensor "
                        "dtype and scale findings it explains are covered by this one.",
                        "Restore quant_method fp8, fmt e4m3, weight_block_size [128, 128] (or the dtypes)."),
+    "QUANT_FORMAT_MISMATCH": Rule(
+        "error", "every weight a quantization format plans is stored in another dtype",
+        "quantization_config names a format (NVFP4, FP8, INT4 ...) whose stored weight dtype none of the weights it "
+        "plans has: the config describes another format than the files hold. The per-tensor findings of those "
+        "modules are covered by this one.",
+        "Restore the quantization_config (or hf_quant_config.json) the exporter wrote with these files."),
     "QUANT_UNSUPPORTED": Rule("error", "`quantization_config` names a scheme kimi-audit does not implement",
                               "The tensors of Linear modules are not checked (how they are stored is unknown); the "
                               "format, index and other checks still ran.",
