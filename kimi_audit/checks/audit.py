@@ -172,7 +172,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
                                                            cfg.dtype, cov.invalid)))
     elif ckpt.container != "gguf" or ckpt.config_raw.get(GGUF_ARCHITECTURE) is not None:
         all_findings.append(layout_unsupported(ckpt))  # (a GGUF whose metadata is unreadable: GGUF_INVALID says)
-    all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards, cov.invalid))
+    all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards, cov.invalid,
+                                       cfg.quant is not None and cfg.quant.index_counts_files))
     index = ckpt.index
     every_shard = index is None or all(shard in ckpt.headers for shard in index.shards)
     count_index = index is not None and index.total_parameters is not None and cfg.layout_supported \

@@ -11,10 +11,11 @@ from kimi_audit.format.table import TensorTable
 
 def index_findings(
     actual: TensorTable, index: IndexFile | None, headers: dict[str, ShardHeader], unusable: set[str] | None = None,
-    invalid: set[str] | frozenset[str] = frozenset(),
+    invalid: set[str] | frozenset[str] = frozenset(), counts_files: bool = False,
 ) -> list[Finding]:
     """`unusable`: shards whose root finding already covers the tensors the index puts there; `invalid`: names
-    whose header entry is invalid (their format finding is their one finding), not reported missing here."""
+    whose header entry is invalid (their format finding is their one finding), not reported missing here;
+    `counts_files`: the writer's total_size counts whole files (QuantPlan.index_counts_files)."""
     if index is None:
         return []
     out: list[Finding] = []
@@ -38,17 +39,20 @@ def index_findings(
         if shard in headers and not (unusable and shard in unusable):
             out.append(error("INDEX_TENSOR_ABSENT", f"{name}: {INDEX_FILE} maps it to {shard}, whose header "
                              "lacks it", tensor=name, shard=shard))
-    return out + ([] if unusable else index_total_size_findings(index, headers))
+    return out + ([] if unusable else index_total_size_findings(index, headers, counts_files))
 
 
-def index_total_size_findings(index: IndexFile, headers: dict[str, ShardHeader]) -> list[Finding]:
-    """metadata.total_size against the payloads, once every shard the index names has been read."""
+def index_total_size_findings(index: IndexFile, headers: dict[str, ShardHeader],
+                              counts_files: bool = False) -> list[Finding]:
+    """metadata.total_size against the payloads (or, `counts_files`, the shards' whole files, as AMD Quark counts
+    them), once every shard the index names has been read."""
     out: list[Finding] = []
     if index.total_size is not None and all(shard in headers for shard in index.shards):
-        payload = sum(h.payload_bytes for h in headers.values())
+        payload = sum(h.file_size if counts_files else h.payload_bytes for h in headers.values())
+        what = "files' sizes (this writer counts whole files)" if counts_files else "tensor payloads"
         if payload != index.total_size:
             out.append(warning("INDEX_TOTAL_SIZE", f"{INDEX_FILE} metadata.total_size is {index.total_size:,}; "
-                               f"the shards' tensor payloads sum to {payload:,}",
+                               f"the shards' {what} sum to {payload:,}",
                                expected=payload, actual=index.total_size))
     return out
 

@@ -184,9 +184,10 @@ MODULE_CODES = frozenset(("DTYPE_MISMATCH", "SHAPE_MISMATCH", "TENSOR_MISSING", 
 
 def fold_format_mismatch(findings: list[Finding], expected: ExpectedLayout,
                          positions: list[int | None]) -> list[Finding]:
-    """Every stored weight of a quantization scheme (at least two) in another dtype than the scheme stores it in:
-    the config names another format than the files hold. One QUANT_FORMAT_MISMATCH per scheme covers the
-    findings of those modules' tensors. `positions`: the layout position of each stored tensor."""
+    """Weights a quantization scheme plans (at least two) stored in one other dtype, and none in a third: the config
+    names another format than the files hold, for all its modules or a family of them (attention declared MXFP4,
+    stored FP8). One QUANT_FORMAT_MISMATCH per scheme covers the findings of those modules' tensors. A weight
+    cast on its own stays its DTYPE_MISMATCH. `positions`: the layout position of each stored tensor."""
     wrong: dict[tuple[str, str, str], list[str]] = {}
     for f in findings:
         e = expected.get(f.tensor) if f.code == "DTYPE_MISMATCH" and f.tensor else None
@@ -197,25 +198,29 @@ def fold_format_mismatch(findings: list[Finding], expected: ExpectedLayout,
     specs, spec_of = expected.specs, expected.spec_of
     planned = Counter((s.scheme, s.dtype) for p in positions if p is not None
                       for s in (specs[spec_of[p]],) if s.logical)  # the weights stored, per scheme
-    roots: list[Finding] = []
-    modules: set[str] = set()
+    kinds = Counter((scheme, want) for scheme, want, _ in wrong)
+    roots: dict[str, Finding] = {}  # each folded module -> its root
     for (scheme, want, got), names in wrong.items():
-        if len(names) < 2 or len(names) != planned[scheme, want]:
+        if len(names) < 2 or kinds[scheme, want] > 1:  # one other dtype throughout, or tensors cast one by one
             continue
-        roots.append(error("QUANT_FORMAT_MISMATCH", f"quantization_config plans {len(names):,} weights as {scheme} "
-                           f"({want}), and every one is stored {got}: the config describes another format than the "
-                           f"files hold (first: {names[0]})", tensor=names[0], expected=want, actual=got))
-        modules.update(n[: n.rindex(".")] for n in names)
+        which = "every one is" if len(names) == planned[scheme, want] else f"{len(names):,} of them are"
+        root = error("QUANT_FORMAT_MISMATCH", f"quantization_config plans {planned[scheme, want]:,} weights as "
+                     f"{scheme} ({want}); {which} stored {got}: the config describes another format than the files "
+                     f"hold (first: {names[0]})", tensor=names[0], expected=want, actual=got)
+        roots.update((n[: n.rindex(".")], root) for n in names)
     if not roots:
         return findings
-
-    def of_module(f: Finding) -> bool:
+    covered: Counter[int] = Counter()
+    kept = []
+    for f in findings:
         name = f.tensor or ""
-        return f.code in MODULE_CODES and "." in name and name[: name.rindex(".")] in modules
-
-    kept = [f for f in findings if not of_module(f)]
-    folded = len(findings) - len(kept)
-    return [replace(roots[0], covers=folded), *roots[1:], *kept]
+        owner = roots.get(name[: name.rindex(".")]) if f.code in MODULE_CODES and "." in name else None
+        if owner is None:
+            kept.append(f)
+        else:
+            covered[id(owner)] += 1
+    firsts = list({id(r): r for r in roots.values()}.values())
+    return [replace(r, covers=covered[id(r)]) for r in firsts] + kept
 
 
 def fold_quantization(findings: list[Finding], expected: ExpectedLayout) -> list[Finding]:

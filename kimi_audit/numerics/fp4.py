@@ -174,3 +174,11 @@ def dequantize_modelopt_nvfp4(packed: np.ndarray, scale: np.ndarray, scale_2: np
     with np.errstate(all="ignore"):
         values *= _group_scales((s32 * g[0]).astype(np.float32), values.shape[0], in_features, group)
     return _bf16(values)
+
+
+def dequantize_mx_f32(packed: np.ndarray, scale: np.ndarray, in_features: int, group: int = 32) -> np.ndarray:
+    """float32 ``e2m1 * 2 ** (e - 127)`` per group of inputs, unrounded (AMD Quark's importer)."""
+    values = unpack_fp4(packed, in_features)
+    with np.errstate(all="ignore"):
+        values *= _group_scales(e8m0_to_float32(_bytes(scale, "MXFP4 scales")), values.shape[0], in_features, group)
+    return values

@@ -130,6 +130,9 @@ class Scheme:
     """The files the format's loader reads whatever the index says, as a glob (mlx-lm: `model*.safetensors`): a
     shard the index does not list that matches it changes the model, an error rather than a warning; "": its
     loaders follow the index."""
+    index_counts_files: ClassVar[bool] = False
+    """The writer's index `total_size` counts whole shard files, headers included (AMD Quark), not the tensors'
+    payload (safetensors' own convention, and every other writer's)."""
     registry: ClassVar[dict[tuple[str, str | None], type[Scheme]]] = {}
     classes: ClassVar[list[type[Scheme]]] = []
     """Every registered scheme class, in registration order (those with no pair of their own included)."""
@@ -305,6 +308,11 @@ class QuantPlan:
     def tree(self) -> str:
         """The writer's module tree its formats imply (Scheme.tree), "" for the release's."""
         return next((s.tree for s in self.schemes if s.tree), "")
+
+    @property
+    def index_counts_files(self) -> bool:
+        """Whether its writer's index total_size counts whole files (Scheme.index_counts_files)."""
+        return any(s.index_counts_files for s in self.schemes)
 
     @property
     def loader_reads(self) -> str:
