@@ -12,6 +12,7 @@ import pytest
 from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
 from kimi_audit.model.kinds import PACKED, PARAMETER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
+from kimi_audit.model.quant.autoround import AutoRoundGptq
 from kimi_audit.model.quant.awq import AwqGemm
 from kimi_audit.model.quant.bnb import Bitsandbytes
 from kimi_audit.model.quant.compressed.fp4 import Mxfp4PackQuantized, Nvfp4PackQuantized
@@ -22,6 +23,8 @@ from kimi_audit.model.quant.dispatch import quant_plan
 from kimi_audit.model.quant.gguf import Gguf, GgufKvB
 from kimi_audit.model.quant.gptq import Gptq
 from kimi_audit.model.quant.mlx import Mlx
+from kimi_audit.model.quant.modelopt import ModeloptFp8
+from kimi_audit.model.quant.quark import QuarkFp8
 from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Unquantized, UnsupportedQuantization
 from kimi_audit.replica.models import replica_model
 
@@ -59,7 +62,8 @@ def test_every_scheme_registers_under_its_method_and_format() -> None:
         ("compressed-tensors", "nvfp4-pack-quantized"): Nvfp4PackQuantized,
         ("compressed-tensors", "mxfp4-pack-quantized"): Mxfp4PackQuantized,
         ("mlx", None): Mlx, ("bitsandbytes", None): Bitsandbytes, ("gptq", None): Gptq, ("awq", None): AwqGemm,
-        ("gguf", None): Gguf, ("gguf", "kv_b"): GgufKvB}
+        ("gguf", None): Gguf, ("gguf", "kv_b"): GgufKvB, ("modelopt", None): ModeloptFp8, ("quark", None): QuarkFp8,
+        ("auto-round", None): AutoRoundGptq}
 
 
 def test_quant_plan_dispatches_through_the_registry() -> None:

@@ -169,7 +169,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
         all_findings.extend(cov.extra)
         all_findings.extend(fold_respelled(layout_findings(actual, expected, aligned, cov.positions, cov.everything,
-                                                           cfg.dtype, cov.invalid)))
+                                                           cfg.dtype, cov.invalid,
+                                                           cfg.quant is None or cfg.quant.dtype_recorded)))
     elif ckpt.container != "gguf" or ckpt.config_raw.get(GGUF_ARCHITECTURE) is not None:
         all_findings.append(layout_unsupported(ckpt))  # (a GGUF whose metadata is unreadable: GGUF_INVALID says)
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards, cov.invalid,

@@ -8,11 +8,13 @@ from itertools import compress, count, filterfalse
 from operator import ne, or_, sub
 from typing import NamedTuple
 
+from kimi_audit.constants import WIDE_FLOATS
 from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.table import TensorTable
 from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, ROTARY_BUFFER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, shape_fits
 from kimi_audit.model.quant.deepseek import SCALE_SUFFIX
+from kimi_audit.model.quant.scheme import Unquantized
 from kimi_audit.model.roles import float32_router, metadata_suffixes, role_of, varies_by_writer, weight_suffixes
 
 MISMATCH_CODES = {
@@ -58,7 +60,7 @@ def align(actual: TensorTable, expected: ExpectedLayout) -> Alignment:
 def layout_findings(
     actual: TensorTable, expected: ExpectedLayout, aligned: Alignment | None = None,
     covered: set[int] | frozenset[int] = frozenset(), none_missing: bool = False, config_dtype: str = "",
-    invalid: set[str] | frozenset[str] = frozenset(),
+    invalid: set[str] | frozenset[str] = frozenset(), dtype_recorded: bool = True,
 ) -> list[Finding]:
     """Every tensor against the layout: missing, unexpected, of the wrong dtype or shape, scales apart
     from their weights. `covered`: positions a root cause explains (checks.root_causes), not reported
@@ -82,12 +84,27 @@ def layout_findings(
             out.extend(_unexpected(name, actual.dtypes[row], shard, actual, expected))
         elif p not in covered:  # (a payload size alone that differs is the format's SIZE_MISMATCH)
             found = mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, expected.entry(p),
-                                      config_dtype)
+                                      config_dtype, dtype_recorded)
             variance.extend((row, f) for f in found if f.code in VARIANCE_CODES)
             out.extend(f for f in found if f.code not in VARIANCE_CODES)
-    out.extend(uniform_variance(variance, actual, aligned, expected))
+    out.extend(exporters_dtype(uniform_variance(variance, actual, aligned, expected)))
     out.extend(_scale_shard_findings(actual, expected, positions))
     return fold_orphans(out)
+
+
+def exporters_dtype(findings: list[Finding]) -> list[Finding]:
+    """The WRITER_DTYPE infos of a config whose dtype is its exporter's (QuantPlan.dtype_recorded false) as one:
+    one cause, whatever the number of tensors."""
+    mine = [f for f in findings if f.code == "WRITER_DTYPE" and "exporter's" in f.message]
+    if len(mine) < 2:
+        return findings
+    first = mine[0]
+    dtypes = sorted({str(f.actual) for f in mine})
+    one = info("WRITER_DTYPE", f"{len(mine):,} unquantized tensors stored {', '.join(dtypes)}; config.json's "
+               f"{first.expected} is its exporter's, not the model's (the format records float16 and keeps "
+               f"unquantized tensors as they were; first: {first.tensor})", tensor=first.tensor, shard=first.shard,
+               expected=first.expected, actual=first.actual, covers=len(mine))
+    return [one, *(f for f in findings if f not in mine)]
 
 
 def fold_orphans(findings: list[Finding]) -> list[Finding]:
@@ -170,10 +187,17 @@ def optional_buffer(e: ExpectedTensor) -> bool:
     return e.kind == BUFFER and role_of(e.name) == ROTARY_BUFFER
 
 
-def writer_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor, config_dtype: str) -> Finding | None:
+def writer_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor, config_dtype: str,
+                 dtype_recorded: bool = True) -> Finding | None:
     """A norm's gain or a bias (a 1-D parameter outside the Linear weights) in another float dtype than the
     release's, where config.json's dtype explains it (the writer cast it to the config's dtype, or kept it
-    in float32): writer variance, info (WRITER_DTYPE). None for any other deviation."""
+    in float32): writer variance, info (WRITER_DTYPE). Where the config's dtype is the exporter's, not the model's
+    (QuantPlan.dtype_recorded false), any unquantized tensor in a float dtype. None for any other deviation."""
+    if not dtype_recorded and e.kind == PARAMETER and e.scheme in ("", Unquantized.key) and {
+            e.dtype, dtype} <= set(WIDE_FLOATS):
+        return info("WRITER_DTYPE", f"{name}: stored {dtype}; config.json's {e.dtype} is its exporter's, not the "
+                    "model's (the format records float16 and keeps unquantized tensors as they were)", tensor=name,
+                    shard=shard, expected=e.dtype, actual=dtype)
     if (e.kind != PARAMETER or not varies_by_writer(e.component, e.dtype, len(e.shape), bool(e.scheme))
             or len(e.shape) != 1 or dtype not in (config_dtype, "F32")):
         return None
@@ -183,12 +207,13 @@ def writer_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor, config_dt
 
 
 def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str, e: ExpectedTensor,
-                      config_dtype: str = "") -> list[Finding]:
+                      config_dtype: str = "", dtype_recorded: bool = True) -> list[Finding]:
     """A stored tensor's dtype and shape against its expected entry."""
     out: list[Finding] = []
     router = None
     if dtype != e.dtype:
-        router = router_dtype(name, dtype, shard, e) or writer_dtype(name, dtype, shard, e, config_dtype)
+        router = router_dtype(name, dtype, shard, e) or writer_dtype(name, dtype, shard, e, config_dtype,
+                                                                     dtype_recorded)
     if router is not None:
         out.append(router)
         dtype = e.dtype  # reported above: the shape is still checked

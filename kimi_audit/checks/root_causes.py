@@ -30,6 +30,7 @@ from kimi_audit.model.arch.registry import undescribed
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.layout import ExpectedLayout
+from kimi_audit.model.quant.scheme import Unquantized
 
 ROOT_SHARD_CODES = ("INDEX_SHARD_ABSENT", "SHARD_UNREADABLE")
 INVALID_ENTRY_CODES = frozenset(("TENSOR_ENTRY_INVALID", "DTYPE_UNKNOWN", "SHAPE_INVALID", "OFFSETS_INVALID"))
@@ -191,7 +192,7 @@ def fold_format_mismatch(findings: list[Finding], expected: ExpectedLayout,
     wrong: dict[tuple[str, str, str], list[str]] = {}
     for f in findings:
         e = expected.get(f.tensor) if f.code == "DTYPE_MISMATCH" and f.tensor else None
-        if e is not None and e.scheme and e.logical and isinstance(f.actual, str):
+        if e is not None and e.scheme not in ("", Unquantized.key) and e.logical and isinstance(f.actual, str):
             wrong.setdefault((e.scheme, e.dtype, f.actual), []).append(str(f.tensor))
     if not wrong:
         return findings

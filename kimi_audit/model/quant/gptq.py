@@ -40,6 +40,9 @@ class Gptq(Scheme):
     desc_act: bool = False
     sym: bool = True
     dtype: str = "BF16"
+    g_idx: bool = True
+    """Whether `g_idx` is stored (GPTQModel, AutoGPTQ); AutoRound's `auto_round:auto_gptq` packing stores none: each
+    input's group is then its index // group_size."""
 
     @classmethod
     def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any],
@@ -78,9 +81,9 @@ class Gptq(Scheme):
     def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
         per = 32 // self.bits
         g = self.groups(inp)
-        return (Stored(".qweight", "I32", (-(-inp // per), out), PACKED, out * inp),
-                Stored(".qzeros", "I32", (g, -(-out // per)), SCALE), Stored(".scales", "F16", (g, out), SCALE),
-                Stored(".g_idx", "I32", (inp,), SCALE))
+        tensors = (Stored(".qweight", "I32", (-(-inp // per), out), PACKED, out * inp),
+                   Stored(".qzeros", "I32", (g, -(-out // per)), SCALE), Stored(".scales", "F16", (g, out), SCALE))
+        return (*tensors, Stored(".g_idx", "I32", (inp,), SCALE)) if self.g_idx else tensors
 
     def module_shape(self, weight: tuple[int, ...], logical: int) -> tuple[int, int] | None:
         """qweight is [in·bits/32, out]: out is its last dimension."""
@@ -93,7 +96,11 @@ class Gptq(Scheme):
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """``scales[g_idx] * (q - z[g_idx])`` in the model's dtype (numerics.gptq)."""
+        import numpy as np
+
         from kimi_audit.numerics.gptq import dequantize_gptq
 
-        return dequantize_gptq(tensors[".qweight"], tensors[".qzeros"], tensors[".scales"], tensors[".g_idx"], out,
-                               inp, self.bits, self.v1, self.dtype)
+        group = inp if self.group_size == -1 else self.group_size
+        g_idx = tensors[".g_idx"] if self.g_idx else np.arange(inp, dtype=np.int32) // group
+        return dequantize_gptq(tensors[".qweight"], tensors[".qzeros"], tensors[".scales"], g_idx, out, inp,
+                               self.bits, self.v1, self.dtype)

@@ -291,6 +291,10 @@ class QuantPlan:
     layer is asked."""
     groups: tuple[dict[str, Any], ...] = ()
     """Each scheme's targets as written (summary of a plan with several schemes)."""
+    dtype_recorded: bool = True
+    """Whether config.json's dtype is the model's: False where the format's exporter writes its own (AutoRound's AWQ
+    packing records float16 and keeps the unquantized tensors in the model's dtype), so a float dtype uniform across
+    a component's tensors is writer variance (WRITER_DTYPE), whatever their rank."""
     layer_tensors: tuple[Stored, ...] = ()
     """Quantization metadata every decoder layer stores beside its modules, named relative to the layer (the FP8
     KV cache's k and v scales): expected in each main layer, never parameters."""
