@@ -49,3 +49,6 @@ DTYPE_BITS: dict[str, int] = {
     "I64": 64,
     "U64": 64,
 }
+
+TORCH_DTYPE_TO_SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+"""A config's torch dtype name (`dtype`, `torch_dtype`, a `scale_dtype`) -> the safetensors dtype."""

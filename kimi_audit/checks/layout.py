@@ -11,7 +11,7 @@ from typing import NamedTuple
 from kimi_audit.constants import WIDE_FLOATS
 from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.table import TensorTable
-from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, ROTARY_BUFFER, SCALE
+from kimi_audit.model.kinds import BUFFER, KV_SCALE, PACKED, PARAMETER, ROTARY_BUFFER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, shape_fits
 from kimi_audit.model.quant.deepseek import SCALE_SUFFIX
 from kimi_audit.model.quant.scheme import Unquantized
@@ -89,7 +89,18 @@ def layout_findings(
             out.extend(f for f in found if f.code not in VARIANCE_CODES)
     out.extend(exporters_dtype(uniform_variance(variance, actual, aligned, expected)))
     out.extend(_scale_shard_findings(actual, expected, positions))
-    return fold_orphans(out)
+    return fold_kv_scales(fold_orphans(out))
+
+
+def fold_kv_scales(findings: list[Finding]) -> list[Finding]:
+    """KV-cache scales stored with no KV-cache quantization declared: one cause, one finding for all of them."""
+    kv = [f for f in findings if f.code == "KV_SCALE_UNDECLARED"]
+    if len(kv) < 2:
+        return findings
+    one = error("KV_SCALE_UNDECLARED", f"{len(kv):,} KV-cache scales are stored (first: {kv[0].tensor}), but "
+                "quantization_config declares no KV-cache quantization (kv_cache_scheme, kv_cache_quant_algo): "
+                "loaders ignore them, or refuse them", tensor=kv[0].tensor, shard=kv[0].shard, covers=len(kv))
+    return [one, *(f for f in findings if f.code != "KV_SCALE_UNDECLARED")]
 
 
 def exporters_dtype(findings: list[Finding]) -> list[Finding]:
@@ -291,6 +302,10 @@ def _missing(
 
 
 def _unexpected(name: str, dtype: str, shard: str, actual: TensorTable, expected: ExpectedLayout) -> list[Finding]:
+    if role_of(name) == KV_SCALE:
+        return [error("KV_SCALE_UNDECLARED", f"{name}: a KV-cache scale, but quantization_config declares no KV-cache "
+                      "quantization (kv_cache_scheme, kv_cache_quant_algo): loaders ignore it, or refuse it",
+                      tensor=name, shard=shard)]
     if name.endswith(metadata_suffixes()):
         module = name[:name.rindex(".")]
         owners = [module + suffix for suffix in weight_suffixes()]

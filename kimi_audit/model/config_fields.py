@@ -9,11 +9,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kimi_audit.constants import TORCH_DTYPE_TO_SAFETENSORS
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.quant.dispatch import quant_plan
 from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, UnsupportedQuantization
-
-TORCH_DTYPE_TO_SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 DTYPE_KEYS = ("dtype", "torch_dtype")
 """Where config.json records the weights' dtype: transformers 5 writes `dtype`, earlier writers `torch_dtype`."""

@@ -27,6 +27,9 @@ WEIGHT_SHAPE = "weight_shape"
 ZERO_POINT = "zero_point"
 GROUP_INDEX = "group_index"
 INPUT_SCALE = "input_scale"
+KV_SCALE = "kv_scale"
+"""An attention layer's KV-cache scale (`self_attn.k_scale`, ModelOpt's `self_attn.k_proj.k_scale`): metadata of
+no Linear module."""
 AFFINE_SCALE = "affine_scale"
 """`.scales`: MLX's affine group scale (either sign, never zero: mx.quantize writes -1e-7 for a constant group)."""
 BNB_ABSMAX = "bnb_absmax"
@@ -48,7 +51,7 @@ WEIGHT = "weight"
 OTHER = "other"
 
 KIND_OF_ROLE = {BLOCK_SCALE: SCALE, GROUP_SCALE: SCALE, GLOBAL_SCALE: SCALE, V4_SCALE: SCALE, WEIGHT_SHAPE: SCALE,
-                ZERO_POINT: SCALE, GROUP_INDEX: SCALE, INPUT_SCALE: SCALE,
+                ZERO_POINT: SCALE, GROUP_INDEX: SCALE, INPUT_SCALE: SCALE, KV_SCALE: SCALE,
                 AFFINE_SCALE: SCALE, AFFINE_BIAS: SCALE, BNB_ABSMAX: SCALE, BNB_QUANT_MAP: SCALE, QUANT_STATE: SCALE,
                 WEIGHT_FORMAT: SCALE, PACKED_WEIGHT: PACKED, ROTARY_BUFFER: BUFFER}
 SCALE_ROLES = frozenset((BLOCK_SCALE, GROUP_SCALE, GLOBAL_SCALE))

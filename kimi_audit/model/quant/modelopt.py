@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.kinds import GLOBAL_SCALE, GROUP_SCALE, INPUT_SCALE, PACKED, PARAMETER, SCALE
+from kimi_audit.model.kinds import GLOBAL_SCALE, GROUP_SCALE, INPUT_SCALE, KV_SCALE, PACKED, PARAMETER, SCALE
 from kimi_audit.model.patterns import NamePatterns, compile_patterns
 from kimi_audit.model.quant.scheme import (
     FP8_DTYPE,
@@ -56,7 +56,7 @@ class ModeloptFp8(Scheme):
     formats: ClassVar[tuple[tuple[str, str | None], ...]] = ((METHOD, None),)
     roles: ClassVar[tuple[tuple[str, str], ...]] = (
         (".weight_scale", GROUP_SCALE), (".weight_scale_2", GLOBAL_SCALE), (".input_scale", INPUT_SCALE),
-        (".k_scale", INPUT_SCALE), (".v_scale", INPUT_SCALE))
+        (".k_scale", KV_SCALE), (".v_scale", KV_SCALE))
     input_scale: bool = True
 
     @classmethod

@@ -143,6 +143,12 @@ RULES: dict[str, Rule] = {
                        "config.json's quantization_config does not describe DeepSeek block FP8; the per-tensor "
                        "dtype and scale findings it explains are covered by this one.",
                        "Restore quant_method fp8, fmt e4m3, weight_block_size [128, 128] (or the dtypes)."),
+    "KV_SCALE_UNDECLARED": Rule(
+        "error", "KV-cache scales stored, no KV-cache quantization declared",
+        "Attention layers store KV-cache scales (self_attn.k_scale / v_scale, ModelOpt's k_proj.k_scale) but "
+        "quantization_config declares no kv_cache_scheme or kv_cache_quant_algo: loaders ignore them or refuse the "
+        "checkpoint. One finding covers them all.",
+        "Restore the quantization_config the exporter wrote (its kv_cache_scheme), or drop the scales."),
     "QUANT_FORMAT_MISMATCH": Rule(
         "error", "every weight a quantization format plans is stored in another dtype",
         "quantization_config names a format (NVFP4, FP8, INT4 ...) whose stored weight dtype none of the weights it "

@@ -9,14 +9,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from kimi_audit.constants import TORCH_DTYPE_TO_SAFETENSORS
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.kinds import GROUP_INDEX, GROUP_SCALE, INPUT_SCALE, ZERO_POINT
+from kimi_audit.model.kinds import GROUP_INDEX, GROUP_SCALE, INPUT_SCALE, KV_SCALE, SCALE, ZERO_POINT
 from kimi_audit.model.patterns import compile_patterns
 from kimi_audit.model.quant.scheme import (
     FP8_DTYPE,
     QuantPlan,
     ReleaseQuant,
     Scheme,
+    Stored,
     Unquantized,
     UnsupportedQuantization,
 )
@@ -75,7 +77,8 @@ class CompressedTensors(Scheme):
 
     roles: ClassVar[tuple[tuple[str, str], ...]] = (
         (".weight_scale", GROUP_SCALE), (".weight_zero_point", ZERO_POINT), (".weight_g_idx", GROUP_INDEX),
-        (".input_scale", INPUT_SCALE), (".input_global_scale", INPUT_SCALE))
+        (".input_scale", INPUT_SCALE), (".input_global_scale", INPUT_SCALE), (".k_scale", KV_SCALE),
+        (".v_scale", KV_SCALE))
 
     @classmethod
     def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any],
@@ -216,4 +219,20 @@ def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized, release: Rele
     plan = QuantPlan(every, plain, exact, tuple((m, s) for m, s in targets if m is not None),
                      frozenset(ig_names), ignore_re, by_name=True)
     groups_out = tuple(next(g for t, g in summaries if t is s) for s in plan.schemes)
-    return dataclasses.replace(plan, groups=groups_out)
+    return dataclasses.replace(plan, groups=groups_out, layer_tensors=kv_cache_scales(q.get("kv_cache_scheme"), plain))
+
+
+def kv_cache_scales(kv: Any, plain: Unquantized) -> tuple[Stored, ...]:
+    """The KV cache's scales a `kv_cache_scheme` stores per attention layer: `self_attn.k_scale` and `v_scale`, [1]
+    in the model's dtype (or `scale_dtype`), as llmcompressor writes them (compressed-tensors 0.19); none without
+    one, and none for a dynamic one."""
+    if kv is None:
+        return ()
+    if not isinstance(kv, dict):
+        raise ConfigError("config.json quantization_config.kv_cache_scheme is not an object")
+    if kv.get("dynamic"):
+        return ()
+    if kv.get("strategy", "tensor") != "tensor":
+        raise UnsupportedQuantization(f"compressed-tensors kv_cache_scheme strategy {kv.get('strategy')!r}")
+    dtype = TORCH_DTYPE_TO_SAFETENSORS.get(kv.get("scale_dtype") or "", plain.dtype)
+    return (Stored("self_attn.k_scale", dtype, (1,), SCALE), Stored("self_attn.v_scale", dtype, (1,), SCALE))

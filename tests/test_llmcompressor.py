@@ -1,0 +1,60 @@
+"""llmcompressor's outputs, proven against the writer: tests/data/llmcompressor was written by llmcompressor
+0.14.0.1's own `oneshot` (compressed-tensors 0.19) on the CPU (tests/writers/llmcompressor_generate.py,
+PROVENANCE.json): FP8 weights with an FP8 KV cache (`kv_cache_scheme`: `self_attn.k_scale` / `v_scale` BF16 [1] per
+layer), and W4A16 asymmetric. Each audits clean with transformers' parameter count of the unquantized model; the
+KV-cache scales are metadata, a missing one named, undeclared ones one finding."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kimi_audit import audit
+from writer_data import check_provenance, transformers_parameters, without
+
+DATA = Path(__file__).resolve().parent / "data" / "llmcompressor"
+VARIANTS = ("fp8-kv", "w4a16-asym")
+
+
+def codes(report: object) -> list[str]:
+    return [f.code for f in report.findings if f.severity.value != "info"]  # type: ignore[attr-defined]
+
+
+def test_provenance_pins_the_generator_and_every_file() -> None:
+    assert check_provenance(DATA, "llmcompressor_generate.py")["llmcompressor"] == "0.14.0.1"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_llmcompressor_outputs_audit_clean_with_the_unquantized_count(variant: str) -> None:
+    report = audit(DATA / variant)
+    assert codes(report) == ["MTP_ABSENT"], [(f.code, f.message) for f in report.findings]
+    cfg = json.loads((DATA / "PROVENANCE.json").read_text())["source_config"]
+    assert report.stats.parameters == transformers_parameters(cfg)
+
+
+def test_the_kv_cache_scales_are_metadata_in_every_layer() -> None:
+    report = audit(DATA / "fp8-kv", values=True)
+    expected = report.checkpoint.expected  # type: ignore[union-attr]
+    kv = [n for n in expected if n.endswith(("self_attn.k_scale", "self_attn.v_scale"))]
+    assert len(kv) == 6 and all((expected[n].kind, expected[n].dtype, expected[n].shape) == ("scale", "BF16", (1,))
+                                for n in kv)
+    assert report.verdict() == "PASS"
+
+
+def test_a_missing_kv_scale_is_named(tmp_path: Path) -> None:
+    victim = "model.layers.2.self_attn.v_scale"
+    errors = [(f.code, f.tensor) for f in audit(without(DATA / "fp8-kv", tmp_path / "kv", victim)).findings
+              if f.severity.value == "error"]
+    assert errors == [("TENSOR_MISSING", victim)]
+
+
+def test_kv_scales_with_no_kv_cache_declared_are_one_finding(tmp_path: Path) -> None:
+    d = Path(shutil.copytree(DATA / "fp8-kv", tmp_path / "kv"))
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["quantization_config"]["kv_cache_scheme"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    errors = [f for f in audit(d).findings if f.severity.value == "error"]
+    assert [f.code for f in errors] == ["KV_SCALE_UNDECLARED"] and errors[0].covers == 6
