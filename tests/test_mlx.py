@@ -284,3 +284,25 @@ def test_an_older_mlx_lm_config_with_quantization_alone_is_read_and_an_unrelated
     cfg["quantization"] = {"method": "something else"}  # not mlx-lm's: no quantization read from it
     parsed = model_config_from_dict(cfg)
     assert parsed.quant is None and parsed.quant_unsupported is None
+
+
+def test_mlx_lms_8_bit_deepseek_v32_quantizes_the_indexers_weights_proj(tmp_path):
+    """mlx-lm 0.32's DeepSeek-V3.2 (models/deepseek_v32.py) holds the indexer's weights_proj as an nn.Linear, which
+    its quantization stores like any other: an 8-bit conversion of transformers' tiny V3.2 audits with no error,
+    with mlx-lm's own total."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    text = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 64,
+            "num_hidden_layers": 3, "num_attention_heads": 2, "num_key_value_heads": 2, "n_shared_experts": 1,
+            "n_routed_experts": 4, "kv_lora_rank": 32, "q_lora_rank": 64, "qk_rope_head_dim": 16, "v_head_dim": 32,
+            "qk_nope_head_dim": 32, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 2,
+            "first_k_dense_replace": 1, "tie_word_embeddings": False, "index_n_heads": 2, "index_head_dim": 32}
+    torch.manual_seed(0)
+    model = transformers.DeepseekV32ForCausalLM(transformers.DeepseekV32Config(**text)).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "src")
+    out = convert(tmp_path / "src", tmp_path / "mlx8", bits=8, group_size=32)
+    report = kimi_audit.audit(out)
+    assert report.errors == 0 and report.warnings == 0, [f.message for f in report.findings]
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert report.stats.parameters == index["metadata"]["total_parameters"]
+    assert report.checkpoint.expected["model.layers.1.self_attn.indexer.weights_proj.scales"].kind == "scale"

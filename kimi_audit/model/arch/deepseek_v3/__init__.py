@@ -269,7 +269,8 @@ class _Describe:
 
     def indexer(self) -> Group:
         """DeepSeek-V3.2's sparse-attention indexer (DSA): query and key projections, a LayerNorm on the keys
-        (gain and bias, F32) and per-head weights (kept unquantized, no bias)."""
+        (gain and bias, F32) and per-head weights (kept unquantized, no bias; mlx-lm 0.32's models/deepseek_v32.py
+        makes them an nn.Linear, which its quantization stores like any other)."""
         c = self.cfg
         h = self.f("hidden_size", "hidden")
         ih, idim = self.f("index_n_heads", "indexer heads"), self.f("index_head_dim", "indexer head dim")
@@ -284,7 +285,9 @@ class _Describe:
                  (Param(GAIN, "self_attn.indexer.k_norm.weight", (idim,), "F32"),
                   Param("Bias", "self_attn.indexer.k_norm.bias", (idim,), "F32")), keys),
             Leaf("weights_proj", "weights_proj", "Indexer head weights", "indexer_weights_proj",
-                 (Param("Weight", "self_attn.indexer.weights_proj.weight", (ih, h), c.dtype),), (*keys, "torch_dtype")),
+                 (Linear("self_attn.indexer.weights_proj", (ih,), (h,)),) if self.mlx else  # mlx-lm: an nn.Linear
+                 (Param("Weight", "self_attn.indexer.weights_proj.weight", (ih, h), c.dtype),),
+                 (*keys, QUANT_KEYS if self.mlx else "torch_dtype")),
         ))
 
     def mlp(self, key: str, title: str, role: str, module: str, inter: Factor, keys: tuple[str, ...],
