@@ -35,8 +35,10 @@ family: `kimi-audit audit THINKING --json` and `kimi-audit audit K2.6 --json` ag
   a temp dir; Kimi-K2-Instruct's as for local). Targets: Thinking's wall and K2.6's <= 1.6x Instruct's. And
   `kimi-audit audit V4FLASH --json`, the DeepSeek-V4-Flash replica (46 BF16 shards, 35,020 tensors, built in a
   temp dir). Target: <= 1.0x Instruct's.
-formats: `kimi-audit audit MLX4 --json`, the replica of Kimi-K2-Instruct as mlx-lm converts it (MLX affine 4-bit,
-  180 shards, its experts stacked), against `kimi-audit audit INSTRUCT --json`. Target: <= 1.2x Instruct's.
+formats: `kimi-audit audit REPLICA --json` for the replicas of Kimi-K2-Instruct as mlx-lm converts it (MLX affine
+  4-bit, 180 shards, its experts stacked), as NVIDIA ModelOpt exports it (NVFP4 with the FP8 KV cache, 61 shards) and
+  as AMD Quark exports it (MXFP4 with FP8 attention), each against `kimi-audit audit INSTRUCT --json`.
+  Target: each <= 1.2x Instruct's.
 scale: `kimi-audit audit K3 --json` against the safe_open script on the Kimi K3 replica (`demo --model kimi-k3`:
   its text model, 497,052 tensors with MXFP4 experts, 96 shards, a 60 MB index).
   Targets: audit wall <= 1.0x the safe_open script's, peak RSS <= 1.2x its.
@@ -497,25 +499,33 @@ def bench_family(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dic
     return lines, _json_group(cmds, targets)
 
 
+FORMAT_REPLICAS = (("MLX 4-bit", "kimi-k2-instruct-mlx-4bit"), ("ModelOpt NVFP4", "kimi-k2-instruct-nvfp4"),
+                   ("Quark MXFP4/FP8", "kimi-k2-instruct-mxfp4-attnfp8"))
+
+
 def bench_formats(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
     from kimi_audit.replica.build import build_replica
 
-    t0 = time.perf_counter()
-    mlx = build_replica(tmp / "mlx-4bit", model="kimi-k2-instruct-mlx-4bit").resolve()
-    built = time.perf_counter() - t0
     env = base_env()
     py = sys.executable
-    mlx_cmd = Cmd("audit Kimi-K2-Instruct MLX 4-bit --json", [py, "-m", "kimi_audit", "audit", str(mlx), "--json"],
-                  env)
+    lines: list[str] = []
+    cmds: list[Cmd] = []
+    for label, model in FORMAT_REPLICAS:
+        t0 = time.perf_counter()
+        built = build_replica(tmp / model, model=model).resolve()
+        lines.append(f"built the {label} replica in {time.perf_counter() - t0:.0f} s: {built}")
+        cmds.append(Cmd(f"audit Kimi-K2-Instruct {label} --json", [py, "-m", "kimi_audit", "audit", str(built),
+                                                                      "--json"], env))
     inst = Cmd("audit Kimi-K2-Instruct --json", [py, "-m", "kimi_audit", "audit", str(replica), "--json"], env)
-    cmds = [mlx_cmd, inst]
+    cmds.append(inst)
     alternate(cmds, repeats, tmp)
-    r = mlx_cmd.median_wall() / inst.median_wall()
-    targets = [Target("MLX 4-bit replica wall <= 1.2x the FP8 original's", f"{r:.2f}x", r <= 1.2)]
-    lines = [f"built the MLX 4-bit replica in {built:.0f} s: {mlx}"]
+    targets = [Target(f"{label} replica wall <= 1.2x the FP8 original's",
+                      f"{c.median_wall() / inst.median_wall():.2f}x", c.median_wall() <= 1.2 * inst.median_wall())
+               for (label, _), c in zip(FORMAT_REPLICAS, cmds)]
     lines += table(f"formats, full-scale replicas: medians of {repeats} alternating runs", cmds, targets)
-    cpu, rss = mlx_cmd.median_cpu() / inst.median_cpu(), mlx_cmd.median_rss() / inst.median_rss()
-    lines.append(f"  ratios MLX 4-bit / FP8 Instruct: wall {r:.2f}x, CPU {cpu:.2f}x, RSS {rss:.2f}x")
+    for (label, _), c in zip(FORMAT_REPLICAS, cmds):
+        lines.append(f"  ratios {label} / FP8 Instruct: wall {c.median_wall() / inst.median_wall():.2f}x, CPU "
+                     f"{c.median_cpu() / inst.median_cpu():.2f}x, RSS {c.median_rss() / inst.median_rss():.2f}x")
     return lines, _json_group(cmds, targets)
 
 

@@ -72,3 +72,19 @@ def test_a_missing_qzeros_and_a_wrong_group_are_each_one_finding(tmp_path):
     errors = [f for f in kimi_audit.audit(path).findings if f.severity.value == "error"]
     assert sorted((f.code, f.tensor) for f in errors) == [("SCALE_MISSING", gone), ("SCALE_SHAPE", regrouped)], \
         [f.message for f in errors]
+
+
+AUTOAWQ = Path(__file__).resolve().parent / "data" / "autoawq"
+
+
+def test_autoawqs_own_output_audits_clean_and_dequantizes_as_it_does() -> None:
+    """AutoAWQ 0.2.9 (tests/writers/autoawq_generate.py) from a BF16 model: F16 scales beside a bfloat16 config, as
+    its WQLinear_GEMM writes them; the unquantized count; every module byte for byte as its dequantize_gemm."""
+    from writer_data import check_provenance, dequantized_as_the_writer, transformers_parameters
+
+    prov = check_provenance(AUTOAWQ, "autoawq_generate.py")
+    report = kimi_audit.audit(AUTOAWQ)
+    assert [f.code for f in report.findings if f.severity.value != "info"] == ["MTP_ABSENT"]
+    assert report.model["quantization"]["scale_dtype"] == "F16"
+    assert report.stats.parameters == transformers_parameters(prov["source_config"])
+    assert dequantized_as_the_writer(AUTOAWQ) == {"AWQ INT4"}

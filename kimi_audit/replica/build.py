@@ -202,5 +202,7 @@ def build_replica(
         weight_map.update((t.name, shard) for t in tensors)
         if progress:
             progress(shard)
+    if cfg.quant is not None and cfg.quant.index_counts_files:  # the writer's habit (AMD Quark): whole files
+        total = sum((out / shard).stat().st_size for shard in dict.fromkeys(weight_map.values()))
     write_index(out, weight_map, total)
     return out

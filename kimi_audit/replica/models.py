@@ -18,6 +18,10 @@ shard holds each tensor (facts from the releases; see replica.build for the writ
 - kimi-k2.6: 64 shards `model-00001-of-000064.safetensors` (family.md); which tensor sits in which shard is not
   published: the layout cut into 64 shards of about equal bytes. Config and its sources:
   kimi_audit/data/kimi-k2.6.config.json and kimi-k2.6.sources.md. No `rotary_emb.inv_freq` stored (not known).
+- kimi-k2-instruct-nvfp4, kimi-k2-instruct-mxfp4-attnfp8: Kimi-K2-Instruct's layout in 61 shards, quantized as
+  NVIDIA ModelOpt 0.47 and AMD Quark 0.13 write it: the pinned config with the quantization_config each exporter
+  wrote for the tiny model in tests/data/modelopt/nvfp4-kv and tests/data/quark/mxfp4-attnfp8, its ignore list
+  spelled for Kimi-K2's modules (these are the exporters' layouts, not the vendors' published configs).
 - kimi-k2-instruct-gguf: Kimi-K2-Instruct as llama.cpp's converter and a dynamic 2-bit quantization write it
   (unsloth's `UD-Q2_K_XL/Kimi-K2-Instruct-UD-Q2_K_XL-0000N-of-00008.gguf`): replica.gguf.
 - kimi-k3: 96 shards `model-00001-of-000096.safetensors` (family.md: 96 shards, 1.42 TB), the text model cut into
@@ -153,6 +157,11 @@ REPLICA_MODELS: dict[str, ReplicaModel] = {m.name: m for m in (
                  "kimi-k2.6.config.json", 64, padded_name, balanced_mtp_last, None),
     ReplicaModel("kimi-k3", "Kimi K3 (kimi_k3: text model, MXFP4 experts; no vision tower)",
                  "kimi-k3.config.json", 96, padded_name, balanced_mtp_last, None),
+    ReplicaModel("kimi-k2-instruct-nvfp4", "Kimi-K2-Instruct as NVIDIA ModelOpt 0.47 exports it (NVFP4, FP8 KV cache)",
+                 "kimi-k2-instruct-nvfp4.config.json", 61, plain_name, layer_per_shard, None),
+    ReplicaModel("kimi-k2-instruct-mxfp4-attnfp8",
+                 "Kimi-K2-Instruct as AMD Quark 0.13 exports it (MXFP4, FP8 attention)",
+                 "kimi-k2-instruct-mxfp4-attnfp8.config.json", 61, plain_name, layer_per_shard, None),
     ReplicaModel("kimi-k2-instruct-gguf", "Kimi-K2-Instruct as llama.cpp converts it (GGUF, a 2-bit-like mix, 8 parts)",
                  "kimi-k2-instruct.config.json", 8, padded_name, balanced_mtp_last, None,
                  gguf_stem="UD-Q2_K_XL/Kimi-K2-Instruct-UD-Q2_K_XL"),

@@ -2,9 +2,10 @@
 
 quantization_config: `bits` 4, `group_size`, `zero_point` true, `version` (or `format`) `gemm`. Every Linear
 module but the output head is stored as `qweight` I32 [in, out/8] and `qzeros` I32 [groups, out/8] (eight
-4-bit codes a word in llm-awq's interleaved order) and `scales` [groups, out] in the model's dtype (AutoAWQ
-writes F16 models; GPTQModel the model's dtype): numerics.gptq. The GEMV versions and AWQ without zero points
-are QUANT_UNSUPPORTED. Reference: GPTQModel 7.7 quantization/awq/utils/packing_utils.py (dequantize_gemm).
+4-bit codes a word in llm-awq's interleaved order) and `scales` [groups, out]: float16 as AutoAWQ writes them,
+whatever the model's dtype; the model's dtype as GPTQModel writes them (`scale_dtype`). numerics.gptq dequantizes.
+The GEMV versions and AWQ without zero points are QUANT_UNSUPPORTED. Reference: GPTQModel 7.7
+quantization/awq/utils/packing_utils.py and AutoAWQ 0.2.9 awq/utils/packing_utils.py (dequantize_gemm).
 """
 
 from __future__ import annotations
@@ -21,6 +22,16 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["AwqGemm"]
+
+
+def scale_dtype(q: Mapping[str, Any], model_dtype: str) -> str:
+    """The scales' dtype: the model's where GPTQModel wrote the checkpoint (its `meta.quantizer` names it), float16
+    where AutoAWQ did (0.2.9 awq/modules/linear/gemm.py WQLinear_GEMM holds its scales float16 whatever the model's
+    dtype; vLLM's AWQ kernels read float16)."""
+    meta = q.get("meta")
+    quantizer = meta.get("quantizer") if isinstance(meta, dict) else None
+    writers = quantizer if isinstance(quantizer, list) else [quantizer]
+    return model_dtype if any(isinstance(w, str) and w.startswith("gptqmodel") for w in writers) else "F16"
 
 
 @dataclass(frozen=True)
@@ -50,7 +61,7 @@ class AwqGemm(Scheme):
         modules = q.get("modules_to_not_convert") or []
         if not (isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
             raise ConfigError("config.json quantization_config modules_to_not_convert must be a list of names")
-        return QuantPlan(cls(group, plain.dtype), plain, ignore_names=plain_head | frozenset(modules))
+        return QuantPlan(cls(group, scale_dtype(q, plain.dtype)), plain, ignore_names=plain_head | frozenset(modules))
 
     def summary(self) -> dict[str, Any]:
         return {"method": "awq", "version": "gemm", "bits": 4, "group_size": self.group_size,
