@@ -35,6 +35,17 @@ def test_llmcompressor_outputs_audit_clean_with_the_unquantized_count(variant: s
     assert report.stats.parameters == transformers_parameters(cfg)
 
 
+def test_glm5_w4a16_quantizes_the_indexers_weights_proj() -> None:
+    """llmcompressor's `Linear` target takes GLM-5's indexer weights_proj (an nn.Linear in transformers): its packed
+    weight, scale, zero point and shape are the layout's (the 10 false errors of GLM-5 W4A16 releases)."""
+    report = audit(DATA / "glm5-w4a16-asym")
+    assert [f.code for f in report.findings if f.severity.value != "info"] == []
+    cfg = json.loads((DATA / "PROVENANCE.json").read_text())["glm5_config"]
+    assert report.stats.parameters == transformers_parameters(cfg, "GlmMoeDsa")
+    expected = report.checkpoint.expected  # type: ignore[union-attr]
+    assert expected["model.layers.1.self_attn.indexer.weights_proj.weight_packed"].kind == "packed"
+
+
 def test_the_kv_cache_scales_are_metadata_in_every_layer() -> None:
     report = audit(DATA / "fp8-kv", values=True)
     expected = report.checkpoint.expected  # type: ignore[union-attr]

@@ -33,13 +33,13 @@ def check_provenance(data: Path, script: str) -> dict:
     return prov
 
 
-def transformers_parameters(cfg: dict) -> int:
-    """transformers' DeepseekV3 of `cfg`: its parameters plus the router biases it keeps as buffers (the writers'
-    exports store them as parameters)."""
+def transformers_parameters(cfg: dict, arch: str = "DeepseekV3") -> int:
+    """transformers' model of `cfg` (`arch`: DeepseekV3, GlmMoeDsa): its parameters plus the router biases it keeps
+    as buffers (the writers' exports store them as parameters)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     with torch.device("meta"):
-        model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**cfg))
+        model = getattr(transformers, f"{arch}ForCausalLM")(getattr(transformers, f"{arch}Config")(**cfg))
     params = sum(p.numel() for p in model.parameters())
     return params + sum(b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
 

@@ -88,4 +88,5 @@ ARCHITECTURE = register(Architecture(
     name="GLM-5", model_types=MODEL_TYPES, read=read, describe=describe,
     class_names=("GlmMoeDsaForCausalLM",), float32_routers=deepseek_v3.ROUTER_FP32,
     buffered=deepseek_v3.ARCHITECTURE.buffered, value_roles=deepseek_v3.ARCHITECTURE.value_roles,
+    quant=deepseek_v3.V32_RELEASE,
     block_titles={DENSE + SHARED: "dense (shared indexer)", MOE + SHARED: "MoE (shared indexer)"}))

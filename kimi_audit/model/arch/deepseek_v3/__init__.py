@@ -44,6 +44,7 @@ from kimi_audit.model.config_fields import (
 )
 from kimi_audit.model.kinds import ROTARY_BUFFER, ROUTER_BIAS
 from kimi_audit.model.quant.gguf import GGUF_KV_B_TREE, GGUF_TREE
+from kimi_audit.model.quant.scheme import ReleaseQuant
 
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32")
 """The config model_types this description is registered for (model.arch.registry)."""
@@ -269,8 +270,9 @@ class _Describe:
 
     def indexer(self) -> Group:
         """DeepSeek-V3.2's sparse-attention indexer (DSA): query and key projections, a LayerNorm on the keys
-        (gain and bias, F32) and per-head weights (kept unquantized, no bias; mlx-lm 0.32's models/deepseek_v32.py
-        makes them an nn.Linear, which its quantization stores like any other)."""
+        (gain and bias, F32) and per-head weights, a Linear module with no bias (transformers' and mlx-lm 0.32's
+        nn.Linear, which llmcompressor's `Linear` target and mlx-lm's quantization store like any other) that the
+        release's own FP8 keeps unquantized (V32_RELEASE)."""
         c = self.cfg
         h = self.f("hidden_size", "hidden")
         ih, idim = self.f("index_n_heads", "indexer heads"), self.f("index_head_dim", "indexer head dim")
@@ -285,9 +287,7 @@ class _Describe:
                  (Param(GAIN, "self_attn.indexer.k_norm.weight", (idim,), "F32"),
                   Param("Bias", "self_attn.indexer.k_norm.bias", (idim,), "F32")), keys),
             Leaf("weights_proj", "weights_proj", "Indexer head weights", "indexer_weights_proj",
-                 (Linear("self_attn.indexer.weights_proj", (ih,), (h,)),) if self.mlx else  # mlx-lm: an nn.Linear
-                 (Param("Weight", "self_attn.indexer.weights_proj.weight", (ih, h), c.dtype),),
-                 (*keys, QUANT_KEYS if self.mlx else "torch_dtype")),
+                 (Linear("self_attn.indexer.weights_proj", (ih,), (h,)),), (*keys, DTYPE_KEYS)),
         ))
 
     def mlp(self, key: str, title: str, role: str, module: str, inter: Factor, keys: tuple[str, ...],
@@ -366,10 +366,13 @@ ROUTER_FP32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
 """DeepseekV3's router, kept in float32 by transformers (_keep_in_fp32_modules_strict)."""
 ROUTER_BIAS_SUFFIX = ".e_score_correction_bias"
 
+V32_RELEASE = ReleaseQuant(plain_suffixes=(".indexer.weights_proj",))
+"""DeepSeek's own FP8 (DeepSeek-V3.2) keeps the indexer's weights_proj in BF16, no scale."""
+
 ARCHITECTURE = register(Architecture(
     name="DeepSeek-V3", model_types=MODEL_TYPES, read=read, describe=describe,
     class_names=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"), writer_trees=WRITER_TREES,
-    gguf=GGUF_DIALECT,
+    gguf=GGUF_DIALECT, quant=V32_RELEASE,
     titles={"kimi_k2": "Kimi K2", V32: "DeepSeek-V3.2"},
     float32_routers=ROUTER_FP32, buffered=("mlp.gate.e_score_correction_bias",),
     value_roles=((ROUTER_BIAS_SUFFIX, ROUTER_BIAS), (GGUF_ROUTER_BIAS, ROUTER_BIAS), (".inv_freq", ROTARY_BUFFER))))
