@@ -36,6 +36,15 @@ MAX_DIMS = 4
 MAX_NAME_BYTES = 63
 """GGML_MAX_NAME is 64 with the terminating NUL: llama.cpp's gguf.cpp refuses a longer tensor name."""
 MAX_KEY_BYTES = 1 << 16
+MAX_STRING_BYTES = 64 << 20
+"""One metadata string (a chat template, an embedded tokenizer.json: a few MB)."""
+MAX_KEYS = 1 << 16
+"""Metadata keys in one part (llama.cpp's files hold a few dozen)."""
+MAX_TENSORS = 1 << 21
+"""Tensor infos in one part (Kimi-K2's whole GGUF holds 1,096; the audit's layouts stop at 2,000,000 tensors)."""
+MAX_STRINGS = 1 << 22
+"""Strings in one metadata array (Kimi-K2's tokenizer: 163,840 tokens and as many merges), each walked in Python:
+a bound on the time a hostile count can cost."""
 KEEP_ARRAY = 64
 """Arrays up to this length keep their values (split sizes, per-layer schedules); longer ones their length only."""
 FIRST_READ = 1 << 18
@@ -122,7 +131,7 @@ class _Cursor:
             self.need(8)
             (n,) = struct.unpack_from("<Q", buf, self.pos)
             self.pos += 8
-            if n > MAX_GGUF_HEADER_BYTES:
+            if n > MAX_STRING_BYTES:
                 raise _Invalid(f"an array string is {n:,} bytes long")
             if self.pos + n > len(buf):
                 self.need(n)
@@ -133,7 +142,7 @@ class _Cursor:
         if vtype in _SCALARS:
             return self.take(_SCALARS[vtype])
         if vtype == STRING:
-            return self.string(MAX_GGUF_HEADER_BYTES, f"the value of {label(key)}")
+            return self.string(MAX_STRING_BYTES, f"the value of {label(key)}")
         if vtype != ARRAY or depth > 0:
             raise _Invalid(f"{label(key)} has value type {vtype}, which GGUF does not define"
                            if vtype != ARRAY else f"{label(key)} is an array of arrays")
@@ -149,10 +158,11 @@ class _Cursor:
             self.pos += count * size
             return GgufArray(item, count, values)
         if item == STRING:
-            if count * 8 > self.file_size:
-                raise _Invalid(f"{label(key)} claims {count:,} strings, more than the file holds")
+            if count * 8 > self.file_size or count > MAX_STRINGS:
+                raise _Invalid(f"{label(key)} claims {count:,} strings, more than the file holds or kimi-audit "
+                               f"reads ({MAX_STRINGS:,})")
             if count <= KEEP_ARRAY:
-                return GgufArray(item, count, tuple(self.string(MAX_GGUF_HEADER_BYTES, label(key))
+                return GgufArray(item, count, tuple(self.string(MAX_STRING_BYTES, label(key))
                                                     for _ in range(count)))
             self.skip_strings(count)
             return GgufArray(item, count)
@@ -194,6 +204,9 @@ def _parse(cur: _Cursor, name: str) -> GgufPart:
     if n_tensors > cur.file_size // 24 or n_kv > cur.file_size // 12:
         raise _Invalid(f"it claims {n_tensors:,} tensors and {n_kv:,} metadata keys, more than its "
                        f"{cur.file_size:,} bytes can hold")
+    if n_tensors > MAX_TENSORS or n_kv > MAX_KEYS:
+        raise _Invalid(f"it claims {n_tensors:,} tensors and {n_kv:,} metadata keys (kimi-audit reads at most "
+                       f"{MAX_TENSORS:,} and {MAX_KEYS:,} in a part)")
     kv: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string(MAX_KEY_BYTES, "a metadata key")
@@ -205,7 +218,7 @@ def _parse(cur: _Cursor, name: str) -> GgufPart:
         raise _Invalid(f"general.alignment {alignment!r} is not a power of two")
     infos = []
     for _ in range(n_tensors):
-        tname = cur.string(MAX_GGUF_HEADER_BYTES, "a tensor name")
+        tname = cur.string(MAX_KEY_BYTES, "a tensor name")
         n_dims = cur.take("<I")
         if n_dims > MAX_DIMS:
             raise _Invalid(f"tensor {label(tname)} has {n_dims} dimensions (ggml has at most {MAX_DIMS})")
