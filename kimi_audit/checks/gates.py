@@ -20,7 +20,7 @@ SHA_RE = re.compile(r"^[0-9a-fA-F]{7,40}$")
 def parse_count(text: str) -> int:
     """'1026408232448', '1,026,408,232,448' or '1_026_408_232_448'."""
     cleaned = text.strip().replace(",", "").replace("_", "")
-    if not cleaned.isdigit():
+    if not (cleaned.isascii() and cleaned.isdigit()):
         raise KimiAuditError(f"--expect-params must be a whole number of parameters, got {text!r}")
     return int(cleaned)
 

@@ -25,7 +25,7 @@ class Locator:
         for pre in self.prefixes:
             if name.startswith(pre):
                 head, _, tail = name[len(pre):].partition(".")
-                if head.isdigit():
+                if head.isascii() and head.isdigit():
                     return _within(str(int(head)), tail.split(".") if tail else [])
         return _outside(name.split("."))
 

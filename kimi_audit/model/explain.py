@@ -101,7 +101,7 @@ def tensor_groups(tensors: tuple[FoundTensor, ...] | list[FoundTensor]) -> tuple
 def _natural(s: str) -> list[Any]:
     import re
 
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
+    return [int(p) if p.isascii() and p.isdigit() else p for p in re.split(r"(\d+)", s)]
 
 
 def find_nodes(acc: Accounting, cfg: ModelConfig, query: str) -> list[Node]:

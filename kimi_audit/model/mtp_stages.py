@@ -24,7 +24,7 @@ def stored_stages(cfg: ModelConfig, stored: Iterable[Sequence[str]]) -> int:
         for name in names:
             if name.startswith(at):
                 k = name[len(at):].partition(".")[0]
-                if k.isdigit() and len(k) <= 2 and top < int(k) < MAX_STAGES:
+                if k.isascii() and k.isdigit() and len(k) <= 2 and top < int(k) < MAX_STAGES:
                     top = int(k)
     return top + 1
 

@@ -119,7 +119,8 @@ def range_svg(title: str, cells: list[tuple[str, CellHealth | None]], unit: str)
 def figures_charts(layers: tuple[CellHealth, ...], experts: tuple[CellHealth, ...], grid: Grid | None) -> list[str]:
     """The saturation share and the scales' range per layer and per expert."""
     by_layer = {c.row: c for c in layers}
-    rows = [r.key for r in grid.rows] if grid is not None else sorted((k for k in by_layer if k.isdigit()), key=int)
+    rows = [r.key for r in grid.rows] if grid is not None else sorted(
+        (k for k in by_layer if k.isascii() and k.isdigit()), key=int)
     per_layer = [(k, by_layer.get(k)) for k in rows]
     by_expert = {c.expert: c for c in experts}
     n = max((c.strip for c in grid.columns), default=0) if grid is not None else max(by_expert, default=-1) + 1
