@@ -458,14 +458,10 @@ def test_gguf_set_over_the_hub(hub, tmp_path: Path) -> None:  # type: ignore[no-
 @pytest.mark.parametrize("counts", [(2**21 + 1, 1), (1, 2**16 + 1)])
 def test_hostile_counts_are_refused_before_the_work(tmp_path: Path, counts: tuple[int, int]) -> None:
     """A part that claims more tensors or keys than a real file holds is one GGUF_INVALID, read no further."""
-    import time
-
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, *counts) + bytes(64 << 20))
-    t0 = time.perf_counter()
     report = audit(bad)
     assert codes(report) == ["GGUF_INVALID"] and "at most" in report.findings[0].message
-    assert time.perf_counter() - t0 < 10
 
 
 def test_a_string_array_of_millions_is_refused(tmp_path: Path) -> None:

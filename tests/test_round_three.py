@@ -3,6 +3,7 @@ failed before the fix."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from importlib import resources
 
@@ -22,8 +23,49 @@ def test_a_stage_number_that_is_a_digit_to_isdigit_but_not_to_int() -> None:
     at = cfg.prefix + cfg.mtp_at
     assert stored_stages(cfg, [[f"{at}².x", f"{at}0.x"]]) == 1
     try:
-        parse_count("１２")  # fullwidth digits: isdigit, but no count a gate takes
+        parse_count("\uff11\uff12")  # fullwidth digits: isdigit, but no count a gate takes
     except KimiAuditError:
         pass
     else:
         raise AssertionError("a fullwidth count passed")
+
+
+def test_every_shipped_configs_values_of_the_wrong_json_type_are_one_line() -> None:
+    """Each key of every shipped config (and its text_config and quantization_config) set to JSON of another
+    type: read, or refused with a KimiAuditError (one line, exit 2), never a TypeError."""
+    wrong = ([["x"]], {"a": 1}, True)
+    for path in sorted(resources.files("kimi_audit").joinpath("data").iterdir(), key=lambda p: p.name):
+        if not path.name.endswith(".config.json"):
+            continue
+        base = json.loads(path.read_text())
+        keys = [(k,) for k in base] + [("text_config", k) for k in base.get("text_config", {})]
+        keys += [("quantization_config", k) for k in (base.get("quantization_config") or {})]
+        for key in keys:
+            for value in wrong:
+                cfg = json.loads(json.dumps(base))
+                where = cfg
+                for part in key[:-1]:
+                    where = where[part]
+                where[key[-1]] = value
+                with contextlib.suppress(KimiAuditError):
+                    model_config_from_dict(cfg)
+
+
+def test_layer_counts_are_bounded_before_any_schedule_is_built() -> None:
+    """A billion layers is refused by the field reader, naming the count (it used to build the schedule first: 36 s
+    for DeepSeek-V4's MTP stages; pytest's timeout stands guard)."""
+    for name, key in (("deepseek-v4-flash.config.json", ("num_hidden_layers",)),
+                      ("deepseek-v4-flash.config.json", ("num_nextn_predict_layers",)),
+                      ("kimi-k3.config.json", ("text_config", "num_hidden_layers")),
+                      ("kimi-k2.6.config.json", ("vision_config", "num_hidden_layers"))):
+        cfg = json.loads(resources.files("kimi_audit").joinpath(f"data/{name}").read_text())
+        where = cfg
+        for part in key[:-1]:
+            where = where[part]
+        where[key[-1]] = 10**9
+        try:
+            model_config_from_dict(cfg)
+        except KimiAuditError as e:
+            assert "layers" in str(e), (name, key, str(e))
+        else:
+            raise AssertionError(f"{name} {key}: a billion layers accepted")

@@ -135,6 +135,19 @@ layout would take GBs)."""
 
 
 I64_MAX = 2**63 - 1
+LAYER_KEYS = frozenset(("num_hidden_layers", "num_nextn_predict_layers", "depth", "num_layers"))
+"""Keys that count layers (of a text model, its MTP stages, a vision tower): bounded where they are read."""
+MAX_LAYERS = 10_000
+"""Layers a config may declare in one stack (released models: under 100): a count checked before any per-layer
+schedule is built from it (each layer holds dozens of tensors: MAX_LAYOUT_TENSORS bounds the layout after)."""
+
+
+def layer_count(key: str, v: int) -> int:
+    """A layer count, refused past MAX_LAYERS before anything is built from it."""
+    if key in LAYER_KEYS and v > MAX_LAYERS:
+        raise ConfigError(f"config.json {key!r} is {v:,} layers, over the {MAX_LAYERS:,} this tool builds a layout "
+                          "for")
+    return v
 
 
 def _within_int64(key: str, v: int) -> None:
@@ -170,7 +183,7 @@ def read_int(cfg: dict[str, Any], key: str, defaults: dict[str, Any], *, aliases
             if type(v) is not int or v < 0:
                 raise ConfigError(f"config.json {k!r} must be a non-negative integer, got {v!r}")
             _within_int64(k, v)
-            return v
+            return layer_count(key, v)
     if key not in defaults:
         raise ConfigError(f"config.json lacks {key!r}")
     return defaults[key]
@@ -256,6 +269,6 @@ def read_layer_types(cfg: dict[str, Any], key: str, allowed: set[str], n: int) -
     v = cfg.get(key)
     if v is None:
         return None
-    if not isinstance(v, list) or any(t not in allowed for t in v) or len(v) < n:
+    if not isinstance(v, list) or any(not isinstance(t, str) or t not in allowed for t in v[:n]) or len(v) < n:
         raise ConfigError(f"config.json {key!r} must list one of {sorted(allowed)} for each of the {n} layers")
     return list(v[:n])

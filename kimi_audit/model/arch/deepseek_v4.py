@@ -105,7 +105,8 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
     attention = read_layer_types(cfg, "layer_types", set(V4_ATTENTION), n)
     if attention is None and cfg.get("compress_ratios") is not None:
         ratios = cfg["compress_ratios"]
-        if not isinstance(ratios, list) or any(r not in V4_RATIO for r in ratios) or len(ratios) < n:
+        if not isinstance(ratios, list) or len(ratios) < n or any(type(r) is not int or r not in V4_RATIO
+                                                                  for r in ratios[:n]):
             raise ConfigError(f"config.json 'compress_ratios' must give one of {sorted(V4_RATIO)} per layer")
         attention = [V4_RATIO[r] for r in ratios[:n]]
     if attention is None:  # transformers' default: 2 HCA layers, then CSA and HCA interleaved

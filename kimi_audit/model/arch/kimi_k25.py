@@ -34,7 +34,7 @@ from kimi_audit.model.arch.spec import (
     prefixed,
     register,
 )
-from kimi_audit.model.config_fields import ModelConfig, VisionConfig, nested_text
+from kimi_audit.model.config_fields import ModelConfig, VisionConfig, layer_count, nested_text
 
 MODEL_TYPES = ("kimi_k25",)
 VISION_DEFAULTS: dict[str, Any] = {
@@ -61,6 +61,8 @@ def _vision(cfg: dict[str, Any]) -> VisionConfig:
     for key in VISION_DEFAULTS:
         if key != "merge_kernel_size" and (type(v[key]) is not int or v[key] <= 0):
             raise ConfigError(f"config.json vision_config.{key} must be a positive integer, got {v[key]!r}")
+        if key != "merge_kernel_size":
+            layer_count(key, v[key])
     merge = v["merge_kernel_size"]
     if not (isinstance(merge, list) and len(merge) == 2 and all(type(m) is int and m > 0 for m in merge)):
         raise ConfigError(f"config.json vision_config.merge_kernel_size {merge!r} is not [rows, cols]")

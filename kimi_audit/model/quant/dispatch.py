@@ -55,6 +55,9 @@ def quant_plan(q: Any, dtype: str, config: Mapping[str, Any] | None = None,
     if not isinstance(q, dict):
         raise ConfigError(f"config.json quantization_config is a {type(q).__name__}, not an object")
     method, fmt = q.get("quant_method"), q.get("format")
+    for key, value in (("quant_method", method), ("format", fmt)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"config.json quantization_config.{key} must be a string, got {value!r}")
     if method is None:
         claimed = next((c for c in Scheme.classes if c.claims(q, config or {})), None)
         if claimed is not None:

@@ -64,7 +64,9 @@ class Mlx(Scheme):
 
     @classmethod
     def claims(cls, q: dict[str, Any], config: Mapping[str, Any]) -> bool:
-        return ("bits" in q and "group_size" in q and "quantization" in config) or q.get("mode") in MODE_DEFAULTS
+        mode = q.get("mode")
+        return ("bits" in q and "group_size" in q and "quantization" in config) or (
+            isinstance(mode, str) and mode in MODE_DEFAULTS)
 
     @classmethod
     def plan(cls, q: dict[str, Any], plain: Unquantized, config: Mapping[str, Any],
@@ -161,5 +163,8 @@ class Mlx(Scheme):
                                  self.group_size, self.bits)
 
 
-def every_mode(q: Mapping[str, Any]) -> Any:
-    return q.get("mode", "affine")
+def every_mode(q: Mapping[str, Any]) -> str:
+    mode = q.get("mode", "affine")
+    if not isinstance(mode, str):
+        raise ConfigError(f"config.json quantization mode must be a string, got {mode!r}")
+    return mode

@@ -131,7 +131,8 @@ def gguf_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
     out[f"{a}.expert_shared_count"] = config.get("n_shared_experts", 0)
     if not config.get("norm_topk_prob"):
         out.pop(f"{a}.expert_weights_norm", None)
-    gating = GATING.get(config.get("scoring_func"))  # type: ignore[arg-type]
+    scoring = config.get("scoring_func")
+    gating = GATING.get(scoring) if isinstance(scoring, str) else None
     if gating is not None:
         out[f"{a}.expert_gating_func"] = gating
     rope_scaling = config.get("rope_scaling") or config.get("rope_parameters")

@@ -161,6 +161,8 @@ def _matchers(entries: Any, what: str) -> tuple[set[str], list[str], bool]:
     names: set[str] = set()
     patterns: list[str] = []
     linear = False
+    if entries is not None and not isinstance(entries, list):
+        raise ConfigError(f"config.json quantization_config {what} must be a list of names, got {entries!r}")
     for entry in entries or []:
         if not isinstance(entry, str):
             raise ConfigError(f"config.json quantization_config {what} holds {entry!r}, not a string")
@@ -179,6 +181,8 @@ def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized, release: Rele
     otherwise (`release.aliases`: `lm_head` for DeepSeek-V4's `head`) read as the release's."""
 
     top = q.get("format")
+    if top is not None and not isinstance(top, str):
+        raise ConfigError(f"config.json quantization_config.format must be a string, got {top!r}")
     if top is not None and top != MIXED and (METHOD, top) not in Scheme.registry:
         raise UnsupportedQuantization(f"{METHOD} format {top!r}")
     groups = q.get("config_groups")
