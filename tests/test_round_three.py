@@ -69,3 +69,20 @@ def test_layer_counts_are_bounded_before_any_schedule_is_built() -> None:
             assert "layers" in str(e), (name, key, str(e))
         else:
             raise AssertionError(f"{name} {key}: a billion layers accepted")
+
+
+def test_an_endpoints_password_never_reaches_a_message(hub, tiny_dir, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """HF_ENDPOINT with user info, a server that answers 500: the message, on stderr and in the -o report, names the
+    host, never the password."""
+    from typer.testing import CliRunner
+
+    from kimi_audit.cli import app
+    from hub_repos import TINY_REPO
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint.replace("//", "//user:s3cretPW@", 1))
+    hub.add_fault("500", times=50)
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(app, ["audit", TINY_REPO, "--no-progress", "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "s3cretPW" not in result.output and "s3cretPW" not in out.read_text()
+    assert "127.0.0.1" in result.output

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from kimi_audit.constants import CONFIG_FILE, PINNED_REPO_ID, PINNED_REVISION
 from kimi_audit.errors import FileMissingError, FileTooLargeError, KimiAuditError, ShortReadError
@@ -42,6 +42,8 @@ from kimi_audit.sources.hub_network import (
     default_endpoint,
     default_timeout,
     first_line,
+    public_netloc,
+    without_userinfo,
 )
 
 DEFAULT_PARALLEL_READS = 16
@@ -129,7 +131,7 @@ class HubSource:
         }
 
     def _where(self) -> str:
-        return urlsplit(self.endpoint).netloc or self.endpoint
+        return public_netloc(self.endpoint)
 
     @contextmanager
     def _translate_errors(self, what: str, doing: str | None = None) -> Iterator[None]:
@@ -174,7 +176,8 @@ class HubSource:
                 f"({self.max_retries + 1} attempts); the Hub is not answering, retry later or raise the timeout"
             ) from None
         except httpx2.HTTPError as e:
-            raise HubError(f"{what}: network error talking to {self._where()}: {first_line(e)}") from None
+            raise HubError(f"{what}: network error talking to {self._where()}: "
+                           f"{without_userinfo(first_line(e))}") from None
 
     def _offline_error(self) -> HubOfflineError:
         return HubOfflineError(

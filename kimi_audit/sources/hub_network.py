@@ -54,6 +54,20 @@ def cannot_connect(error: BaseException, endpoint: str, target: str, doing: str,
             " — check HF_ENDPOINT and your network")
 
 
+USERINFO = re.compile(r"(?<=//)[^/@\s]*@")
+
+
+def without_userinfo(text: str) -> str:
+    """`text` with the user info of every URL in it taken out (`http://user:password@host` -> `http://host`):
+    an HF_ENDPOINT's credentials never reach a message."""
+    return USERINFO.sub("", text)
+
+
+def public_netloc(endpoint: str) -> str:
+    """The endpoint's host[:port] as written, its user info taken out."""
+    return urlsplit(endpoint).netloc.rpartition("@")[2] or without_userinfo(endpoint)
+
+
 def host_port(endpoint: str) -> str:
     """`host:port` of an endpoint URL (the scheme's port when none is written); no user info."""
     parts = urlsplit(endpoint)
