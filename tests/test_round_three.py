@@ -76,8 +76,8 @@ def test_an_endpoints_password_never_reaches_a_message(hub, tiny_dir, monkeypatc
     host, never the password."""
     from typer.testing import CliRunner
 
-    from kimi_audit.cli import app
     from hub_repos import TINY_REPO
+    from kimi_audit.cli import app
 
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint.replace("//", "//user:s3cretPW@", 1))
     hub.add_fault("500", times=50)
