@@ -7,6 +7,8 @@ import contextlib
 import json
 from importlib import resources
 
+import pytest
+
 from kimi_audit.checks.gates import parse_count
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.config import model_config_from_dict
@@ -86,3 +88,18 @@ def test_an_endpoints_password_never_reaches_a_message(hub, tiny_dir, monkeypatc
     assert result.exit_code == 2, result.output
     assert "s3cretPW" not in result.output and "s3cretPW" not in out.read_text()
     assert "127.0.0.1" in result.output
+
+
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("HF_HUB_DOWNLOAD_TIMEOUT", "abc", "whole number"), ("HF_HOME", "/etc/passwd/x", "is a file"),
+    ("HF_ENDPOINT", "http://127.0.0.1:99999", "Port out of range"), ("HF_ENDPOINT", "http://[::1", "IPv6"),
+])
+def test_a_bad_hub_variable_is_one_line_naming_it(monkeypatch, name: str, value: str, says: str) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from kimi_audit.cli import app
+
+    monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(app, ["audit", "test-org/none", "--no-progress"])
+    assert result.exit_code == 2 and name in result.output and says in result.output
+    assert "Traceback" not in result.output

@@ -24,6 +24,7 @@ from kimi_audit.errors import NotRegularFileError, UnsafePathError
 from kimi_audit.sources.base import safe_member_name
 from kimi_audit.sources.files import open_regular
 from kimi_audit.sources.hub_errors import HubOfflineError
+from kimi_audit.sources.hub_network import check_environment
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _SHORT_RE = re.compile(r"^[0-9a-f]{7,39}$")
@@ -44,6 +45,7 @@ class CachedSnapshot(NamedTuple):
 
 def is_offline() -> bool:
     """huggingface_hub's offline mode (HF_HUB_OFFLINE, read when it was imported)."""
+    check_environment()  # before huggingface_hub reads the environment on import
     from huggingface_hub import constants
 
     return constants.is_offline_mode()
@@ -51,6 +53,7 @@ def is_offline() -> bool:
 
 def cache_dir() -> Path:
     """The hub cache huggingface_hub uses (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    check_environment()
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)

@@ -8,7 +8,10 @@ import os
 import re
 import socket
 import ssl
+from collections.abc import Mapping
 from urllib.parse import urlsplit
+
+from kimi_audit.errors import KimiAuditError
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -146,3 +149,40 @@ def _seconds_from_env(name: str, default: float) -> float:
     except ValueError:
         value = default
     return value if value > 0 else default
+
+
+INT_VARIABLES = ("HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT")
+"""huggingface_hub reads these with int() when it is imported: a value that is no integer is its traceback."""
+PATH_VARIABLES = ("HF_HOME", "HF_HUB_CACHE", "HF_ASSETS_CACHE", "HF_TOKEN_PATH")
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """The Hub's environment variables, each checked before huggingface_hub reads it: one line naming the variable
+    (a KimiAuditError, exit 2), not that library's traceback at import or at the first request."""
+    env = os.environ if environ is None else environ
+    for name in INT_VARIABLES:
+        value = env.get(name)
+        if value is not None and value.strip() and not value.strip().lstrip("-").isdecimal():
+            raise KimiAuditError(f"{name}={value!r} is not a whole number of seconds")
+    endpoint = env.get("HF_ENDPOINT")
+    if endpoint:
+        try:
+            parts = urlsplit(endpoint)
+            parts.port  # noqa: B018  (urlsplit checks the port only when asked)
+        except ValueError as e:
+            raise KimiAuditError(f"HF_ENDPOINT={without_userinfo(endpoint)!r} is not a URL: {e}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise KimiAuditError(f"HF_ENDPOINT={without_userinfo(endpoint)!r} is not an http(s) URL with a host")
+    for name in PATH_VARIABLES:
+        value = env.get(name)
+        if not value:
+            continue
+        path = os.path.expanduser(os.path.expandvars(value))
+        head = path
+        while head and not os.path.exists(head):  # the nearest existing ancestor must be a directory
+            parent = os.path.dirname(head)
+            if parent == head:
+                break
+            head = parent
+        if head and os.path.exists(head) and not os.path.isdir(head) and head != path:
+            raise KimiAuditError(f"{name}={value!r} lies under {head}, which is a file, not a directory")
