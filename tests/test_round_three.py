@@ -103,3 +103,21 @@ def test_a_bad_hub_variable_is_one_line_naming_it(monkeypatch, name: str, value:
     result = CliRunner().invoke(app, ["audit", "test-org/none", "--no-progress"])
     assert result.exit_code == 2 and name in result.output and says in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("fmt", ["sarif", "junit"])
+def test_control_characters_in_names_never_reach_sarif_or_junit_raw(tiny_copy, fmt: str) -> None:  # type: ignore[no-untyped-def]
+    """A tensor named with an OSC-8 escape and U+202E: SARIF's and JUnit's text holds them escaped, as the
+    terminal, markdown and HTML renderers write them."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    from typer.testing import CliRunner
+
+    from kimi_audit.cli import app
+
+    name = "model.\x1b]8;;http://x\x07evil\x1b]8;;\x07.\u202eweight"
+    save_file({name: np.zeros(2, np.float32)}, str(tiny_copy / "model-9-of-9.safetensors"))
+    result = CliRunner().invoke(app, ["audit", str(tiny_copy), "--no-progress", "--format", fmt])
+    assert result.exit_code == 1
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout and "\x07" not in result.stdout
+    assert "\\u202e" in result.stdout or "u202e" in result.stdout

@@ -27,7 +27,7 @@ from kimi_audit.checks.audit import AuditReport
 from kimi_audit.constants import VERSION
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.report.grouping import ignored_line
-from kimi_audit.text import clip
+from kimi_audit.text import clip, printable
 
 MAX_LINES = 500
 """Findings listed per testcase; the rest are counted (the JSON report has them all)."""
@@ -108,8 +108,10 @@ def xml_safe(text: object) -> str:
 
 
 def finding_line(f: Finding) -> str:
-    where = f.tensor or f.shard or ""
-    return xml_safe(f"{f.severity.value.upper()} {f.code}" + (f" [{where}]" if where else "") + f": {f.message}")
+    """One line of a testcase's failure text: names escaped (bidi overrides and escapes from untrusted headers)."""
+    where = printable(f.tensor or f.shard or "")
+    return xml_safe(f"{f.severity.value.upper()} {f.code}" + (f" [{where}]" if where else "") +
+                    f": {printable(f.message)}")
 
 
 def _lines(findings: list[Finding]) -> str:

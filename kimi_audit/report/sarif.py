@@ -21,7 +21,7 @@ from kimi_audit.constants import CONFIG_FILE, INDEX_FILE, VERSION
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.report.junit import CHECKS, check_of, not_run
 from kimi_audit.report.rules import RULES, rule
-from kimi_audit.text import clip
+from kimi_audit.text import clip, printable
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 MAX_RESULTS = 5_000
@@ -55,9 +55,10 @@ def subject(f: Finding) -> str:
 
 
 def message(f: Finding) -> str:
-    text = f.message
-    if f.tensor and f.tensor not in text:
-        text = f"{f.tensor}: {text}"
+    """The finding's message, its tensor named first (escaped: names come from untrusted headers)."""
+    text = printable(f.message)
+    if f.tensor and f.tensor not in f.message:
+        text = f"{printable(f.tensor)}: {text}"
     return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + "…"
 
 
@@ -90,9 +91,10 @@ def _result(f: Finding, index: int, fingerprint: str, suppressed_by: str | None)
         "partialFingerprints": {FINGERPRINT: fingerprint},
     }
     if f.tensor:
+        tensor = printable(f.tensor)
         res["locations"][0]["logicalLocations"] = [
-            {"name": f.tensor.rsplit(".", 1)[-1] if "." in f.tensor else f.tensor,
-             "fullyQualifiedName": f.tensor, "kind": "member"}]
+            {"name": tensor.rsplit(".", 1)[-1] if "." in tensor else tensor,
+             "fullyQualifiedName": tensor, "kind": "member"}]
     props: dict[str, Any] = {"severity": f.severity.value, "check": check_of(f.code).name}
     if f.covers:
         props["covers"] = f.covers
