@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -36,12 +37,14 @@ def test_every_shipped_configs_values_of_the_wrong_json_type_are_one_line() -> N
     """Each key of every shipped config (and its text_config and quantization_config) set to JSON of another
     type: read, or refused with a KimiAuditError (one line, exit 2), never a TypeError."""
     wrong = ([["x"]], {"a": 1}, True)
-    for path in sorted(resources.files("kimi_audit").joinpath("data").iterdir(), key=lambda p: p.name):
-        if not path.name.endswith(".config.json"):
-            continue
+    shipped = [p for p in resources.files("kimi_audit").joinpath("data").iterdir() if p.name.endswith(".config.json")]
+    writers = sorted((Path(__file__).parent / "data").glob("*/*/config.json"))  # the writers' own configs
+    for path in sorted(shipped, key=lambda p: p.name) + writers:
         base = json.loads(path.read_text())
         keys = [(k,) for k in base] + [("text_config", k) for k in base.get("text_config", {})]
-        keys += [("quantization_config", k) for k in (base.get("quantization_config") or {})]
+        quant = base.get("quantization_config") or {}
+        keys += [("quantization_config", k) for k in quant]
+        keys += [("quantization_config", k, kk) for k in quant if isinstance(quant[k], dict) for kk in quant[k]]
         for key in keys:
             for value in wrong:
                 cfg = json.loads(json.dumps(base))

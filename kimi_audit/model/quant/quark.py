@@ -131,7 +131,10 @@ def _weight_scheme(spec: Any, dtype: str, where: str) -> Scheme | None:
         return None
     if not isinstance(spec, dict):
         raise ConfigError(f"config.json quantization_config {where} is not an object")
-    if spec.get("input_tensors") is not None and not (spec["input_tensors"] or {}).get("is_dynamic", True):
+    acts = spec.get("input_tensors")
+    if acts is not None and not isinstance(acts, dict):
+        raise ConfigError(f"config.json quantization_config {where}.input_tensors is not an object")
+    if acts is not None and not acts.get("is_dynamic", True):
         raise UnsupportedQuantization(f"Quark static activation scales ({where}.input_tensors)")
     weight = spec.get("weight")
     if weight is None:

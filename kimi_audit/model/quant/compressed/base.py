@@ -238,5 +238,9 @@ def kv_cache_scales(kv: Any, plain: Unquantized) -> tuple[Stored, ...]:
         return ()
     if kv.get("strategy", "tensor") != "tensor":
         raise UnsupportedQuantization(f"compressed-tensors kv_cache_scheme strategy {kv.get('strategy')!r}")
-    dtype = TORCH_DTYPE_TO_SAFETENSORS.get(kv.get("scale_dtype") or "", plain.dtype)
+    scale_dtype = kv.get("scale_dtype")
+    if scale_dtype is not None and (not isinstance(scale_dtype, str) or scale_dtype not in TORCH_DTYPE_TO_SAFETENSORS):
+        raise ConfigError(f"config.json kv_cache_scheme.scale_dtype {scale_dtype!r} is not one of "
+                          f"{sorted(TORCH_DTYPE_TO_SAFETENSORS)}")
+    dtype = plain.dtype if scale_dtype is None else TORCH_DTYPE_TO_SAFETENSORS[scale_dtype]
     return (Stored("self_attn.k_scale", dtype, (1,), SCALE), Stored("self_attn.v_scale", dtype, (1,), SCALE))
