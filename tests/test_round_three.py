@@ -124,3 +124,21 @@ def test_control_characters_in_names_never_reach_sarif_or_junit_raw(tiny_copy, f
     assert result.exit_code == 1
     assert "\x1b" not in result.stdout and "\u202e" not in result.stdout and "\x07" not in result.stdout
     assert "\\u202e" in result.stdout or "u202e" in result.stdout
+
+
+def test_v41_layer_id_lists_are_bounded_and_read_once() -> None:
+    """DeepSeek-V4.1's kv/index source and Engram layer lists: at most one id per layer, distinct, read as sets (a
+    0.9 MB list was scanned once per layer: past 30 s)."""
+    import copy
+
+    from test_deepseek_v41 import CONFIG
+
+    cfg = copy.deepcopy(CONFIG)
+    cfg["text_config"]["kv_source_layer_ids"] = [1] * 300_000
+    with pytest.raises(KimiAuditError, match="300,000 ids"):
+        model_config_from_dict(cfg)
+    cfg = copy.deepcopy(CONFIG)
+    n = 5_000
+    cfg["text_config"].update(num_hidden_layers=n, compress_ratios=[0] + [1] * (n - 1),
+                              kv_source_layer_ids=list(range(n)), index_source_layer_ids=list(range(n)))
+    assert model_config_from_dict(cfg).num_hidden_layers == n

@@ -60,13 +60,16 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
 
     n = g("num_hidden_layers")
     ratios = text.get("compress_ratios")
-    if not isinstance(ratios, list) or len(ratios) < n or any(r not in (0, 1, 2) for r in ratios[:n]):
+    if not isinstance(ratios, list) or len(ratios) < n or any(type(r) is not int or r not in (0, 1, 2)
+                                                                for r in ratios[:n]):
         raise ConfigError(f"config.json text_config.compress_ratios must give 0, 1 or 2 for each of the {n} layers")
 
     def layers(key: str) -> list[int]:
         ids = text.get(key, [])
-        if not isinstance(ids, list) or any(type(i) is not int or not 0 <= i < n for i in ids):
-            raise ConfigError(f"config.json text_config.{key} must list layers 0..{n - 1}, got {ids!r}")
+        if not isinstance(ids, list) or len(ids) > n or any(type(i) is not int or not 0 <= i < n for i in ids) \
+                or len(set(ids)) != len(ids):
+            got = f"{len(ids):,} ids" if isinstance(ids, list) else repr(ids)
+            raise ConfigError(f"config.json text_config.{key} must list distinct layers of 0..{n - 1}, got {got}")
         return ids
 
     kv, ix, engram = layers("kv_source_layer_ids"), layers("index_source_layer_ids"), layers("engram_layer_ids")
@@ -75,8 +78,9 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
             type(r) is not int or not 1 <= r <= I64_MAX for r in rows):
         raise ConfigError("config.json text_config.engram_num_embeddings must give a positive row count for each "
                           "of engram_layer_ids")
+    first = min(kv, default=n), min(ix, default=n)  # (each layer once: the id lists are sets of layers)
     for i in range(n):
-        if ratios[i] and not (any(s <= i for s in kv) and any(s <= i for s in ix)):
+        if ratios[i] and not (first[0] <= i and first[1] <= i):
             raise ConfigError(f"config.json text_config: compressed layer {i} has no kv or index source at or "
                               "below it (kv_source_layer_ids, index_source_layer_ids)")
     fields = {k: g(k) for k in ("hidden_size", "moe_intermediate_size", "q_lora_rank", "num_attention_heads",
@@ -96,8 +100,9 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
             raise ConfigError("config.json text_config: engram_head_dim must be a multiple of 32 and "
                               "engram_max_ngram_size at least 2")
     dims.update({f"engram_rows_{layer}": r for layer, r in zip(engram, rows)})
-    kinds = tuple(f"moe_{SWA}_r{ratios[i]}" + ("_kv" if i in kv else "") + ("_index" if i in ix else "")
-                  + (f"_engram{i}" if i in engram else "") for i in range(n))
+    kv_set, ix_set, engram_set = set(kv), set(ix), set(engram)
+    kinds = tuple(f"moe_{SWA}_r{ratios[i]}" + ("_kv" if i in kv_set else "") + ("_index" if i in ix_set else "")
+                  + (f"_engram{i}" if i in engram_set else "") for i in range(n))
     return scheduled({**text, "model_type": MODEL_TYPES[0]}, fields, dims, kinds, ARCHITECTURE.quant)
 
 
