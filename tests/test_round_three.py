@@ -142,3 +142,18 @@ def test_v41_layer_id_lists_are_bounded_and_read_once() -> None:
     cfg["text_config"].update(num_hidden_layers=n, compress_ratios=[0] + [1] * (n - 1),
                               kv_source_layer_ids=list(range(n)), index_source_layer_ids=list(range(n)))
     assert model_config_from_dict(cfg).num_hidden_layers == n
+
+
+def test_verify_names_an_all_nan_c64_tensor(tiny_copy) -> None:  # type: ignore[no-untyped-def]
+    """C64 is scanned as its F32 parts: an all-NaN complex tensor is a VALUE_NAN, as every other float type's."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    from typer.testing import CliRunner
+
+    from kimi_audit.cli import app
+
+    save_file({"x.c": np.full(4, np.nan + 1j * np.nan, dtype=np.complex64)},
+              str(tiny_copy / "model-9-of-9.safetensors"))
+    result = CliRunner().invoke(app, ["verify", str(tiny_copy), "--json", "--no-progress"])
+    found = [f["code"] for f in json.loads(result.stdout)["findings"] if f.get("tensor") == "x.c"]
+    assert "VALUE_NAN" in found

@@ -37,9 +37,11 @@ len/2**13 of ±448) is counted with numpy instead."""
 
 # dtype -> (unsigned view, exponent mask, sign-cleared mask)
 FLOAT_BITS = {"BF16": ("<u2", 0x7F80, 0x7FFF), "F16": ("<u2", 0x7C00, 0x7FFF), "F32": ("<u4", 0x7F800000, 0x7FFFFFFF),
-              "F64": ("<u8", 0x7FF0000000000000, 0x7FFFFFFFFFFFFFFF), "F8_E5M2": ("u1", 0x7C, 0x7F)}
+              "F64": ("<u8", 0x7FF0000000000000, 0x7FFFFFFFFFFFFFFF), "F8_E5M2": ("u1", 0x7C, 0x7F),
+              "C64": ("<u4", 0x7F800000, 0x7FFFFFFF)}
 """Every IEEE-style float dtype a checkpoint may hold, F8_E4M3 apart (FP8 weights have their own kernel): a value
-whose magnitude bits equal the exponent mask is ±Inf, above it NaN."""
+whose magnitude bits equal the exponent mask is ±Inf, above it NaN. C64 is scanned as its F32 parts (real and
+imaginary: a count of parts, each a value's half)."""
 FNUZ_DTYPES = ("F8_E4M3FNUZ", "F8_E5M2FNUZ")
 """The "fnuz" FP8 types: no Inf, one NaN (0x80, negative zero's code)."""
 SCANNED_FLOATS = frozenset((*FLOAT_BITS, *FNUZ_DTYPES))
