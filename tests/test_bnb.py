@@ -214,3 +214,42 @@ def test_a_negative_absmax_is_found_by_the_values_pass(written, tmp_path):
     report = kimi_audit.audit(path, values=True)
     assert [(f.code, f.tensor) for f in report.findings if f.severity.value == "error"] == [
         ("SCALE_NEGATIVE", name)]
+
+
+@pytest.mark.parametrize("shape", ["transposed", "flat"])
+def test_a_quant_state_with_the_modules_values_in_another_shape_is_found(written, tmp_path, shape):
+    """[in, out] for an [out, in] module, or [out x in]: as many values, still not the module's shape. The values
+    pass and `tensor --dequant` name it (both passed it: a false PASS)."""
+    from typer.testing import CliRunner
+
+    from kimi_audit.cli import app
+
+    path = Path(shutil.copytree(written["nf4"], tmp_path / "m"))
+    module = "model.layers.1.self_attn.o_proj"
+    name = f"{module}.weight.quant_state.bitsandbytes__nf4"
+
+    def swap(t: dict[str, Any]) -> None:
+        doc = json.loads(bytes(t[name].tolist()))
+        out, inp = doc["shape"]
+        doc["shape"] = [inp, out] if shape == "transposed" else [out * inp]
+        t[name] = torch.tensor(list(json.dumps(doc).encode()), dtype=torch.uint8)
+
+    resave(path, swap)
+    report = kimi_audit.audit(path, values=True)
+    assert ("QUANT_STATE_INVALID", name) in [(f.code, f.tensor) for f in report.findings]
+    result = CliRunner().invoke(app, ["tensor", str(path), module, "--dequant", "--json"])
+    assert result.exit_code == 1 and not json.loads(result.stdout)["ok"]
+
+
+@pytest.mark.parametrize("payload", ["[" * 5000 + "]" * 5000, '{"shape": [' + "9" * 5000 + ', 2]}'])
+def test_a_hostile_quant_state_is_one_finding(written, tmp_path, payload):
+    """Deeply nested JSON, an integer of thousands of digits: QUANT_STATE_INVALID, never a traceback."""
+    path = Path(shutil.copytree(written["nf4"], tmp_path / "m"))
+    name = "model.layers.1.self_attn.o_proj.weight.quant_state.bitsandbytes__nf4"
+
+    def swap(t: dict[str, Any]) -> None:
+        t[name] = torch.tensor(list(payload.encode()), dtype=torch.uint8)
+
+    resave(path, swap)
+    report = kimi_audit.audit(path, values=True)
+    assert ("QUANT_STATE_INVALID", name) in [(f.code, f.tensor) for f in report.findings]

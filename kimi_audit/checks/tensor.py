@@ -13,7 +13,7 @@ from kimi_audit.findings import Finding, Severity, error
 from kimi_audit.format.header import TensorInfo
 from kimi_audit.model.checkpoint import load_config
 from kimi_audit.model.kinds import PACKED_WEIGHT, PARAMETER, WEIGHT, module_name
-from kimi_audit.model.layout import expected_layout, scheme_of
+from kimi_audit.model.layout import expected_layout, linear_shapes, scheme_of
 from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.scheme import FP8_DTYPE, Scheme, Unquantized, fp8_block
 from kimi_audit.model.roles import role_of, weight_suffixes
@@ -86,6 +86,8 @@ def _quantized_module(src: Source, name: str, t: TensorInfo) -> tuple[str, Schem
                              f"{name[len(module) + 1:]} ({scheme.describe()})")
     e = expected_layout(cfg).get(name)
     shape = None if e is None else scheme.module_shape(e.shape, e.logical)
+    if shape is None and e is not None:  # flattened bytes (bitsandbytes' 4-bit): the tree's [out, in]
+        shape = linear_shapes(cfg).get((e.block, e.component[: -len(main.suffix)]))
     if shape is None:
         if main.kind == PARAMETER and len(t.shape) == 2:
             return module, scheme, t.shape[0], t.shape[1]

@@ -164,7 +164,7 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
 def _quant_state_findings(name: str, values: np.ndarray, logical: tuple[int, ...] | None,
                           shard: str | None) -> list[Finding]:
     """A serialized bitsandbytes QuantState: JSON naming the quant_type its suffix names, a positive blocksize
-    and a shape whose product is the module's parameters (`logical`: (out x in,) from the layout)."""
+    and the module's shape (`logical`: its [out, in] from the layout, or (out x in,) where only that is known)."""
     from kimi_audit.numerics.bnb import read_quant_state
     from kimi_audit.numerics.dtypes import NumericsError
 
@@ -180,8 +180,10 @@ def _quant_state_findings(name: str, values: np.ndarray, logical: tuple[int, ...
         problems.append(f"blocksize {block!r} is not a positive integer")
     if not (isinstance(shape, list) and shape and all(type(d) is int and d > 0 for d in shape)):
         problems.append(f"shape {shape!r} is not a list of positive integers")
-    elif logical and math.prod(shape) != logical[0]:
-        problems.append(f"shape {shape} holds {math.prod(shape):,} values, the module {logical[0]:,}")
+    elif logical and len(logical) == 2 and shape != list(logical):
+        problems.append(f"shape {shape} is not the module's {list(logical)}")
+    elif logical and math.prod(shape) != math.prod(logical):
+        problems.append(f"shape {shape} holds {math.prod(shape):,} values, the module {math.prod(logical):,}")
     return [error("QUANT_STATE_INVALID", f"{name}: {p}", tensor=name, shard=shard, actual=str(shape))
             for p in problems[:1]]
 

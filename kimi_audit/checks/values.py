@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from kimi_audit.checks.audit import AuditReport
     from kimi_audit.model.checkpoint import ProgressFn
+    from kimi_audit.model.config_fields import ModelConfig
     from kimi_audit.model.layout import ExpectedLayout
 
 MAX_GAP = 1 << 16
@@ -256,16 +257,23 @@ def not_present_finding(absent: list[tuple[str, TensorInfo]]) -> Finding:
     )
 
 
-def packed_shapes(layout: ExpectedLayout) -> dict[str, tuple[int, ...]]:
+def packed_shapes(layout: ExpectedLayout, cfg: ModelConfig | None = None) -> dict[str, tuple[int, ...]]:
     """`X.weight_shape` -> the [out, in] the layout gives module X, for every packed (INT4) module (the packed
-    and shape suffixes: the formats' own, model.roles); a bitsandbytes quant_state -> (out x in,), the
-    parameters of the packed weight it describes."""
+    and shape suffixes: the formats' own, model.roles); a bitsandbytes quant_state -> the [out, in] of the module
+    whose packed weight it describes (`cfg`'s tree; without it, (out x in,), its parameters)."""
+    from kimi_audit.model.layout import linear_shapes
+
     out: dict[str, tuple[int, ...]] = {}
     states = tuple(s for s, role in suffix_roles() if role == kinds.QUANT_STATE)
+    modules: dict[tuple[str | None, str], tuple[int, int]] | None = None
     for pos, owner in zip(layout.meta_at, layout.meta_owner):
         name = layout.names[pos]
         if states and name.endswith(states):
-            out[name] = (layout.specs[layout.spec_of[owner]].logical,)
+            if modules is None:  # a bitsandbytes checkpoint: its modules' shapes, once
+                modules = linear_shapes(cfg) if cfg is not None else {}
+            spec = layout.specs[layout.spec_of[owner]]
+            module = spec.component.rsplit(".", 1)[0]  # `mlp.experts.gate_proj.weight` -> its module
+            out[name] = modules.get((spec.block, module), (spec.logical,))
     packed = weight_suffixes()[1:]
     shapes = [s for s, role in suffix_roles() if role == kinds.WEIGHT_SHAPE]
     for pos, name in enumerate(layout.names):
@@ -288,5 +296,5 @@ def audit_with_values(source: Source, progress: ProgressFn | None = None,
     plan = ckpt.config.quant
     ue8m0 = plan is not None and any(s.power_of_two_scales for s in plan.schemes)
     extra = value_findings(source, ckpt.headers, values_progress, ue8m0=ue8m0,
-                           weight_shapes=packed_shapes(ckpt.expected))
+                           weight_shapes=packed_shapes(ckpt.expected, ckpt.config))
     return dataclasses.replace(report, findings=tuple(report.findings) + tuple(extra), values_checked=True)

@@ -321,3 +321,26 @@ def role_name(cfg: ModelConfig, layer: int | None, role: str) -> str | None:
             t = node.tensors[0]
             return prefix + (t.component if isinstance(t, Param) else t.module)
     return None
+
+
+def linear_shapes(cfg: ModelConfig) -> dict[tuple[str | None, str], tuple[int, int]]:
+    """(block kind or None outside the layers, a Linear module's name relative to its layer) -> its weight's
+    [out, in]: what a format that stores the module flattened (bitsandbytes' 4-bit bytes) records of it."""
+    tree = describe(cfg)
+    out: dict[tuple[str | None, str], tuple[int, int]] = {}
+
+    def walk(node: Node, block: str | None) -> None:
+        if isinstance(node, Group):
+            for child in node.children:
+                walk(child, block)
+        elif not isinstance(node, Buffer):
+            for t in node.tensors:
+                if not isinstance(t, Param):
+                    out[block, t.module] = (product(t.out), product(t.inp))
+
+    for node in (*tree.before, *tree.after):
+        walk(node, None)
+    for block, nodes in tree.blocks.items():
+        for node in nodes:
+            walk(node, block)
+    return out

@@ -33,14 +33,26 @@ def quant_state_json(quant_type: str, blocksize: int, dtype: str, shape: tuple[i
                        "shape": list(shape)}).encode()
 
 
+MAX_QUANT_STATE_BYTES = 1 << 16
+"""A serialized QuantState is a JSON object of a few hundred bytes."""
+
+
 def read_quant_state(raw: np.ndarray) -> dict[str, Any]:
     """The quant_state's items (NumericsError where it is not the JSON object bitsandbytes writes)."""
+    data = np.ascontiguousarray(raw, dtype=np.uint8).tobytes()
+    if len(data) > MAX_QUANT_STATE_BYTES:
+        raise NumericsError(f"the serialized quant_state is {len(data):,} bytes (bitsandbytes writes a few hundred)")
     try:
-        doc = json.loads(np.ascontiguousarray(raw, dtype=np.uint8).tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise NumericsError(f"the serialized quant_state is not JSON ({e})") from None
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise NumericsError(f"the serialized quant_state is not JSON ({str(e)[:120]})") from None
     if not isinstance(doc, dict):
         raise NumericsError("the serialized quant_state is not a JSON object")
+    for key in ("shape", "blocksize"):  # integers of thousands of digits: no size bitsandbytes writes
+        value = doc.get(key)
+        numbers = value if isinstance(value, list) else [value]
+        if any(type(v) is int and not 0 <= v < 2**62 for v in numbers):
+            raise NumericsError(f"the serialized quant_state's {key} holds an integer out of range")
     return doc
 
 
