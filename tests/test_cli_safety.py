@@ -252,3 +252,17 @@ def test_json_is_a_flag(tiny_dir):
     assert r.exit_code == 2  # a flag takes no value: `true` is an extra argument
     r = cli("params", str(tiny_dir), "--json", "--no-progress")
     assert r.exit_code == 0 and json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("after", [0.05, 0.25, 0.5])
+def test_ctrl_c_while_the_command_line_loads_is_one_line_exit_130(tmp_path, after):
+    """SIGINT in the first instant (the app's modules still loading): exit 130 and at most one line, never the
+    KeyboardInterrupt traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen(kimi_audit("demo", "--tiny", str(tmp_path / "t")), env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, preexec_fn=_no_sigint_ignored)
+    time.sleep(after)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert b"Traceback" not in err and len(err.splitlines()) <= 1, err
+    assert p.returncode in (130, 0)  # 0: it finished before the signal

@@ -55,6 +55,18 @@ def main() -> None:
         print(f"kimi-audit {VERSION}")
         sys.stdout.flush()
         os._exit(0)
+    try:
+        _main()
+    except KeyboardInterrupt:  # Ctrl-C from the first instant (while the app's modules load): one line
+        print("interrupted", file=sys.stderr, flush=True)
+        os._exit(EXIT_INTERRUPTED)
+
+
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, the shell's code for a command Ctrl-C ended."""
+
+
+def _main() -> None:
     gc.set_threshold(GC_THRESHOLD)
     from kimi_audit.cli.application import (
         EXIT_BROKEN_PIPE,
