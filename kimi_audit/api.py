@@ -58,8 +58,12 @@ class AuditReport:
         return self.audit.exit_code(fail_on)
 
     def verdict(self, fail_on: Severity | str = Severity.ERROR) -> str:
-        """PASS, FAIL, or PARTIAL (a download in progress): the command line's headline."""
+        """PASS, FAIL, PARTIAL (shards absent, nothing else wrong) or INCONCLUSIVE."""
         return self.audit.verdict(fail_on)
+
+    def headline(self, fail_on: Severity | str = Severity.ERROR) -> str:
+        """The verdict with the absent shards it does not cover: the command line's headline."""
+        return self.audit.headline(fail_on)
 
     def count(self, severity: Severity) -> int:
         return self.audit.count(severity)

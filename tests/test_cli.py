@@ -29,7 +29,8 @@ def test_json_report_is_stable_and_computed(tiny_dir):
     assert r.exit_code == 0
     doc = json.loads(r.stdout)
     assert doc["schema"] == "kimi-audit/audit/1"
-    assert doc["result"] == {"errors": 0, "warnings": 0, "fail_on": "error", "exit_code": 0, "verdict": "PASS"}
+    assert doc["result"] == {"errors": 0, "warnings": 0, "fail_on": "error", "exit_code": 0, "verdict": "PASS",
+                             "headline": "PASS", "absent_shards": 0}
     assert doc["summary"]["tensors"] == 237
     assert [t["line"] for t in doc["q_a_layernorm"]["totals"]] == ["3 MoE blocks × 192 = 576",
                                                                     "1 dense block × 192 = 192"]
@@ -45,7 +46,8 @@ def test_findings_exit_one_with_codes_in_json(tiny_copy):
     assert codes == {"INDEX_SHARD_ABSENT"}  # the absent shard's tensors are its finding's, not one each
     f = next(f for f in doc["findings"] if f["code"] == "INDEX_SHARD_ABSENT")
     assert set(f) == {"code", "severity", "message", "tensor", "shard", "expected", "actual", "covers"}
-    assert f["covers"] > 0 and doc["result"]["verdict"] == "PARTIAL: 1 of 3 shards absent"
+    assert f["covers"] > 0 and doc["result"]["verdict"] == "PARTIAL"
+    assert doc["result"]["headline"] == "PARTIAL: 1 of 3 shards absent" and doc["result"]["absent_shards"] == 1
 
 
 def test_json_result_follows_fail_on(tiny_copy):

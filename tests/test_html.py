@@ -100,7 +100,7 @@ def test_grid_marks_exactly_the_injected_faults(tmp_path: Path) -> None:
     strict_parse(page)
     assert marked(page) == want
     assert ("3", "mlp.experts", 7) in want and (OUTSIDE, "lm_head", -1) in want  # the absent shard's cells
-    assert 'class="verdict partial">PARTIAL: 1 of 3 shards absent<' in page
+    assert 'class="verdict fail">FAIL (1 of 3 shards absent)<' in page  # faults in what is present: not PARTIAL
 
 
 HOSTILE = ('model.layers.1.mlp.<script>alert(1)</script>.weight', 'x"><img src=y onerror=alert(2)>.weight',

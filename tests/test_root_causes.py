@@ -30,7 +30,7 @@ def listed_in(path: Path, shard: str) -> int:
     return sum(1 for s in json.loads((path / INDEX).read_text())["weight_map"].values() if s == shard)
 
 
-def test_a_partial_download_is_partial_and_its_present_shards_are_checked(tmp_path):
+def test_a_partial_download_with_a_fault_in_a_present_shard_fails(tmp_path):
     shards = tiny_shards()
     norm = L1 + "input_layernorm.weight"
     shards[S2][norm] = shards[S2][norm].astype(np.float16)  # a real fault in a present shard (F32: writer variance)
@@ -39,7 +39,8 @@ def test_a_partial_download_is_partial_and_its_present_shards_are_checked(tmp_pa
     (path / S1).unlink()
     (path / S3).unlink()
     r = audit_source(LocalSource(path))
-    assert r.verdict() == "PARTIAL: 2 of 3 shards absent"
+    # a fault in what is present is a FAIL, with the absent shards beside it: PARTIAL would hide it
+    assert r.headline() == "FAIL (2 of 3 shards absent)" and r.verdict() == "FAIL"
     absent = {f.shard: f.covers for f in r.findings if f.code == "INDEX_SHARD_ABSENT"}
     assert absent == counts
     assert codes(r) == Counter({"INDEX_SHARD_ABSENT": 2, "DTYPE_MISMATCH": 1})
@@ -165,3 +166,9 @@ def test_a_shard_cut_inside_its_data_names_the_tensors_it_cuts(tiny_copy):
     os.truncate(tiny_copy / S2, header.data_start + 1)  # all but one byte of the data gone: every tensor cut
     (f,) = [f for f in audit_source(LocalSource(tiny_copy)).findings if f.code == "DATA_PAST_EOF"]
     assert f.covers == len(header.tensors) and "more)" in f.message
+
+
+def test_a_partial_download_with_nothing_else_wrong_is_partial(tiny_copy):
+    (tiny_copy / S3).unlink()
+    r = audit_source(LocalSource(tiny_copy))
+    assert r.verdict() == "PARTIAL" and r.headline() == "PARTIAL: 1 of 3 shards absent" and r.exit_code() == 1

@@ -47,6 +47,10 @@ class ShardSummary:
     errors: int
 
 
+ABSENCE_CODES = frozenset(("INDEX_SHARD_ABSENT",))
+"""The findings that say a shard the index names is absent (what PARTIAL is)."""
+
+
 @dataclass(frozen=True)
 class AuditReport:
     source: str
@@ -91,12 +95,23 @@ class AuditReport:
         return exit_code_of(self.findings, fail_on)
 
     def verdict(self, fail_on: Severity | str = Severity.ERROR) -> str:
-        """The headline: PASS, FAIL, PARTIAL (a download in progress) when shards the index names are absent, or
-        INCONCLUSIVE when nothing failed but no tensor could be checked against a layout."""
-        if self.absent_shards:
-            return f"PARTIAL: {self.absent_shards:,} of {self.listed_shards:,} shards absent"
+        """One of PASS, FAIL, PARTIAL or INCONCLUSIVE. PARTIAL: shards the index names are absent (a download in
+        progress) and what is present has no other error at `fail_on`; a fault in what is present is a FAIL, with
+        the absent shards beside it (`headline`). INCONCLUSIVE: nothing failed but no tensor could be checked
+        against a layout."""
         code = self.exit_code(fail_on)
+        if self.absent_shards and not any(
+                f.code not in ABSENCE_CODES and f.severity.rank >= Severity(fail_on).rank for f in self.findings):
+            return "PARTIAL"
         return "FAIL" if code == 1 else "INCONCLUSIVE" if code == EXIT_INCONCLUSIVE else "PASS"
+
+    def headline(self, fail_on: Severity | str = Severity.ERROR) -> str:
+        """The verdict as a page or a terminal shows it: with the absent shards it does not cover."""
+        verdict = self.verdict(fail_on)
+        if not self.absent_shards:
+            return verdict
+        absent = f"{self.absent_shards:,} of {self.listed_shards:,} shards absent"
+        return f"PARTIAL: {absent}" if verdict == "PARTIAL" else f"{verdict} ({absent})"
 
 
 def model_summary(ckpt: Checkpoint) -> dict[str, Any]:

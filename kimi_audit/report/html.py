@@ -184,7 +184,7 @@ def render_html(report: AuditReport, fail_on: Severity = Severity.ERROR) -> str:
     sections = [section("summary", "Summary", definitions(summary_rows(d, report))),
                 model_section(audit_grid(report, report.findings)), accounting_section(report.stats, d["model"]),
                 findings_section(report.findings, f'<p class="mut">{esc(line)}</p>' if line else "")]
-    return page("audit", report.source, d["result"]["verdict"], sections)
+    return page("audit", report.source, d["result"]["headline"], sections)
 
 
 def render_params_html(acc: Accounting, depth: int | None = None) -> str:

@@ -37,7 +37,7 @@ def code(text: object) -> str:
 
 def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> str:
     m, s, qa = report.model, report.stats, report.q_a_layernorm
-    headline = report.verdict(fail_on)
+    headline = report.headline(fail_on)
     verdict = f"✅ {headline}" if headline == "PASS" else f"❌ {headline}"
     out = [f"## kimi-audit: {verdict} — {code(report.source)}", ""]
     blocks = f"{m['layers']} blocks: {m['dense_layers']} dense + {m['moe_layers']} MoE"

@@ -86,7 +86,7 @@ def render_table(report: AuditReport, console: Console, fail_on: Severity = Seve
     ignored = ignored_line(report)
     if ignored is not None:
         console.print(_plain(ignored))
-    headline = report.verdict(fail_on)  # agrees with the exit code: PASS exactly when it is 0
+    headline = report.headline(fail_on)  # agrees with the exit code: PASS exactly when it is 0
     verdict = Text(headline, style="bold green" if headline == "PASS" else "bold red")
     console.print(Group(Text.assemble(verdict, f"  {counted(report)}")))
 
