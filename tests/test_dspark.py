@@ -75,7 +75,7 @@ def with_dspark(shards: Shards, stages: int = 3) -> None:
     first = next(iter(shards.values()))
     last = f"mtp.{stages - 1}."
     own = {"mtp.0.main_proj.weight": ((h, len(cfg["dspark_target_layer_ids"]) * h), torch.bfloat16),
-           "mtp.0.main_norm.weight": ((h,), torch.float32), last + "norm.weight": ((h,), torch.float32),
+           "mtp.0.main_norm.weight": ((h,), torch.bfloat16), last + "norm.weight": ((h,), torch.bfloat16),
            last + "hc_head_fn": ((hc, hc * h), torch.float32), last + "hc_head_base": ((hc,), torch.float32),
            last + "hc_head_scale": ((1,), torch.float32),
            last + "markov_head.markov_w1.weight": ((v, r), torch.bfloat16),

@@ -63,6 +63,21 @@ def test_nested_text_config_and_its_quantization(quant_in_text: bool) -> None:
     assert layout["mm_projector.proj.2.weight"].shape == (64, 32 * 4)
 
 
+def test_the_published_ignore_spells_lm_head_without_the_prefix() -> None:
+    """Issue 40: Kimi-K2.5's published `ignore` says `lm_head` (its writer saw the text model alone, family.md):
+    it leaves `language_model.lm_head` plain, as the prefixed spelling does; with neither, lm_head is INT4."""
+    def layout_with(ignore: list[str]):  # type: ignore[no-untyped-def]
+        raw = tiny_config(False)
+        raw["quantization_config"] = dict(K26["quantization_config"], ignore=ignore)
+        return expected_layout(model_config_from_dict(raw))
+
+    rest = [i for i in K26["quantization_config"]["ignore"] if i.startswith("re:")]
+    published, prefixed, neither = (layout_with(extra + rest) for extra in (["lm_head"], ["language_model.lm_head"],
+                                                                            []))
+    assert list(published) == list(prefixed) and "language_model.lm_head.weight" in published
+    assert "language_model.lm_head.weight_packed" in neither
+
+
 def test_kimi_k25_without_text_config_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="text_config"):
         model_config_from_dict({"model_type": "kimi_k25", "vision_config": VISION})

@@ -87,7 +87,7 @@ def layout_findings(
                                       config_dtype, dtype_recorded)
             variance.extend((row, f) for f in found if f.code in VARIANCE_CODES)
             out.extend(f for f in found if f.code not in VARIANCE_CODES)
-    out.extend(exporters_dtype(uniform_variance(variance, actual, aligned, expected)))
+    out.extend(fold_writer_dtype(exporters_dtype(uniform_variance(variance, actual, aligned, expected))))
     out.extend(_scale_shard_findings(actual, expected, positions))
     return fold_kv_scales(fold_orphans(out))
 
@@ -116,6 +116,27 @@ def exporters_dtype(findings: list[Finding]) -> list[Finding]:
                f"unquantized tensors as they were; first: {first.tensor})", tensor=first.tensor, shard=first.shard,
                expected=first.expected, actual=first.actual, covers=len(mine))
     return [one, *(f for f in findings if f not in mine)]
+
+
+def fold_writer_dtype(findings: list[Finding]) -> list[Finding]:
+    """A writer's float dtype for norms and biases (WRITER_DTYPE, uniform per component) is one convention: one
+    info per pair of dtypes, whatever the number of tensors (transformers' DeepSeek-V4 save keeps every gain F32)."""
+    groups: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        if f.code == "WRITER_DTYPE" and not f.covers:
+            groups.setdefault((str(f.expected), str(f.actual)), []).append(f)
+    folded = {id(f) for fs in groups.values() if len(fs) > 1 for f in fs}
+    if not folded:
+        return findings
+    out = [f for f in findings if id(f) not in folded]
+    for (want, got), fs in groups.items():
+        if len(fs) > 1:
+            first = fs[0]
+            out.append(info("WRITER_DTYPE", f"{len(fs):,} norm gains or biases stored {got}, the release stores "
+                            f"{want} (first: {first.tensor}): a writer that keeps the config's dtype or float32 "
+                            "for them; loaders cast them", tensor=first.tensor, shard=first.shard, expected=want,
+                            actual=got, covers=len(fs)))
+    return out
 
 
 def fold_orphans(findings: list[Finding]) -> list[Finding]:

@@ -71,6 +71,10 @@ TRANSFORMERS = Dialect(
 
 GAIN = "Learned gain"
 F32 = "F32"
+NORM = "BF16"
+"""Every RMSNorm gain (`*norm.weight`) as the release stores it. DeepSeek-V4-Flash's published index `total_size`,
+159,609,485,896 bytes, is this layout's to the byte only with BF16 gains (F32 adds 2 bytes × 468,096 elements:
+tests/data/published_totals.json); transformers' save keeps them F32, writer variance (WRITER_DTYPE)."""
 KV_NORM = "attn.kv_norm."
 """The attention's key-value RMSNorm as the release names it (vLLM's DeepseekV4MLAModules.kv_norm, read under
 `layers.N.attn.` with no renaming; transformers 5.25's save writes `attn.norm`)."""
@@ -215,7 +219,7 @@ class _Describe:
                                          (Param("Embedding table", embed, (v, h), c.dtype),), ("dtype",)),)
         norm = "norm.weight"
         after: list[Node] = [
-            Leaf("norm", "norm", "Final RMSNorm", "final_norm", (Param(GAIN, norm, (h,), F32),), ("rms_norm_eps",)),
+            Leaf("norm", "norm", "Final RMSNorm", "final_norm", (Param(GAIN, norm, (h,), NORM),), ("rms_norm_eps",)),
             self.hyper("hc_head", "hc_head", "Output hyper-connection", "hc_head_",
                        head=True),
         ]
@@ -234,12 +238,12 @@ class _Describe:
         return (
             Leaf("e_proj", "e_proj", "Embedding projection", "mtp_e_proj", (Linear("e_proj", (h,), (h,)),), k),
             Leaf("h_proj", "h_proj", "Hidden-state projection", "mtp_h_proj", (Linear("h_proj", (h,), (h,)),), k),
-            Leaf("enorm", "enorm", "Embedding RMSNorm", "mtp_enorm", (Param(GAIN, "enorm.weight", (h,), F32),),
+            Leaf("enorm", "enorm", "Embedding RMSNorm", "mtp_enorm", (Param(GAIN, "enorm.weight", (h,), NORM),),
                  (BLOCK_KEYS, "rms_norm_eps")),
-            Leaf("hnorm", "hnorm", "Hidden-state RMSNorm", "mtp_hnorm", (Param(GAIN, "hnorm.weight", (h,), F32),),
+            Leaf("hnorm", "hnorm", "Hidden-state RMSNorm", "mtp_hnorm", (Param(GAIN, "hnorm.weight", (h,), NORM),),
                  (BLOCK_KEYS, "rms_norm_eps")),
             Leaf("norm", "norm", "Shared head RMSNorm", "mtp_shared_head_norm",
-                 (Param(GAIN, "norm.weight", (h,), F32),), (BLOCK_KEYS, "rms_norm_eps")),
+                 (Param(GAIN, "norm.weight", (h,), NORM),), (BLOCK_KEYS, "rms_norm_eps")),
             self.hyper("hc_head", "hc_head", "Output hyper-connection", "hc_head_", head=True),
             *self.layer(f"moe_{SWA}"),
         )
@@ -259,7 +263,7 @@ class _Describe:
             first = (Leaf("main_proj", "main_proj", "Target hidden-state projection", "dspark_main_proj",
                           (Linear("main_proj", (h,), (wide,)),), (BLOCK_KEYS, "dspark_target_layer_ids", DTYPE_KEYS)),
                      Leaf("main_norm", "main_norm", "Target hidden-state RMSNorm", "dspark_main_norm",
-                          (Param(GAIN, "main_norm.weight", (h,), F32),), (BLOCK_KEYS, "rms_norm_eps")))
+                          (Param(GAIN, "main_norm.weight", (h,), NORM),), (BLOCK_KEYS, "rms_norm_eps")))
         last: tuple[Node, ...] = ()
         if kind in (DSPARK_LAST, DSPARK_ONLY):
             v, r = self.f("vocab_size", "vocab"), Factor(rank, "Markov rank", ("dspark_markov_rank",))
@@ -267,7 +271,7 @@ class _Describe:
                           f"({c.hidden_size:,} + {rank:,})")
             keys = (BLOCK_KEYS, "dspark_markov_rank", "dtype")
             last = (Leaf("norm", "norm", "Shared head RMSNorm", "mtp_shared_head_norm",
-                         (Param(GAIN, "norm.weight", (h,), F32),), (BLOCK_KEYS, "rms_norm_eps")),
+                         (Param(GAIN, "norm.weight", (h,), NORM),), (BLOCK_KEYS, "rms_norm_eps")),
                     self.hyper("hc_head", "hc_head", "Output hyper-connection", "hc_head_", head=True),
                     Group("markov_head", "Markov head", (
                         Leaf("markov_w1", "markov_w1", "Previous-token embedding", "dspark_markov",
@@ -284,11 +288,11 @@ class _Describe:
         attention = kind.rsplit("_", 1)[1]
         return (
             Leaf("attn_norm", "attn_norm", "Pre-attention RMSNorm", "input_layernorm",
-                 (Param(GAIN, "attn_norm.weight", (h,), F32),), (BLOCK_KEYS, "rms_norm_eps")),
+                 (Param(GAIN, "attn_norm.weight", (h,), NORM),), (BLOCK_KEYS, "rms_norm_eps")),
             self.hyper("hc_attn", "hc_attn", "Attention hyper-connection", "hc_attn_"),
             self.attention(attention),
             Leaf("ffn_norm", "ffn_norm", "Pre-MoE RMSNorm", "post_attention_layernorm",
-                 (Param(GAIN, "ffn_norm.weight", (h,), F32),), (BLOCK_KEYS, "rms_norm_eps")),
+                 (Param(GAIN, "ffn_norm.weight", (h,), NORM),), (BLOCK_KEYS, "rms_norm_eps")),
             self.hyper("hc_ffn", "hc_ffn", "MoE hyper-connection", "hc_ffn_"),
             *self.moe(hashed=kind.startswith("moe_hash")),
         )
@@ -308,12 +312,12 @@ class _Describe:
         children: list[Node] = [
             Leaf("wq_a", "wq_a", "Query down-projection", "q_a_proj", (Linear("attn.wq_a", (ql,), (h,)),), k),
             Leaf("q_norm", "q_norm", "Query latent RMSNorm", "q_a_layernorm",
-                 (Param(GAIN, "attn.q_norm.weight", (ql,), F32),), (BLOCK_KEYS,)),
+                 (Param(GAIN, "attn.q_norm.weight", (ql,), NORM),), (BLOCK_KEYS,)),
             Leaf("wq_b", "wq_b", "Query up-projection", "q_b_proj", (Linear("attn.wq_b", (heads, hd), (ql,)),), k),
             Leaf("wkv", "wkv", "Key-value projection (one shared head)", "kv_proj",
                  (Linear("attn.wkv", (hd,), (h,)),), k),
             Leaf("kv_norm", "kv_norm", "Key-value RMSNorm", "kv_a_layernorm",
-                 (Param(GAIN, KV_NORM + "weight", (hd,), F32),), (BLOCK_KEYS,)),
+                 (Param(GAIN, KV_NORM + "weight", (hd,), NORM),), (BLOCK_KEYS,)),
             Leaf("wo_a", "wo_a", "Grouped output projection", "o_a_proj",
                  (Linear("attn.wo_a", (o_mid,), (per_group,)),), (*k, "o_groups", "o_lora_rank")),
             Leaf("wo_b", "wo_b", "Output mixing projection", "o_proj", (Linear("attn.wo_b", (h,), (o_mid,)),), k),
@@ -347,7 +351,7 @@ class _Describe:
             Leaf("ape", "ape", "Compressor positional bias", "compressor_ape",
                  (Param("Bias", f"{stem}ape", (r, width), F32),), keys),
             Leaf("norm", "norm", "Compressor RMSNorm", "compressor_norm",
-                 (Param(GAIN, f"{stem}norm.weight", (dim,), F32),), keys)))
+                 (Param(GAIN, f"{stem}norm.weight", (dim,), NORM),), keys)))
 
     def indexer(self) -> Group:
         h, ql = self.f("hidden_size", "hidden"), self.f("q_lora_rank", "q latent")

@@ -28,7 +28,7 @@ from typing import Any
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.arch import deepseek_v4
-from kimi_audit.model.arch.deepseek_v4 import F32, GAIN, SWA
+from kimi_audit.model.arch.deepseek_v4 import GAIN, NORM, SWA
 from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
@@ -137,7 +137,7 @@ class _Describe(deepseek_v4._Describe):
                                 (Linear("attn.compressor.wgate", (hd,), (h,)),), (*keys, DTYPE_KEYS)))
             extra.append(Group("compressor", "KV compressor", (*lin, Leaf(
                 "norm", "norm", "Compressor RMSNorm", "compressor_norm",
-                (Param(GAIN, "attn.compressor.norm.weight", (hd,), F32),), keys))))
+                (Param(GAIN, "attn.compressor.norm.weight", (hd,), NORM),), keys))))
         if index_source:
             ih, idim = self.d("index_n_heads", "indexer heads"), self.d("index_head_dim", "indexer head dim")
             ikeys = (BLOCK_KEYS, "index_source_layer_ids", "index_n_heads", "index_head_dim")
@@ -151,7 +151,7 @@ class _Describe(deepseek_v4._Describe):
                 index += [Leaf("wk", "wk", "Indexer key projection (from the compressor's latent)", "indexer_wk",
                                (Linear("attn.indexer.wk", (idim,), (hd,)),), (*ikeys, "kv_source_layer_ids")),
                           Leaf("k_norm", "k_norm", "Indexer key RMSNorm", "indexer_k_norm",
-                               (Param(GAIN, "attn.indexer.k_norm.weight", (idim,), F32),), ikeys)]
+                               (Param(GAIN, "attn.indexer.k_norm.weight", (idim,), NORM),), ikeys)]
             extra.append(Group("indexer", "Lightning indexer", tuple(index)))
         title = "Sliding-window attention" if not ratio else f"Compressed sparse attention (ratio {ratio})"
         return replace(base, title=title, children=(*base.children, *extra))

@@ -35,6 +35,7 @@ from kimi_audit.model.arch.spec import (
     register,
 )
 from kimi_audit.model.config_fields import ModelConfig, VisionConfig, layer_count, nested_text
+from kimi_audit.model.quant.scheme import ReleaseQuant
 
 MODEL_TYPES = ("kimi_k25",)
 VISION_DEFAULTS: dict[str, Any] = {
@@ -49,7 +50,9 @@ PROJECTION_HIDDEN_DEFAULT = 1152
 def read(cfg: dict[str, Any]) -> ModelConfig:
     """The nested `text_config` is a DeepseekV3 config (Kimi-K2's); its `quantization_config` may sit inside it
     or at the top (both are read; the top one wins), and so may the dtype."""
-    parsed = deepseek_v3.read({**nested_text(cfg, MODEL_TYPES[0]), "model_type": deepseek_v3.MODEL_TYPES[0]})
+    text = {**nested_text(cfg, MODEL_TYPES[0]), "model_type": deepseek_v3.MODEL_TYPES[0]}
+    parsed = deepseek_v3.read_family(text, deepseek_v3.REFERENCE_DEFAULTS, indexer=False, norm_f32=False,
+                                     release=RELEASE)
     return replace(parsed, model_type=MODEL_TYPES[0], prefix=TEXT_PREFIX, vision=_vision(cfg))
 
 
@@ -76,6 +79,9 @@ def _vision(cfg: dict[str, Any]) -> VisionConfig:
 
 
 TEXT_PREFIX = "language_model."
+RELEASE = ReleaseQuant(unprefixed=TEXT_PREFIX)
+"""Kimi-K2.5's published quantization `ignore` says `lm_head` for `language_model.lm_head` (family.md, December 2026
+update, 'Published totals'): its writer saw the text model alone, so an exact name is read in both spellings."""
 
 TRANSFORMERS = Dialect(
     "transformers 5.x save_pretrained",
@@ -169,4 +175,4 @@ ARCHITECTURE = register(Architecture(
     name="Kimi-K2.5", model_types=MODEL_TYPES, read=read, describe=describe, dialects=dialects,
     class_names=("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"), nests_text=True,
     float32_routers=deepseek_v3.ROUTER_FP32, buffered=deepseek_v3.ARCHITECTURE.buffered,
-    value_roles=deepseek_v3.ARCHITECTURE.value_roles))
+    value_roles=deepseek_v3.ARCHITECTURE.value_roles, quant=RELEASE))

@@ -83,9 +83,11 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
                        norm_f32=cfg.get("model_type") == V32)
 
 
-def read_family(cfg: dict[str, Any], defaults: dict[str, Any], *, indexer: bool, norm_f32: bool) -> ModelConfig:
+def read_family(cfg: dict[str, Any], defaults: dict[str, Any], *, indexer: bool, norm_f32: bool,
+                release: ReleaseQuant | None = None) -> ModelConfig:
     """A DeepseekV3-shaped config (GLM-5's and Kimi-K2.5's text model too): `defaults` for absent keys (its
-    configuration class's), `indexer`: V3.2's sparse-attention indexer in every layer, `norm_f32`: F32 gains."""
+    configuration class's), `indexer`: V3.2's sparse-attention indexer in every layer, `norm_f32`: F32 gains,
+    `release`: the architecture's own quantization conventions (DeepseekV3's when None)."""
 
     def i(key: str, optional: bool = False) -> Any:
         return read_int(cfg, key, defaults, optional=optional)
@@ -94,7 +96,7 @@ def read_family(cfg: dict[str, Any], defaults: dict[str, Any], *, indexer: bool,
         return cfg.get(key, defaults[key])
 
     dtype = weights_dtype(cfg)
-    plan, unsupported = quantization(cfg, dtype, ARCHITECTURE.quant)
+    plan, unsupported = quantization(cfg, dtype, ARCHITECTURE.quant if release is None else release)
     eps = read_eps(cfg, defaults["rms_norm_eps"])
     moe_layer_freq = i("moe_layer_freq")
     if moe_layer_freq == 0:
