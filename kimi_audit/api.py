@@ -192,7 +192,8 @@ def layout(config: str | os.PathLike[str] | Mapping[str, Any], revision: str | N
     known = dialects(cfg)
     chosen = [d for d in known if d.name.split()[0] == dialect or d.name == dialect]
     if not chosen:
-        names = ", ".join(d.name.split()[0] for d in known) or "none"
+        names = (", ".join(d.name.split()[0] for d in known)
+                 or "none: transformers' save_pretrained writes the release's names")
         raise KimiAuditError(f"{cfg.model_type} has no dialect {dialect!r} (its dialects: {names})")
     return respelled(expected, chosen[0].rename)
 

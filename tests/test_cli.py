@@ -29,8 +29,8 @@ def test_json_report_is_stable_and_computed(tiny_dir):
     assert r.exit_code == 0
     doc = json.loads(r.stdout)
     assert doc["schema"] == "kimi-audit/audit/1"
-    assert doc["result"] == {"errors": 0, "warnings": 0, "fail_on": "error", "exit_code": 0, "verdict": "PASS",
-                             "headline": "PASS", "absent_shards": 0}
+    assert doc["result"] == {"errors": 0, "warnings": 0, "infos": 0, "fail_on": "error", "exit_code": 0,
+                             "verdict": "PASS", "headline": "PASS", "absent_shards": 0, "values_checked": False}
     assert doc["summary"]["tensors"] == 237
     assert [t["line"] for t in doc["q_a_layernorm"]["totals"]] == ["3 MoE blocks × 192 = 576",
                                                                     "1 dense block × 192 = 192"]

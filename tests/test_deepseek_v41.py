@@ -134,6 +134,22 @@ def test_a_release_named_checkpoint_audits_clean(tmp_path: Path) -> None:
     assert report.exit_code() == 0
 
 
+def test_the_published_config_without_fmt_and_an_fp8_mtp_projection(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40: DeepSeek-V4.1's config as published has no `fmt` (no loader reads it); the undescribed MTP stage's
+    FP8 `main_proj` with its `.scale` is part of that stage's one TENSORS_UNDESCRIBED, not two scale errors."""
+    config = json.loads(json.dumps(CONFIG))
+    q = config.get("quantization_config") or config["text_config"]["quantization_config"]
+    del q["fmt"]
+    monkeypatch.setitem(globals(), "CONFIG", config)
+    mtp = {"mtp.0.main_proj.weight": ((64, 128), "F8_E4M3"), "mtp.0.main_proj.scale": ((2, 4), "F8_E8M0")}
+    report = audit(write(tmp_path / "v41", {**release_tensors(), **{n: (s, "BF16") for n, s in EXTRA.items()},
+                                            **mtp}))
+    assert [f.code for f in report.findings if f.severity is not Severity.INFO] == []
+    stage = [f for f in report.findings if f.code == "TENSORS_UNDESCRIBED" and (f.tensor or "").startswith("mtp.")]
+    assert len(stage) == 1 and stage[0].actual == 3 and report.exit_code() == 0
+
+
 def test_a_missing_engram_scale_is_one_finding(tmp_path: Path) -> None:
     tensors = release_tensors()
     del tensors["layers.4.engram.embed.scale"]

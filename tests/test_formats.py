@@ -483,7 +483,7 @@ def write_v4_release(tmp_path: Path, quant: dict[str, Any] = V4_FP8, top: dict[s
     from transformers import AutoModelForCausalLM, DeepseekV4Config
 
     from kimi_audit.model.layout import expected_layout
-    from test_lineage_differential import RELEASE_SPELLING, TINY, with_v4_mtp
+    from test_lineage_differential import TINY, respell, with_v4_mtp
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(DeepseekV4Config(**TINY["deepseek_v4"]), dtype=torch.bfloat16)
@@ -494,12 +494,9 @@ def write_v4_release(tmp_path: Path, quant: dict[str, Any] = V4_FP8, top: dict[s
     raw["quantization_config"] = quant
     raw.update(top or {})
     layout = expected_layout(model_config_from_dict(raw))
-    tensors: dict[str, torch.Tensor] = {}
-    for f in saved.glob("*.safetensors"):
-        for n, t in load_file(str(f)).items():
-            for pattern, to in RELEASE_SPELLING["deepseek_v4"]:
-                n = re.sub(pattern, to, n)
-            tensors[n] = t
+    shards = {"all": {n: t for f in saved.glob("*.safetensors") for n, t in load_file(str(f)).items()}}
+    respell("deepseek_v4")(shards)  # the release's names, and its BF16 gains
+    tensors = shards["all"]
     with_v4_mtp({"all": tensors})  # the release's MTP stage, as vLLM's loader reads it
     block = tuple(quant["weight_block_size"])
     gen = torch.Generator().manual_seed(1)

@@ -176,3 +176,80 @@ def test_usage_lines_name_arguments_in_capitals_without_braces():
         arguments = [w.strip("[].") for w in usage[3:]]
         assert all(w.isupper() for w in arguments), usage  # OPTIONS, SOURCE, [DIRECTORY] ...; never {source}
     assert "[OPTIONS] SOURCE COMPONENT" in runner.invoke(app, ["explain", "--help"]).output
+
+
+def test_round_two_stale_words() -> None:
+    """Issue 42 (10): the words the tool prints agree with the tool. usage.md's `demo --model` list names every
+    replica; `--help` lists every exit code; the demo's size is GiB (the payload computed from its layout)."""
+    from kimi_audit.replica.models import REPLICA_MODELS
+
+    usage = (Path(__file__).parents[1] / "docs" / "usage.md").read_text()
+    block = usage[usage.index("demo --model NAME"):usage.index("kimi-audit audit PART.gguf")]
+    assert [m for m in REPLICA_MODELS if m not in block] == []
+    top = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "300"})
+    assert "3 inconclusive" in top.stdout and "130 interrupted" in top.stdout
+    demo = CliRunner().invoke(app, ["demo", "--help"], env={"COLUMNS": "300"})
+    from kimi_audit import layout
+
+    payload = sum(t.nbytes for t in layout(json.loads(REPLICA_MODELS["kimi-k2-instruct"].config_bytes())).values())
+    assert f"{round(payload / 2**30)} GiB" in demo.stdout and " GB" not in demo.stdout
+
+
+@pytest.mark.parametrize("command", ["params", "verify"])
+@pytest.mark.parametrize("name", ["r.md", "r.xml", "r.sarif"])
+def test_an_output_extension_the_command_does_not_write_is_one_error_line(tiny_dir: Path, tmp_path: Path,
+                                                                            command: str, name: str) -> None:
+    """Issue 42 (5): one rule for every command that writes a report: `params -o p.md` wrote a text table."""
+    out = tmp_path / name
+    r = CliRunner().invoke(app, [command, str(tiny_dir), "-o", str(out)])
+    assert r.exit_code == 2 and "--output" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [["params"], ["explain", "X", "q_a_layernorm"]])
+def test_params_and_explain_on_an_architecture_not_described_say_why(tmp_path: Path, argv: list[str]) -> None:
+    """Issue 42 (4): a tree of zeros and "MISMATCH derived 0" was printed; now the reason, once, exit 3."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    save_file({"model.embed_tokens.weight": np.zeros((8, 4), np.float32)}, str(tmp_path / "model.safetensors"))
+    args = [a if a != "X" else str(tmp_path) for a in argv]
+    r = CliRunner().invoke(app, [*args, *([] if len(args) > 1 else [str(tmp_path)]), "--no-progress"])
+    assert r.exit_code == 3 and "'llama'" in r.output and "no parameter tree" in r.output
+    assert "0 × 0" not in r.output and "MISMATCH" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_the_layout_help_and_usage_dialect_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42 (2): `layout --help` and docs/usage.md suggested `--dialect transformers` on Kimi-K2, which has
+    none (exit 2). Their examples, run as written on the release they name (its config.json from kimi_audit/data)."""
+    import kimi_audit
+    from kimi_audit.replica.models import REPLICA_MODELS
+
+    (tmp_path / "Kimi-K2.6").mkdir()
+    (tmp_path / "Kimi-K2.6" / "config.json").write_bytes(REPLICA_MODELS["kimi-k2.6"].config_bytes())
+    monkeypatch.chdir(tmp_path)
+    help_text = CliRunner().invoke(app, ["layout", "--help"], env={"COLUMNS": "300"}).stdout
+    assert "`kimi-audit layout ./Kimi-K2.6 --dialect transformers`" in help_text
+    r = CliRunner().invoke(app, ["layout", "./Kimi-K2.6", "--dialect", "transformers"])
+    assert r.exit_code == 0 and "language_model.model.blocks.1." in r.stdout
+    usage = (Path(__file__).parents[1] / "docs" / "usage.md").read_text()
+    line = next(x for x in usage.splitlines() if "dialect=" in x)
+    hf = eval(line.split("=", 1)[1].split("#")[0].strip(), {"kimi_audit": kimi_audit})  # the line as written
+    assert any(n.startswith("language_model.model.blocks.") for n in hf)
+    r = CliRunner().invoke(app, ["layout", str(tmp_path / "Kimi-K2.6"), "--dialect", "nope"])
+    assert r.exit_code == 2 and "its dialects: transformers" in r.output
+
+
+@pytest.mark.parametrize("name", ["x.html", "x.md"])
+def test_a_page_says_whether_values_were_read(tiny_dir: Path, tmp_path: Path, name: str) -> None:
+    """Issue 42 (7): a green page without --values said nothing of the values it did not read."""
+    pages = []
+    for extra in ([], ["--values"]):
+        out = tmp_path / extra[0].strip("-") / name if extra else tmp_path / name
+        out.parent.mkdir(exist_ok=True)
+        r = CliRunner().invoke(app, ["audit", str(tiny_dir), "--no-progress", "-o", str(out), *extra])
+        assert r.exit_code == 0, r.output
+        pages.append(out.read_text())
+    assert "values not read" in pages[0] and "values read (--values)" in pages[1]
+    assert "values not read" not in pages[1]

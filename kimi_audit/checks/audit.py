@@ -105,6 +105,13 @@ class AuditReport:
             return "PARTIAL"
         return "FAIL" if code == 1 else "INCONCLUSIVE" if code == EXIT_INCONCLUSIVE else "PASS"
 
+    def coverage(self) -> str:
+        """What the verdict covers, in words a page prints beside it: the headers always; the values only with
+        --values (a page's PASS without them says so)."""
+        values = ("small tensors' values read (--values)" if self.values_checked else
+                  "values not read (audit --values reads the small tensors'; verify reads every byte)")
+        return f"headers: names, dtypes, shapes, scales, index; {values}"
+
     def headline(self, fail_on: Severity | str = Severity.ERROR) -> str:
         """The verdict as a page or a terminal shows it: with the absent shards it does not cover."""
         verdict = self.verdict(fail_on)
@@ -136,21 +143,28 @@ def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
     }
 
 
+def unsupported_reason(ckpt: Checkpoint) -> str:
+    """Why no layout is derived: the architecture the files name, which kimi-audit does not describe."""
+    raw = ckpt.config_raw
+    if ckpt.container == "gguf":
+        return (f"the GGUF's general.architecture is {raw.get(GGUF_ARCHITECTURE)!r}, no architecture kimi-audit "
+                f"describes (it reads {', '.join(gguf_archs())})")
+    near = near_model_type(raw.get("model_type"))
+    hint = f"; did you mean {near!r}?" if near is not None else ""
+    return (f"config.json describes model_type {raw.get('model_type')!r} (architectures "
+            f"{raw.get('architectures')!r}), no architecture kimi-audit describes{hint}")
+
+
 def layout_unsupported(ckpt: Checkpoint) -> Finding:
     raw = ckpt.config_raw
     if ckpt.container == "gguf":
-        name = raw.get(GGUF_ARCHITECTURE)
-        return warning("LAYOUT_UNSUPPORTED", f"the GGUF's general.architecture is {name!r}, no architecture "
-                       f"kimi-audit describes (it reads {', '.join(gguf_archs())}): only the container and split "
-                       "checks ran, no tensor was checked against a layout (exit 3, inconclusive)",
-                       tensor="general.architecture", actual=name)
+        return warning("LAYOUT_UNSUPPORTED", f"{unsupported_reason(ckpt)}: only the container and split checks ran, "
+                       "no tensor was checked against a layout (exit 3, inconclusive)",
+                       tensor="general.architecture", actual=raw.get(GGUF_ARCHITECTURE))
     model_type = raw.get("model_type")
-    near = near_model_type(model_type)
-    hint = f"; did you mean {near!r}?" if near is not None else ""
-    return warning("LAYOUT_UNSUPPORTED", f"config.json describes model_type {model_type!r} (architectures "
-                   f"{raw.get('architectures')!r}), no architecture kimi-audit describes{hint}: only the format, "
-                   "index and file checks ran, no tensor was checked against a layout (exit 3, inconclusive)",
-                   tensor="model_type", expected=near, actual=model_type)
+    return warning("LAYOUT_UNSUPPORTED", f"{unsupported_reason(ckpt)}: only the format, index and file checks ran, "
+                   "no tensor was checked against a layout (exit 3, inconclusive)",
+                   tensor="model_type", expected=near_model_type(model_type), actual=model_type)
 
 
 def near_model_type(model_type: Any) -> str | None:

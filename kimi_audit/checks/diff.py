@@ -188,9 +188,10 @@ class _Read(NamedTuple):
     part: tuple[str, bool] | None = None
 
 
-def plan_hash_reads(items: list[_Item], chunk: int = CHUNK_BYTES) -> list[_Read]:
-    """The range reads that cover every item once, in file order: neighbours closer than COALESCE_GAP
-    share a read of at most `chunk` bytes; a tensor over `chunk` is read in chunks."""
+def plan_hash_reads(items: list[_Item], chunk: int = CHUNK_BYTES, gap: int = COALESCE_GAP) -> list[_Read]:
+    """The range reads that cover every item once, in file order: neighbours closer than `gap` share a read
+    of at most `chunk` bytes; a tensor over `chunk` is read in chunks. With `gap` 0 only touching neighbours
+    share one, so the bytes read are the items' own (what a --max-read budget bounds)."""
     plan: list[_Read] = []
     run: list[_Item] = []
 
@@ -207,7 +208,7 @@ def plan_hash_reads(items: list[_Item], chunk: int = CHUNK_BYTES) -> list[_Read]
                 n = min(chunk, it.length - pos)
                 plan.append(_Read(it.shard, it.start + pos, n, part=(it.name, pos + n == it.length)))
             continue
-        if run and (it.shard != run[0].shard or it.start - (run[-1].start + run[-1].length) > COALESCE_GAP
+        if run and (it.shard != run[0].shard or it.start - (run[-1].start + run[-1].length) > gap
                     or it.start + it.length - run[0].start > chunk):
             flush()
         run.append(it)
@@ -309,8 +310,9 @@ def content_diff(src_a: Source, a: Checkpoint, src_b: Source, b: Checkpoint, *,
         return out
 
     items_a, items_b = items(la, a), items(lb, b)
-    plan_a = plan_hash_reads([it for it in items_a if it.length], chunk)
-    plan_b = plan_hash_reads([it for it in items_b if it.length], chunk)
+    gap = COALESCE_GAP if max_read is None else 0  # a budget bounds the bytes read, the gaps between included
+    plan_a = plan_hash_reads([it for it in items_a if it.length], chunk, gap)
+    plan_b = plan_hash_reads([it for it in items_b if it.length], chunk, gap)
     total = sum(r.length for r in plan_a) + sum(r.length for r in plan_b)
     done = 0
 

@@ -296,7 +296,15 @@ def _scale_shard_findings(actual: TensorTable, expected: ExpectedLayout, positio
                                                   map(ne, meta_shards, owner_shards)):
         if meta_shard is not None:  # an absent one is _missing's
             out.append(scale_pair_finding(names[p], names[q], meta_shard, owner_shard))
-    return out
+    split = [f for f in out if f.code == "SCALE_SHARD_SPLIT"]
+    if len(split) < 2:
+        return out
+    first = split[0]  # one writer's sharding, one info: not one per pair
+    return [f for f in out if f.code != "SCALE_SHARD_SPLIT"] + [info(
+        "SCALE_SHARD_SPLIT", f"{len(split):,} quantization tensors are in another shard than their weight (first: "
+        f"{first.tensor} in {first.shard}, its weight in {first.expected}); loaders pair them through the index, "
+        "tools that convert one shard at a time miss them", tensor=first.tensor, shard=first.shard,
+        expected=first.expected, actual=first.actual, covers=len(split))]
 
 
 def _missing(

@@ -40,6 +40,8 @@ def quantization_findings(
     blocks = [list(b) for b in (arch.quant.blocks if arch is not None else (DEEPSEEK_FP8_BLOCK,))]
     for key, want in EXPECTED.items():
         got = q.get(key)
+        if key == "fmt" and got is None:
+            continue  # DeepSeek-V4.1 publishes none: no loader reads it (transformers, vLLM), e4m3 is the format
         if got != want and not (key == "weight_block_size" and got in blocks):
             out.append(error("QUANT_CONFIG", f"quantization_config.{key} is {got!r}, expected {want!r} "
                              "(block-wise FP8 e4m3 with 128x128 scales)", tensor=f"quantization_config.{key}",

@@ -166,18 +166,26 @@ def fold_unindexed(findings: list[Finding]) -> list[Finding]:
 
 
 def fold_undescribed(findings: list[Finding], cfg: ModelConfig) -> list[Finding]:
-    """Tensors of a part of the release its architecture's description leaves out (DeepSeek-V4's `mtp.N.*`)
-    are one info finding, not one TENSOR_UNEXPECTED each."""
+    """Tensors of a part of the release its architecture's description leaves out (DeepSeek-V4.1's `mtp.N.*`)
+    are one info finding, not one TENSOR_UNEXPECTED each, nor a scale finding for an FP8 weight of that part
+    (its `.scale` unplanned, its `weight_scale_inv` asked for): the part is not checked, so neither are they."""
     kept = findings
     for pattern, what in undescribed(cfg.model_type).items():
         match = re.compile(pattern).match
-        mine = [f for f in kept if f.code == "TENSOR_UNEXPECTED" and match(f.tensor or "")]
-        if mine:
+        mine = [f for f in kept if f.code in UNDESCRIBED_CODES and match(f.tensor or "")]
+        stored = sum(f.code in STORED_CODES for f in mine)
+        if stored:
             gone = set(map(id, mine))
+            first = next(f for f in mine if f.code in STORED_CODES)
             kept = [f for f in kept if id(f) not in gone]
-            kept.append(info("TENSORS_UNDESCRIBED", f"{len(mine):,} tensors of {what} are stored: not checked "
-                             "against a layout", tensor=mine[0].tensor, actual=len(mine), covers=len(mine)))
+            kept.append(info("TENSORS_UNDESCRIBED", f"{stored:,} tensors of {what} are stored: not checked "
+                             "against a layout", tensor=first.tensor, actual=stored, covers=len(mine)))
     return kept
+
+
+STORED_CODES = frozenset(("TENSOR_UNEXPECTED", "SCALE_UNEXPECTED", "SCALE_ORPHAN"))
+"""The findings about a stored tensor the layout has no place for."""
+UNDESCRIBED_CODES = STORED_CODES | QUANT_COVERED
 
 
 MODULE_CODES = frozenset(("DTYPE_MISMATCH", "SHAPE_MISMATCH", "TENSOR_MISSING", "TENSOR_UNEXPECTED")) | QUANT_COVERED

@@ -151,7 +151,8 @@ app = typer.Typer(
     help=(
         "Audit a Kimi-K2 / DeepseekV3 safetensors checkpoint from its headers: every tensor present, "
         "with the right shape, dtype and FP8 scale, before you move a terabyte.\n\n"
-        "Exit codes: 0 clean, 1 findings of error severity, 2 unusable input."
+        "Exit codes: 0 clean, 1 findings of error severity, 2 unusable input, 3 inconclusive (config.json names "
+        "no architecture kimi-audit describes), 130 interrupted."
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -167,7 +167,7 @@ def demo(
     """Build a full-scale header replica of a family member (default Kimi-K2-Instruct, 61 sparse shards) and
     audit it, offline.
 
-    The replica's headers match the release's layout (Kimi-K2-Instruct: at the pinned revision, 959 GB
+    The replica's headers match the release's layout (Kimi-K2-Instruct: at the pinned revision, 958 GiB
     apparent, a few hundred MB on disk), so this shows the whole audit on a machine with no Hub access.
     A DIRECTORY that holds files is refused (exit 2, nothing written) unless --force.
     """

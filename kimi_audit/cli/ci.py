@@ -35,15 +35,18 @@ BY_EXTENSION = {".json": "json", ".html": "html", ".htm": "html", ".xml": "junit
 
 def choose_format(fmt: str | None, as_json: bool, formats: tuple[str, ...], output: Path | None = None) -> str:
     """--format among `formats` (table by default, or what --output's extension names); --json is --format
-    json. A contradiction (--json with another --format, or a --format the output's extension does not name)
-    is exit 2."""
+    json. A contradiction (--json with another --format, a --format the output's extension does not name, or an
+    extension naming a format the command does not write: never a text table in `p.md`) is exit 2."""
     if fmt is not None and fmt not in formats:
         raise KimiAuditError(f"--format must be one of {', '.join(formats)}, got {fmt!r}")
     if as_json and fmt not in (None, "json"):
         raise KimiAuditError(f"--json is --format json; it contradicts --format {fmt}")
     chosen = "json" if as_json else fmt
     named = BY_EXTENSION.get(output.suffix.lower()) if output is not None else None
-    if output is not None and named is not None and named in formats:
+    if output is not None and named is not None and named not in formats:
+        raise KimiAuditError(f"--output {output.name} names the {named} format, which this command does not write "
+                             f"(it writes {', '.join(formats)}: .txt for the table)")
+    if output is not None and named is not None:
         if chosen is not None and chosen != named:
             raise KimiAuditError(f"--output {output.name} names the {named} format; it contradicts "
                                  f"{'--json' if as_json else '--format ' + chosen}")

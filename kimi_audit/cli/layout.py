@@ -23,13 +23,16 @@ def layout(
     dialect: str | None = typer.Option(None, "--dialect", help="Spell the names as another writer does "
                                        "(`transformers`: its save_pretrained) instead of the release."),
     as_json: bool = typer.Option(False, "--json", help="One JSON array of {name, dtype, shape, kind, role, "
-                                 "format} on stdout."),
+                                 "format} on stdout; format is the Linear module's quantization format, "
+                                 "\"none\" for a Linear left unquantized, null for a tensor of no Linear "
+                                 "module (a norm, the embedding)."),
 ) -> None:
     """List every tensor a checkpoint of this config must hold: name, dtype, shape, what it is, and the
     quantization format of the module it stores, in checkpoint order.
 
-    Examples: `kimi-audit layout config.json`, `kimi-audit layout ./Kimi-K2-Instruct --dialect transformers`,
-    `kimi-audit layout moonshotai/Kimi-K2-Thinking --json`."""
+    Examples: `kimi-audit layout config.json`, `kimi-audit layout moonshotai/Kimi-K2-Thinking --json`,
+    `kimi-audit layout ./Kimi-K2.6 --dialect transformers` (a dialect is another writer's names where they differ
+    from the release's: Kimi-K2.5/K2.6, DeepSeek-V4 and Kimi-Linear have one; Kimi-K2's are the same)."""
     rows = [{"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "kind": e.kind, "role": role_of(e.name),
              "format": e.scheme or None} for e in expected_tensors(source, revision, dialect=dialect).values()]
     out = sys.stdout

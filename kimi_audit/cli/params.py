@@ -10,9 +10,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from kimi_audit.checks.audit import audit_checkpoint
-from kimi_audit.cli.application import app, shard_progress, stdout, user_errors
+from kimi_audit.checks.audit import audit_checkpoint, unsupported_reason
+from kimi_audit.cli.application import app, shard_progress, stderr, stdout, user_errors
 from kimi_audit.constants import PINNED_REPO_ID
+from kimi_audit.findings import EXIT_INCONCLUSIVE
 from kimi_audit.model.accounting.account import accounting_of_checkpoint
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.model.explain import build_card, find_nodes
@@ -27,6 +28,10 @@ def _load(source: str, revision: str | None, progress: bool):  # type: ignore[no
     src = open_source(source, revision)
     with shard_progress("reading headers", progress) as update:
         ckpt = load_checkpoint(src, update)
+    if not ckpt.config.layout_supported:  # no tree to derive: why, once, as audit says it (not a tree of zeros)
+        stderr.print(f"inconclusive: {unsupported_reason(ckpt)}: there is no parameter tree to derive (`kimi-audit "
+                     "audit` runs the format, index and file checks)", highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(EXIT_INCONCLUSIVE)
     return ckpt, accounting_of_checkpoint(ckpt)
 
 

@@ -3,7 +3,7 @@ Kimi-K2-Base, -Instruct-0905, -Thinking, DeepSeek-V3 and V3.2 from the facts of 
 
 Sparse shards whose headers hold every tensor of the release's layout, plus `config.json` (shipped as
 package data) and `model.safetensors.index.json`. Big tensors are holes: Kimi-K2-Instruct's files are
-~959 GB apparent and a few hundred MB on disk. Small tensors (norm gains, router biases, FP8 scales,
+~958 GiB apparent and a few hundred MB on disk. Small tensors (norm gains, router biases, FP8 scales,
 rotary buffers, INT4 `weight_shape`s, and the INT4 group scales of expert 0 of each layer: all of them
 would be 63 GB) get deterministic synthetic values so the numeric commands have something real to read;
 numpy and ml_dtypes are imported by the functions that make them.

@@ -99,6 +99,7 @@ def summary_rows(d: dict[str, Any], report: AuditReport) -> list[tuple[str, str]
         ("bytes", f"{s['file_bytes']:,} in files, {s['header_bytes']:,} of headers"),
         ("findings", f"{plural(r['errors'], 'error')}, {plural(r['warnings'], 'warning')} (fail on "
                      f"{r['fail_on']}; exit {r['exit_code']})"),
+        ("checked", report.coverage()),
     ]
 
 
@@ -107,7 +108,8 @@ def model_section(grid: Grid | None) -> str:
         return section("model", "The model", '<p class="mut">No layout to draw: the config is outside the '
                        "architectures described (format checks only).</p>")
     marked = len(grid.marks)
-    note = (f"<p>{marked:,} cells marked" + (f"; {grid.unplaced:,} findings name tensors outside the layout "
+    cells = f"{marked:,} cell{'' if marked == 1 else 's'} marked"
+    note = (f"<p>{cells}" + (f"; {grid.unplaced:,} findings name tensors outside the layout "
             "(listed below)" if grid.unplaced else "") + ". Hover a cell for its tensors and findings.</p>")
     return section("model", "The model", note, LEGEND, f'<div class="scroll">{grid_svg(grid)}</div>',
                    f'<div class="scroll">{outside_svg(grid)}</div>' if grid.outside else "")

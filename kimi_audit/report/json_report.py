@@ -90,9 +90,11 @@ def report_dict(report: AuditReport, fail_on: Severity = Severity.ERROR, all_fin
                     "shards_listed": len(shards), "complete": len(listed) == len(report.findings)
                     and len(ignored) == len(report.ignored)
                     and len(shards) == len(report.shards) and (all_findings or len(groups) <= MAX_GROUPS)},
-        "result": {"errors": report.errors, "warnings": report.warnings, "fail_on": fail_on.value,
+        "result": {"errors": report.errors, "warnings": report.warnings, "infos": report.count(Severity.INFO),
+                   "fail_on": fail_on.value,
                    "exit_code": report.exit_code(fail_on), "verdict": report.verdict(fail_on),
-                   "headline": report.headline(fail_on), "absent_shards": report.absent_shards},
+                   "headline": report.headline(fail_on), "absent_shards": report.absent_shards,
+                   "values_checked": report.values_checked},
     }
 
 

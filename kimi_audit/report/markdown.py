@@ -49,7 +49,8 @@ def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> 
             f"| shards | {s.shards:,} ({s.file_bytes:,} bytes; headers {s.header_bytes:,} bytes) |",
             f"| tensors | {s.tensors:,} |",
             f"| parameters | **{s.parameters:,}** (logical; quantization metadata and stored buffers excluded) |",
-            f"| findings | {report.errors} errors, {report.warnings} warnings (fail on {fail_on.value}) |", ""]
+            f"| findings | {report.errors} errors, {report.warnings} warnings (fail on {fail_on.value}) |",
+            f"| checked | {cell(report.coverage())} |", ""]
     out += ["### Tensors by class and dtype", "",
             "| class | dtype | tensors | stored elements | bytes | parameters |", "|---|---|---:|---:|---:|---:|"]
     out += [f"| {cell(r.kind)} | {cell(r.dtype)} | {r.tensors:,} | {r.elements:,} | {r.bytes:,} | {r.parameters:,} |"

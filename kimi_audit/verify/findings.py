@@ -23,8 +23,8 @@ MAX_TENSORS_NAMED = 5
 
 WHAT = {
     "FP8_NAN": "FP8 NaN codes (0x7F/0xFF)",
-    "VALUE_NAN": "NaN values",
-    "VALUE_INF": "±Inf values",
+    "VALUE_NAN": "NaN",
+    "VALUE_INF": "±Inf",
     "SCALE_NOT_POSITIVE": "scales ≤ 0",
 }
 

@@ -71,10 +71,7 @@ TRANSFORMERS = Dialect(
 
 GAIN = "Learned gain"
 F32 = "F32"
-NORM = "BF16"
-"""Every RMSNorm gain (`*norm.weight`) as the release stores it. DeepSeek-V4-Flash's published index `total_size`,
-159,609,485,896 bytes, is this layout's to the byte only with BF16 gains (F32 adds 2 bytes × 468,096 elements:
-tests/data/published_totals.json); transformers' save keeps them F32, writer variance (WRITER_DTYPE)."""
+NORM = "BF16"  # every gain as released: V4-Flash's published total_size needs it (tests/data/published_totals.json)
 KV_NORM = "attn.kv_norm."
 """The attention's key-value RMSNorm as the release names it (vLLM's DeepseekV4MLAModules.kv_norm, read under
 `layers.N.attn.` with no renaming; transformers 5.25's save writes `attn.norm`)."""

@@ -80,13 +80,10 @@ class ReleaseQuant:
     """(a name other writers' configs give a module, the release's): `ignore: [lm_head]` is DeepSeek-V4's
     `head`."""
     unprefixed: str = ""
-    """The prefix of the release's text-model names that its quantizer's `ignore` leaves out (Kimi-K2.5's published
-    list says `lm_head` for `language_model.lm_head`: the writer saw the text model alone): an exact name is
-    read in both spellings."""
+    """The text-model prefix its quantizer's `ignore` leaves out (Kimi-K2.5's `lm_head`): both spellings read."""
 
     def alias(self, names: set[str]) -> set[str]:
-        """`names` with each alias replaced by the release's name of the module (and, with `unprefixed`, the
-        name under the text model's prefix beside it)."""
+        """`names` with each alias replaced by the release's name (and under the `unprefixed` prefix beside it)."""
         table = dict(self.aliases)
         out = {table.get(n, n) for n in names}
         if self.unprefixed:
