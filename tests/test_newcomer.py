@@ -253,3 +253,28 @@ def test_a_page_says_whether_values_were_read(tiny_dir: Path, tmp_path: Path, na
         pages.append(out.read_text())
     assert "values not read" in pages[0] and "values read (--values)" in pages[1]
     assert "values not read" not in pages[1]
+
+
+def test_every_error_code_is_listed_in_the_reference() -> None:
+    """Issue 42 (10): the JSON error codes called stable were listed nowhere. Every KimiAuditError class's code
+    is a row of docs/reference.md's "Error codes" table, and every row is a class's code."""
+    import importlib
+    import pkgutil
+    import re
+
+    import kimi_audit
+    from kimi_audit.errors import KimiAuditError
+
+    for m in pkgutil.walk_packages(kimi_audit.__path__, "kimi_audit."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)
+    codes = {KimiAuditError.code}
+    todo = [KimiAuditError]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            codes.add(sub.code)
+            todo.append(sub)
+    ref = (Path(__file__).parents[1] / "docs" / "reference.md").read_text()
+    section = ref[ref.index("## Error codes"):]
+    section = section[:section.index("\n## ")]
+    assert set(re.findall(r"^\| ([A-Z_]+) \|", section, re.M)) == codes
