@@ -278,3 +278,24 @@ def test_every_error_code_is_listed_in_the_reference() -> None:
     section = ref[ref.index("## Error codes"):]
     section = section[:section.index("\n## ")]
     assert set(re.findall(r"^\| ([A-Z_]+) \|", section, re.M)) == codes
+
+
+@pytest.mark.parametrize("command", ["audit", "demo", "diff", "download", "layout", "rmsnorm", "tensor", "params",
+                                     "explain", "verify"])
+def test_help_at_80_columns_cuts_none_of_its_words(command: str) -> None:
+    """Issue 42 (10): `verify --help` at 80 columns cut its own text with "…"."""
+    r = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert r.exit_code == 0 and "…" not in r.stdout
+
+
+def test_verify_without_a_reference_does_not_show_a_plain_pass(tiny_dir: Path, tmp_path: Path) -> None:
+    """Issue 42 (7): verify with no Hub hashes and no manifest showed a green PASS; "hashes computed, not
+    compared" was an info line. The headline says what the PASS covers; with a manifest it is a plain PASS."""
+    page = tmp_path / "v.html"
+    r = CliRunner().invoke(app, ["verify", str(tiny_dir), "--no-progress", "-j", "1", "-o", str(page),
+                                 "--write-manifest", str(tmp_path / "m.json")])
+    assert r.exit_code == 0, r.output
+    assert 'class="verdict partial">PASS (values; hashes computed, not compared: no reference)<' in page.read_text()
+    r = CliRunner().invoke(app, ["verify", str(tiny_dir), "--no-progress", "-j", "1", "--manifest",
+                                 str(tmp_path / "m.json")], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and r.stdout.strip().splitlines()[-1].startswith("PASS  ")

@@ -64,18 +64,20 @@ def verify(
     ignore_unlisted: bool = typer.Option(False, "--ignore-unlisted", help="With --manifest: a file in the "
                                          "checkpoint that the manifest does not list is a warning, not an error "
                                          "(model_signing's verify fails on it too, unless told to ignore it)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report (kimi-audit/verify/1)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report (schema: kimi-audit "
+                                 "verify/1)."),
     fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json (--json) or html (one "
                                    "self-contained page: the model drawn, weight health, every file's hash)."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
     all_findings: bool = typer.Option(False, "--all-findings", help="JSON: list every finding, whole."),
     workers: int | None = typer.Option(None, "--workers", "-j", min=1, help="Processes reading files at once "
                                        "(default: one per core)."),
-    ray: bool = typer.Option(False, "--ray", help="Run the file tasks on a Ray cluster (pip install "
-                             "'kimi-audit[ray]'): the running one (RAY_ADDRESS, or `ray start` here), or the one "
-                             "--ray-address names. (Typer takes no option with an optional value: hence two.)"),
+    ray: bool = typer.Option(False, "--ray", help="Run the file tasks on a Ray cluster (the ray extra: "
+                             "pip install kimi-audit[ray]): the running one (RAY_ADDRESS, or `ray start` here), "
+                             "or the one --ray-address names. (Typer takes no option with an optional value: "
+                             "hence two.)"),
     ray_address: str | None = typer.Option(None, "--ray-address", metavar="ADDRESS", help="The Ray cluster for "
-                                           "--ray (implies it): `ray://HOST:10001`, `HOST:6379`, or `local` to "
+                                           "--ray (implies it): ray://HOST:10001, HOST:6379, or `local` to "
                                            "start one here."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
 ) -> None:

@@ -61,7 +61,8 @@ LEGEND = ('<p class="legend"><span><i class="sw ok"></i>no finding</span><span><
 
 def page(kind: str, source: str, verdict: str, sections: list[str]) -> str:
     source = clip_value(source)
-    cls = "pass" if verdict == "PASS" else "partial" if verdict.startswith(("PARTIAL", "INTERRUPTED")) else "fail"
+    cls = "pass" if verdict == "PASS" else "partial" if verdict.startswith(("PARTIAL", "INTERRUPTED", "PASS (")) \
+        else "fail"
     return "".join([
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -220,4 +221,4 @@ def render_verify_html(report: VerifyReport, audit: AuditReport | None = None) -
                 health_section(report.findings, grid, layout, report.layers, report.experts, report.tensors_scanned),
                 model_section(grid),
                 findings_section(report.findings)]
-    return page("verify", report.source, r["verdict"], sections)
+    return page("verify", report.source, r["headline"], sections)

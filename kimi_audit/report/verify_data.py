@@ -57,5 +57,5 @@ def verify_dict(report: VerifyReport, all_findings: bool = False) -> dict[str, A
         "manifest_written": report.manifest_written,
         "result": {"errors": report.count(Severity.ERROR), "warnings": report.count(Severity.WARNING),
                    "infos": report.count(Severity.INFO), "exit_code": report.exit_code, "verdict": report.verdict,
-                   "findings_listed": len(listed), "findings": len(report.findings)},
+                   "headline": report.headline, "findings_listed": len(listed), "findings": len(report.findings)},
     }

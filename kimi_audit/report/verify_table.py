@@ -65,6 +65,7 @@ def render_verify(report: VerifyReport, console: Console) -> None:
         console.print(t)
         if len(groups) > MAX_GROUPS:
             console.print(f"… and {len(groups) - MAX_GROUPS} more groups (use --json --all-findings for every finding)")
-    verdict = report.verdict
-    console.print(Text.assemble(Text(verdict, style="bold green" if verdict == "PASS" else "bold red"),
+    verdict = report.headline
+    style = "bold green" if verdict == "PASS" else "bold yellow" if verdict.startswith("PASS (") else "bold red"
+    console.print(Text.assemble(Text(verdict, style=style),
                                 f"  {counts}"))

@@ -78,3 +78,12 @@ class VerifyReport:
             done = sum(1 for f in self.files if f.status not in (NOT_CHECKED, ABSENT))
             return f"INTERRUPTED: {done:,} of {len(self.files):,} files checked"
         return {1: "FAIL", EXIT_INCONCLUSIVE: "INCONCLUSIVE"}.get(self.exit_code, "PASS")
+
+    @property
+    def headline(self) -> str:
+        """The verdict as a page or a terminal shows it: what it does not cover beside it (no reference: the
+        hashes were computed, not compared, so a PASS vouches for the values only)."""
+        verdict = self.verdict
+        if verdict == "PASS" and not self.references:
+            return "PASS (values; hashes computed, not compared: no reference)"
+        return verdict
