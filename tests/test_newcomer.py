@@ -299,3 +299,20 @@ def test_verify_without_a_reference_does_not_show_a_plain_pass(tiny_dir: Path, t
     r = CliRunner().invoke(app, ["verify", str(tiny_dir), "--no-progress", "-j", "1", "--manifest",
                                  str(tmp_path / "m.json")], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and r.stdout.strip().splitlines()[-1].startswith("PASS  ")
+
+
+def test_off_a_terminal_params_and_verify_print_one_line_per_row(tiny_dir: Path) -> None:
+    """Issue 42 (8): verify and params wrapped file names and sha256s inside table cells off a terminal; now a
+    row is a line: each file with its whole sha256, each tree node and table row whole, at 60 columns."""
+    import hashlib
+
+    r = CliRunner().invoke(app, ["verify", str(tiny_dir), "--no-progress", "-j", "1"], env={"COLUMNS": "60"})
+    assert r.exit_code == 0, r.output
+    for f in sorted(p for p in tiny_dir.iterdir() if p.is_file()):
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        assert any(line.startswith(f"{f.name}  ") and digest in line for line in r.stdout.splitlines())
+    r = CliRunner().invoke(app, ["params", str(tiny_dir), "--no-progress"], env={"COLUMNS": "60"})
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert any("model.layers.{1-3}.mlp.experts.{0-7}.gate_proj.weight_scale_inv" in line for line in lines)
+    assert any("Joint key-value down-projection (kv_a_proj_with_mqa)" in line for line in lines)

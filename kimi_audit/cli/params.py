@@ -6,6 +6,7 @@ import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -35,6 +36,15 @@ def _load(source: str, revision: str | None, progress: bool):  # type: ignore[no
     return ckpt, accounting_of_checkpoint(ckpt)
 
 
+def log_console(file: Any) -> Console:
+    """Off a terminal (a pipe, a CI log, an -o file): rows as wide as they are, never wrapped mid-name."""
+    return Console(file=file, width=LOG_WIDTH, color_system=None, soft_wrap=False)
+
+
+LOG_WIDTH = 10_000
+"""Columns of a console that is not a terminal: wider than any row the tree or its tables print."""
+
+
 @app.command()
 @user_errors
 def params(
@@ -60,7 +70,7 @@ def params(
     out_format = choose_format(fmt, as_json, ("table", "json", "html"), output)
     ckpt, acc = _load(source, revision, progress)
     if out_format == "table" and output is None:
-        render_params(acc, stdout, depth)
+        render_params(acc, stdout if stdout.is_terminal else log_console(sys.stdout), depth)
     elif out_format == "html":
         from kimi_audit.report.html import render_params_html
 
@@ -69,7 +79,7 @@ def params(
         emit(json.dumps(accounting_dict(acc, depth), indent=2, ensure_ascii=False) + "\n", output)
     else:
         buf = io.StringIO()
-        render_params(acc, Console(file=buf, width=120, color_system=None, soft_wrap=False), depth)
+        render_params(acc, log_console(buf), depth)
         emit(buf.getvalue(), output)
     raise typer.Exit(audit_checkpoint(ckpt).exit_code())
 

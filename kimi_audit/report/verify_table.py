@@ -24,7 +24,11 @@ def _size(n: float) -> str:
     return f"{n:,.0f} B"
 
 
-def render_verify(report: VerifyReport, console: Console) -> None:
+def render_verify(report: VerifyReport, console: Console, plain: bool | None = None) -> None:
+    """The report for a reader. `plain` (default: when the console is not a terminal, as in a CI log): each file
+    and each finding group on one line, names and hashes never wrapped, so that a log can be grepped."""
+    if plain is None:
+        plain = not console.is_terminal
     head = Table.grid(padding=(0, 2))
     head.add_row("source", _plain(report.source))
     head.add_row("revision", report.revision or "(local files)")
@@ -41,18 +45,32 @@ def render_verify(report: VerifyReport, console: Console) -> None:
     files = Table(title=f"Files ({len(report.files):,})", title_justify="left")
     for col in ("file", "size", "sha256", "status"):
         files.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+    if plain:
+        console.print(f"Files ({len(report.files):,}): name, size, sha256, status", soft_wrap=True)
     for f in rows[:MAX_FILES]:
-        status = f.status + (", unlisted" if f.unlisted else "")
-        files.add_row(_plain(f.name), f"{f.size:,}" if f.size is not None else "",
-                      (f.sha256 or "")[:16], Text(status, style=STATUS_STYLE.get(f.status, "bold red")))
-    console.print(files)
+        status = Text(f.status + (", unlisted" if f.unlisted else ""), style=STATUS_STYLE.get(f.status, "bold red"))
+        size = f"{f.size:,}" if f.size is not None else "-"
+        if plain:
+            console.print(Text.assemble(_plain(f.name), f"  {size}  {f.sha256 or '-'}  ", status), soft_wrap=True)
+        else:
+            files.add_row(_plain(f.name), size, (f.sha256 or "")[:16], status)
+    if not plain:
+        console.print(files)
     if len(rows) > MAX_FILES:
         console.print(f"… and {len(rows) - MAX_FILES:,} more files (--json lists them all)")
 
     groups = group_findings(report.findings)
     counts = (f"{plural(report.count(Severity.ERROR), 'error')}, "
               f"{plural(report.count(Severity.WARNING), 'warning')}")
-    if groups:
+    if groups and plain:
+        console.print(f"Findings ({counts})", soft_wrap=True)
+        for g in groups[:MAX_GROUPS]:
+            detail = g.example.message
+            if g.example.tensor and detail.startswith(g.example.tensor + ": "):
+                detail = detail[len(g.example.tensor) + 2:]
+            console.print(Text.assemble((f"{g.severity:<8}", SEVERITY_STYLE[g.severity]), f"  {g.code}  {g.count:,}  ",
+                                        _plain(g.pattern or "-"), "  ", _plain(detail)), soft_wrap=True)
+    elif groups:
         t = Table(title=f"Findings ({counts})", title_justify="left")
         for col in ("severity", "code", "count", "tensor / file", "detail (first)"):
             t.add_column(col, overflow="fold", no_wrap=col in ("severity", "code", "count"))
@@ -67,5 +85,4 @@ def render_verify(report: VerifyReport, console: Console) -> None:
             console.print(f"… and {len(groups) - MAX_GROUPS} more groups (use --json --all-findings for every finding)")
     verdict = report.headline
     style = "bold green" if verdict == "PASS" else "bold yellow" if verdict.startswith("PASS (") else "bold red"
-    console.print(Text.assemble(Text(verdict, style=style),
-                                f"  {counts}"))
+    console.print(Text.assemble(Text(verdict, style=style), f"  {counts}"), soft_wrap=plain)
