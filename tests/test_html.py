@@ -4,6 +4,7 @@ rendered by headless Chromium when a `chromium` binary is present."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -329,3 +330,37 @@ def test_verify_html_draws_saturation_share_and_scale_range_per_layer_and_expert
     assert layers["2"]["saturated"] >= n and experts[5]["saturated"] >= n
     assert all(c["saturated"] < n // 100 for k, c in layers.items() if k != "2")
     assert len(doc["weight_health"]["experts"]) == 8
+
+
+def labels_that_collide(page: str) -> list[str]:
+    """Each drawing's unrotated labels, measured at the page's label width (svg.CHAR_W a character): any that
+    leaves its drawing, or that overprints another on the same line."""
+    from kimi_audit.report.svg import CHAR_W
+
+    bad = []
+    for svg in re.findall(r"<svg [^>]*>.*?</svg>", page, re.S):
+        width = float(re.search(r'width="([\d.]+)"', svg)[1])
+        boxes = []
+        for x, y, anchor, rest, label in re.findall(
+                r'<text x="([-\d.]+)" y="([-\d.]+)" text-anchor="(\w+)"([^>]*)>([^<]*)</text>', svg):
+            if "rotate" in rest:
+                continue
+            n = CHAR_W * len(html.unescape(label))
+            left = float(x) - (n if anchor == "end" else n / 2 if anchor == "middle" else 0)
+            boxes.append((float(y), left, left + n, label))
+            if left < -0.5 or left + n > width + 0.5:
+                bad.append(f"{label!r} leaves its drawing ({left:.0f}..{left + n:.0f} of {width:g})")
+        for i, (y, a, b, label) in enumerate(boxes):
+            bad += [f"{label!r} overprints {o!r}" for y2, c, d, o in boxes[i + 1:] if abs(y - y2) < 9 and a < d
+                    and c < b]
+    return bad
+
+
+def test_labels_neither_overprint_nor_leave_their_drawings(tmp_path: Path, tiny_dir: Path) -> None:
+    """Issue 42 (9): the verify page's "1e-4" axis label overprinted its title; the audit grid cut
+    "mlp.experts ×8" to "mlp.ex". Every label of both pages fits its drawing and overprints no other."""
+    out = tmp_path / "verify.html"
+    r = runner.invoke(app, ["verify", str(tiny_dir), "--no-progress", "-j", "1", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert labels_that_collide(out.read_text()) == []
+    assert labels_that_collide(html_of(tiny_dir)) == []

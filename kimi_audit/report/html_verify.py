@@ -98,7 +98,9 @@ def range_svg(title: str, cells: list[tuple[str, CellHealth | None]], unit: str)
     high = median([c.scale_max for _, c in ranged if c.scale_max is not None]) if ranged else 0.0
     w = max(2.0, min(8.0, 480 / max(len(cells), 1)))
     base = 60
-    out = [svg_open(max(w * len(cells) + 10, CHAR_W * len(title) + 6), 84, title), text(2, 10, title, "lab")]
+    ticks = (f"1e{hi:.0f}", f"1e{lo:.0f}") if logs else ()
+    axis = CHAR_W * max(map(len, ticks), default=0) + 8  # the axis labels right of the bars, below the title
+    out = [svg_open(max(w * len(cells) + 10 + axis, CHAR_W * len(title) + 6), 84, title), text(2, 10, title, "lab")]
     for k, (label, c) in enumerate(cells):
         if c is None or c.scale_min is None or c.scale_max is None:
             continue
@@ -110,8 +112,8 @@ def range_svg(title: str, cells: list[tuple[str, CellHealth | None]], unit: str)
     if cells:
         out.append(text(5, base + 12, cells[0][0], "lab"))
         out.append(text(5 + len(cells) * w, base + 12, cells[-1][0], "lab", "end"))
-        if logs:
-            out.append(text(w * len(cells) + 8, 10, f"1e{hi:.0f}", "lab", "end"))
+        for tick, y in zip(ticks, (base - 44 + 8, base)):
+            out.append(text(w * len(cells) + 10, y, tick, "lab"))
     out.append("</svg>")
     return "".join(out)
 

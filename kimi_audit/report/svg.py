@@ -71,18 +71,28 @@ def _outside_width(key: str) -> float:
     return max(CW * 3, 5.5 * len(key) + 6)
 
 
+def strip_label(c: Column) -> str:
+    return f"{c.key} ×{c.strip:,}"
+
+
+def _extent(c: Column) -> float:
+    """A column's width: a cell's, or a strip's cells or its label above them, whichever is wider (a strip of 8
+    experts is 24 px, its label `mlp.experts ×8` 73: the label was cut by the next column or the edge)."""
+    return max(c.strip * SW, CHAR_W * len(strip_label(c))) if c.strip else CW
+
+
 def _positions(columns: tuple[Column, ...]) -> dict[str, float]:
-    """x of each column: single cells first, strips after (each as wide as its cells)."""
+    """x of each column: single cells first, strips after (each as wide as its cells or its label)."""
     out: dict[str, float] = {}
     x = float(LABEL_W)
     for c in sorted(columns, key=lambda c: c.strip > 0):
         out[c.key] = x
-        x += (c.strip * SW if c.strip else CW) + (6 if c.strip else GAP)
+        x += _extent(c) + (6 if c.strip else GAP)
     return out
 
 
 def _width(columns: tuple[Column, ...], xs: dict[str, float]) -> float:
-    return max((xs[c.key] + (c.strip * SW if c.strip else CW) for c in columns), default=LABEL_W) + 4
+    return max((xs[c.key] + _extent(c) for c in columns), default=LABEL_W) + 4
 
 
 def _row(row: Row, y: float, xs: dict[str, float], marks: dict[Cell, Mark], prefix: str, cw: float = CW,
@@ -117,7 +127,7 @@ def grid_svg(grid: Grid) -> str:
     for c in grid.columns:
         x = xs[c.key]
         if c.strip:
-            out.append(text(x, head - 4, f"{c.key} ×{c.strip:,}", "lab"))
+            out.append(text(x, head - 4, strip_label(c), "lab"))
         else:
             out.append(text(x + CW - 3, head - 4, c.key, "lab", rotate=-90))
     for k, row in enumerate(grid.rows):
