@@ -316,3 +316,19 @@ def test_off_a_terminal_params_and_verify_print_one_line_per_row(tiny_dir: Path)
     lines = r.stdout.splitlines()
     assert any("model.layers.{1-3}.mlp.experts.{0-7}.gate_proj.weight_scale_inv" in line for line in lines)
     assert any("Joint key-value down-projection (kv_a_proj_with_mqa)" in line for line in lines)
+
+
+def test_on_a_narrow_terminal_finding_codes_stay_whole(tmp_path: Path) -> None:
+    """Issue 42 (8): at 60 columns on a terminal, `VALUES_CHECKED` broke into `VALUES_CHE` / `CKED`."""
+    import io
+
+    from rich.console import Console
+
+    import kimi_audit
+    from kimi_audit.report.table import render_table
+    from tiny_checkpoint import build_tiny
+
+    report = kimi_audit.audit(build_tiny(tmp_path / "ckpt"), values=True).audit
+    buf = io.StringIO()
+    render_table(report, Console(file=buf, width=60, force_terminal=True, color_system=None), plain=False)
+    assert "VALUES_CHECKED" in buf.getvalue()

@@ -75,7 +75,7 @@ def render_table(report: AuditReport, console: Console, fail_on: Severity = Seve
     elif groups:
         t = Table(title=f"Findings ({counted(report)})", title_justify="left")
         for col in ("severity", "code", "count", "tensor / shard", "detail (first)"):
-            t.add_column(col, overflow="fold")
+            t.add_column(col, overflow="fold", no_wrap=col in ("severity", "code", "count"))  # a code stays whole
         for g in groups[:MAX_GROUPS]:
             # Names and messages come from the checkpoint: plain Text, never parsed as rich markup.
             t.add_row(Text(g.severity, style=SEVERITY_STYLE[g.severity]), g.code, _n(g.count), _plain(g.pattern),
