@@ -483,3 +483,33 @@ def test_a_module_family_in_another_spelling_is_one_finding(saved: dict[str, tup
     assert respelled == [(["w1", "w2", "w3"], ["down_proj", "gate_proj", "up_proj"], 2 * 3 * experts)]
     assert [(f.code, f.tensor) for f in report.findings if f.code != "TENSORS_RESPELLED"] == [
         ("TENSOR_UNEXPECTED", "model.layers.1.block_sparse_moe.stray.weight")]
+
+
+def test_a_respelled_fp8_block_family_covers_its_scales(tmp_path: Path) -> None:
+    """Issue 38: llmcompressor's FP8_BLOCK Kimi-Linear, experts `gate/up/down_proj` with their `weight_scale`: the
+    family was one TENSORS_RESPELLED, but each misnamed weight's scale was two more errors (its scale unplanned,
+    a DeepSeek scale asked for): 72 on a tiny model. The respelled modules' scale findings are the same cause.
+    (The stored names and shapes come from the layout here: what is under test is the folding, not the layout.)"""
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import save_file as save_numpy
+
+    cfg = KimiLinearConfig(**TINY["kimi_linear"]).to_dict()
+    cfg["torch_dtype"] = "bfloat16"
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+        "ignore": ["lm_head"], "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128], "symmetric": True,
+            "dynamic": False}}}}
+    dtypes = {"BF16": ml_dtypes.bfloat16, "F32": np.float32, "F8_E4M3": ml_dtypes.float8_e4m3fn}
+    spelled = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+    tensors = {re.sub(r"(\.experts\.\d+\.)(w[123])\.", lambda m: m.group(1) + spelled[m.group(2)] + ".", n):
+               np.ones(e.shape, dtypes[e.dtype]) for n, e in expected_layout(model_config_from_dict(cfg)).items()
+               if e.kind != BUFFER}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_numpy(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    report = audit(tmp_path)
+    experts = sum(1 for k in TINY["kimi_linear"]["mlp_layer_types"] if k == "sparse") * \
+        TINY["kimi_linear"]["num_local_experts"]
+    assert [(f.code, f.covers) for f in report.findings if f.severity is Severity.ERROR] == [
+        ("TENSORS_RESPELLED", 4 * 3 * experts)]  # the weights missing and stored, and the two scale findings each

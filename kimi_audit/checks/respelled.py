@@ -1,10 +1,12 @@
 """One cause, one finding: a writer that spells a whole module family otherwise (llmcompressor writes
 Kimi-Linear's experts `gate/up/down_proj` where the release has `w1/w3/w2`) left one TENSOR_MISSING and one
 TENSOR_UNEXPECTED per tensor (218 findings on a tiny model). Pairs that differ in one dotted segment, the same
-way for two tensors or more, are one TENSORS_RESPELLED finding naming the respelling and the names it covers."""
+way for two tensors or more, are one TENSORS_RESPELLED finding naming the respelling and the names it covers,
+and the scale findings of those modules beside them (an FP8_BLOCK family's misnamed scales)."""
 
 from __future__ import annotations
 
+from kimi_audit.checks.root_causes import QUANT_COVERED
 from kimi_audit.findings import Finding, error
 from kimi_audit.model.accounting.tree import collapse
 
@@ -46,6 +48,13 @@ def fold_respelled(findings: list[Finding]) -> list[Finding]:
         if pairs < MIN_FAMILY:
             kept.update(map(id, members))
             continue
+        # the respelled modules' quantization tensors (an FP8 weight's scale under the other spelling, the scale
+        # the unplanned weight is asked for) are the same cause: covered, not one finding each
+        modules = {str(f.tensor).rsplit(".", 1)[0] for f in members}
+        scales = [f for f in findings if f.code in QUANT_COVERED and f.tensor and id(f) not in used
+                  and str(f.tensor).rsplit(".", 1)[0] in modules]
+        used.update(map(id, scales))
+        members = members + scales
         names = collapse(str(f.tensor) for f in members if f.code == "TENSOR_UNEXPECTED")
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3:,} more patterns" if len(names) > 3 else "")
         rel, wr = ", ".join(release), ", ".join(written)
