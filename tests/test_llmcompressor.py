@@ -69,3 +69,21 @@ def test_kv_scales_with_no_kv_cache_declared_are_one_finding(tmp_path: Path) -> 
     (d / "config.json").write_text(json.dumps(cfg))
     errors = [f for f in audit(d).findings if f.severity.value == "error"]
     assert [f.code for f in errors] == ["KV_SCALE_UNDECLARED"] and errors[0].covers == 6
+
+
+KIMI_LINEAR = Path(__file__).resolve().parent / "data" / "llmcompressor-kimi-linear"
+
+
+def test_llmcompressors_misnamed_kimi_linear_experts_are_one_finding() -> None:
+    """Issue 38: llmcompressor's FP8_BLOCK Kimi-Linear, written by llmcompressor itself
+    (tests/writers/llmcompressor_kimi_linear_generate.py): its routed experts spelled `gate/up/down_proj` where the
+    release and transformers' loader have `w1/w3/w2`. The fault is named once, TENSORS_RESPELLED, covering the
+    misnamed weights, the release's names missing and the scale findings of those modules; nothing else fails."""
+    prov = check_provenance(KIMI_LINEAR, "llmcompressor_kimi_linear_generate.py")
+    report = audit(KIMI_LINEAR / "fp8-block")
+    errors = [f for f in report.findings if f.severity.value == "error"]
+    assert [f.code for f in report.findings if f.severity.value != "info"] == ["TENSORS_RESPELLED"]
+    cfg = prov["source_config"]
+    experts = cfg["mlp_layer_types"].count("sparse") * cfg["num_local_experts"]
+    assert (errors[0].expected, errors[0].actual) == (["w1", "w2", "w3"], ["down_proj", "gate_proj", "up_proj"])
+    assert errors[0].covers == 4 * 3 * experts  # weights missing and stored, their scales' two findings each
