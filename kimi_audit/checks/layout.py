@@ -206,7 +206,8 @@ def router_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor) -> Findin
         return info("ROUTER_DTYPE", f"{name}: stored F32 in a {e.dtype} checkpoint (transformers keeps the router "
                     "in float32 on load and saves it so)", tensor=name, shard=shard, expected=e.dtype, actual=dtype)
     if e.dtype == "F32" and dtype in HALF:
-        return info("ROUTER_DTYPE", f"{name}: stored {dtype}, expected F32: the router's correction bias lost "
+        part = "correction bias" if name.endswith("bias") else "weight"
+        return info("ROUTER_DTYPE", f"{name}: stored {dtype}, expected F32: the router's {part} lost "
                     "precision (loaders upcast it, the lost bits stay lost)", tensor=name, shard=shard,
                     expected=e.dtype, actual=dtype)
     return None
