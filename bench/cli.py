@@ -463,6 +463,12 @@ def bench_remote(replica: Path, repeats: int, latency_ms: float, tmp: Path) -> t
     return lines, out
 
 
+def ratios(what: str, a: Cmd, b: Cmd) -> str:
+    """The line of `a`'s medians over `b`'s: wall, CPU and RSS."""
+    return (f"  ratios {what}: wall {a.median_wall() / b.median_wall():.2f}x, "
+            f"CPU {a.median_cpu() / b.median_cpu():.2f}x, RSS {a.median_rss() / b.median_rss():.2f}x")
+
+
 def bench_family(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
     from kimi_audit.replica.build import build_replica
 
@@ -490,12 +496,8 @@ def bench_family(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dic
     lines = [f"built the Kimi-K2-Thinking and DeepSeek-V4-Flash replicas in {built:.0f} s: {thinking}, {v4}",
              f"built the Kimi-K2.6 replica in {built_k26:.0f} s: {k26}"]
     lines += table(f"family, full-scale replicas: medians of {repeats} alternating runs", cmds, targets)
-    lines.append(f"  ratios Thinking / Instruct: wall {r:.2f}x, CPU {think.median_cpu() / inst.median_cpu():.2f}x, "
-                 f"RSS {think.median_rss() / inst.median_rss():.2f}x")
-    lines.append(f"  ratios K2.6 / Instruct: wall {r26:.2f}x, CPU {k26_cmd.median_cpu() / inst.median_cpu():.2f}x, "
-                 f"RSS {k26_cmd.median_rss() / inst.median_rss():.2f}x")
-    lines.append(f"  ratios V4-Flash / Instruct: wall {r4:.2f}x, CPU {flash.median_cpu() / inst.median_cpu():.2f}x, "
-                 f"RSS {flash.median_rss() / inst.median_rss():.2f}x")
+    lines += [ratios("Thinking / Instruct", think, inst), ratios("K2.6 / Instruct", k26_cmd, inst),
+              ratios("V4-Flash / Instruct", flash, inst)]
     return lines, _json_group(cmds, targets)
 
 
@@ -523,9 +525,7 @@ def bench_formats(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], di
                       f"{c.median_wall() / inst.median_wall():.2f}x", c.median_wall() <= 1.2 * inst.median_wall())
                for (label, _), c in zip(FORMAT_REPLICAS, cmds)]
     lines += table(f"formats, full-scale replicas: medians of {repeats} alternating runs", cmds, targets)
-    for (label, _), c in zip(FORMAT_REPLICAS, cmds):
-        lines.append(f"  ratios {label} / FP8 Instruct: wall {c.median_wall() / inst.median_wall():.2f}x, CPU "
-                     f"{c.median_cpu() / inst.median_cpu():.2f}x, RSS {c.median_rss() / inst.median_rss():.2f}x")
+    lines += [ratios(f"{label} / FP8 Instruct", c, inst) for (label, _), c in zip(FORMAT_REPLICAS, cmds)]
     return lines, _json_group(cmds, targets)
 
 
@@ -575,8 +575,7 @@ def bench_scale(repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
                Target("audit peak RSS <= 1.2x the safe_open script's", f"{rss:.2f}x", rss <= 1.2)]
     lines = [f"built the Kimi K3 replica in {built:.0f} s: {replica} (index {index_mb:.0f} MB)"]
     lines += table(f"scale, {repeats} alternating runs", cmds, targets)
-    cpu = kimi.median_cpu() / safe.median_cpu()
-    lines.append(f"  ratios kimi-audit / safe_open: wall {wall:.2f}x, CPU {cpu:.2f}x, RSS {rss:.2f}x")
+    lines.append(ratios("kimi-audit / safe_open", kimi, safe))
     return lines, _json_group(cmds, targets)
 
 

@@ -96,19 +96,24 @@ def _bf16(f32: np.ndarray) -> np.ndarray:
     return round_to(f32, bfloat16)
 
 
-def dequantize_nvfp4(packed: np.ndarray, scale: np.ndarray, global_scale: np.ndarray, in_features: int,
-                     group: int = 16) -> np.ndarray:
-    """bf16 ``fp4 * (bf16(scale) / global_scale)``, the product in float32 (compressed-tensors' decompress)."""
+def _nvfp4_scales(scale: np.ndarray, global_scale: np.ndarray, what: str) -> tuple[np.ndarray, np.float32]:
+    """NVFP4's F8_E4M3 block scales as float32 (exact) and its one F32 second-level scale, each checked."""
     s = np.asarray(scale)
     if s.dtype != np.dtype(ml_dtypes.float8_e4m3fn):
         raise NumericsError(f"NVFP4 scales must be F8_E4M3, got {s.dtype}")
     g = np.asarray(global_scale).reshape(-1)
     if g.shape != (1,) or g.dtype != np.float32:
-        raise NumericsError(f"the NVFP4 global scale must be one F32 value, got {g.dtype} {list(g.shape)}")
+        raise NumericsError(f"{what} must be one F32 value, got {g.dtype} {list(g.shape)}")
+    return fp8_e4m3_lut().take(s.view(np.uint8)), g[0]
+
+
+def dequantize_nvfp4(packed: np.ndarray, scale: np.ndarray, global_scale: np.ndarray, in_features: int,
+                     group: int = 16) -> np.ndarray:
+    """bf16 ``fp4 * (bf16(scale) / global_scale)``, the product in float32 (compressed-tensors' decompress)."""
+    s32, g = _nvfp4_scales(scale, global_scale, "the NVFP4 global scale")  # F8_E4M3 -> bf16 is exact
     values = unpack_fp4(packed, in_features)
-    s32 = fp8_e4m3_lut().take(s.view(np.uint8))  # F8_E4M3 -> bf16 is exact: the same float32 values
     with np.errstate(all="ignore"):
-        eff = s32 / g[0]
+        eff = s32 / g
         values *= _group_scales(eff, values.shape[0], in_features, group)
     return _bf16(values)
 
@@ -162,17 +167,11 @@ def dequantize_modelopt_nvfp4(packed: np.ndarray, scale: np.ndarray, scale_2: np
                               group: int = 16) -> np.ndarray:
     """NVIDIA ModelOpt's NVFP4QTensor.dequantize: bf16 ``fp4 * (f32(scale) * weight_scale_2)``, the per-block scale
     and the product in float32, code 8 (E2M1's -0) as +0 as its value table has it."""
-    s = np.asarray(scale)
-    if s.dtype != np.dtype(ml_dtypes.float8_e4m3fn):
-        raise NumericsError(f"NVFP4 scales must be F8_E4M3, got {s.dtype}")
-    g = np.asarray(scale_2).reshape(-1)
-    if g.shape != (1,) or g.dtype != np.float32:
-        raise NumericsError(f"weight_scale_2 must be one F32 value, got {g.dtype} {list(g.shape)}")
+    s32, g = _nvfp4_scales(scale, scale_2, "weight_scale_2")
     values = unpack_fp4(packed, in_features)
     values[values == 0] = 0  # ModelOpt's e2m1 table holds +0 for code 8 (E2M1's -0)
-    s32 = fp8_e4m3_lut().take(s.view(np.uint8))
     with np.errstate(all="ignore"):
-        values *= _group_scales((s32 * g[0]).astype(np.float32), values.shape[0], in_features, group)
+        values *= _group_scales((s32 * g).astype(np.float32), values.shape[0], in_features, group)
     return _bf16(values)
 
 
