@@ -332,3 +332,17 @@ def test_on_a_narrow_terminal_finding_codes_stay_whole(tmp_path: Path) -> None:
     buf = io.StringIO()
     render_table(report, Console(file=buf, width=60, force_terminal=True, color_system=None), plain=False)
     assert "VALUES_CHECKED" in buf.getvalue()
+
+
+def test_a_page_claims_no_layout_or_index_check_it_did_not_make(tmp_path: Path, tiny_dir: Path) -> None:
+    """The "checked" line of a page names the layout only where one was derived, the index only where there is
+    one: an undescribed architecture in one file claims neither."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    import kimi_audit
+
+    assert "against the layout, index;" in kimi_audit.audit(tiny_dir).audit.coverage()
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    save_file({"model.embed_tokens.weight": np.zeros((8, 4), np.float32)}, str(tmp_path / "model.safetensors"))
+    assert kimi_audit.audit(tmp_path).audit.coverage().startswith("headers; values not read")

@@ -106,11 +106,15 @@ class AuditReport:
         return "FAIL" if code == 1 else "INCONCLUSIVE" if code == EXIT_INCONCLUSIVE else "PASS"
 
     def coverage(self) -> str:
-        """What the verdict covers, in words a page prints beside it: the headers always; the values only with
-        --values (a page's PASS without them says so)."""
+        """What the verdict covers, in words a page prints beside it: the headers always, the layout and the index
+        where there is one to check against; the values only with --values (a page's PASS without them says so)."""
+        ckpt = self.checkpoint
+        layout = ckpt is not None and ckpt.config.layout_supported  # no claim where it is not known
+        checked = ", ".join(("headers", *(("names, dtypes, shapes, scales against the layout",) if layout else ()),
+                             *(("index",) if self.listed_shards else ())))
         values = ("small tensors' values read (--values)" if self.values_checked else
                   "values not read (audit --values reads the small tensors'; verify reads every byte)")
-        return f"headers: names, dtypes, shapes, scales, index; {values}"
+        return f"{checked}; {values}"
 
     def headline(self, fail_on: Severity | str = Severity.ERROR) -> str:
         """The verdict as a page or a terminal shows it: with the absent shards it does not cover."""
