@@ -8,6 +8,7 @@ tiny demo, whose names are the table's, audits clean."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,35 @@ def test_deepseek_v4s_names_as_vllm_reads_them_are_the_layouts():
     want = v4_loader_names(V4_RELEASE)
     got = layout_main_names(V4_RELEASE)
     assert want == got, (sorted(want - got)[:8], sorted(got - want)[:8])
+
+
+MISTRAL3 = json.loads((DATA / "loader_names" / "mistral3.json").read_text())
+MISTRAL3_RELEASE = {
+    "model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"], "spatial_merge_size": 2,
+    "multimodal_projector_bias": False, "vision_feature_layer": -1, "tie_word_embeddings": False,
+    "text_config": {"model_type": "mistral4", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+                    "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 2,
+                    "q_lora_rank": 16, "kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                    "v_head_dim": 8, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+                    "first_k_dense_replace": 1, "tie_word_embeddings": False},
+    "vision_config": {"model_type": "pixtral", "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
+                      "num_attention_heads": 2, "head_dim": 8, "patch_size": 14, "num_channels": 3}}
+"""A release-style Mistral Small 4 config: the mistral3 wrapper around a mistral4 text model and a Pixtral tower."""
+
+
+def test_mistral_small_4s_names_as_its_loaders_read_them_are_the_layouts():
+    """The mistral3 wrapper (tests/data/loader_names/mistral3.json: vLLM's Mistral3ForConditionalGeneration and
+    PixtralHFVisionModel, the SGLang fork's Mistral4ForCausalLM, mlx-vlm's sanitize): the DeepseekV3 table under
+    `language_model.`, its routed experts the two stacked tensors, no router bias; the vision blocks and the
+    projector as the table lists them."""
+    text = {**MISTRAL3_RELEASE["text_config"], "topk_method": "softmax"}
+    per_expert = re.compile(r"\.mlp\.experts\.\d+\.")
+    top = ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight")  # the table's `top`, prefixed
+    want = {"language_model." + n for n in loader_names(text, fp8=False) if not per_expert.search(n) and n not in top}
+    layers = range(text["first_k_dense_replace"], text["num_hidden_layers"])
+    want |= {f"language_model.model.layers.{i}.{n}" for i in layers for n in MISTRAL3["moe_experts"]}
+    want |= set(MISTRAL3["top"]) | {f"vision_tower.transformer.layers.{i}.{n}" for n in MISTRAL3["vision_block"]
+                                    for i in range(MISTRAL3_RELEASE["vision_config"]["num_hidden_layers"])}
+    got = layout_main_names(MISTRAL3_RELEASE)
+    assert want == got, (sorted(want - got)[:5], sorted(got - want)[:5])
+    assert MISTRAL3["source"].count("@") == 4

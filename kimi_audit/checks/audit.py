@@ -32,6 +32,7 @@ from kimi_audit.format.table import tensor_table
 from kimi_audit.model.arch.registry import buffered, gguf_archs, model_types
 from kimi_audit.model.arch.spec import DENSE, MOE, is_mtp
 from kimi_audit.model.checkpoint import Checkpoint, ProgressFn, load_checkpoint
+from kimi_audit.model.config import in_family
 from kimi_audit.model.gguf import GGUF_ARCHITECTURE
 from kimi_audit.model.kinds import BUFFER
 from kimi_audit.model.layout import layer_block
@@ -153,10 +154,21 @@ def unsupported_reason(ckpt: Checkpoint) -> str:
     if ckpt.container == "gguf":
         return (f"the GGUF's general.architecture is {raw.get(GGUF_ARCHITECTURE)!r}, no architecture kimi-audit "
                 f"describes (it reads {', '.join(gguf_archs())})")
+    wrapped = unread_text_model(raw)
+    if wrapped is not None:
+        return (f"config.json describes model_type {raw.get('model_type')!r} around a text_config of model_type "
+                f"{wrapped!r}, which kimi-audit does not describe")
     near = near_model_type(raw.get("model_type"))
     hint = f"; did you mean {near!r}?" if near is not None else ""
     return (f"config.json describes model_type {raw.get('model_type')!r} (architectures "
             f"{raw.get('architectures')!r}), no architecture kimi-audit describes{hint}")
+
+
+def unread_text_model(raw: dict[str, Any]) -> Any:
+    """The text_config model_type of a registered wrapper that does not read it (a `mistral3` around Mistral
+    Small 3's `mistral`); None otherwise."""
+    text = raw.get("text_config")
+    return text.get("model_type") if in_family(raw) and isinstance(text, dict) else None
 
 
 def layout_unsupported(ckpt: Checkpoint) -> Finding:
@@ -165,6 +177,11 @@ def layout_unsupported(ckpt: Checkpoint) -> Finding:
         return warning("LAYOUT_UNSUPPORTED", f"{unsupported_reason(ckpt)}: only the container and split checks ran, "
                        "no tensor was checked against a layout (exit 3, inconclusive)",
                        tensor="general.architecture", actual=raw.get(GGUF_ARCHITECTURE))
+    wrapped = unread_text_model(raw)
+    if wrapped is not None:
+        return warning("LAYOUT_UNSUPPORTED", f"{unsupported_reason(ckpt)}: only the format, index and file checks "
+                       "ran, no tensor was checked against a layout (exit 3, inconclusive)",
+                       tensor="text_config.model_type", actual=wrapped)
     model_type = raw.get("model_type")
     return warning("LAYOUT_UNSUPPORTED", f"{unsupported_reason(ckpt)}: only the format, index and file checks ran, "
                    "no tensor was checked against a layout (exit 3, inconclusive)",

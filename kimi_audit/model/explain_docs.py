@@ -24,6 +24,7 @@ INDEXER_REF = "Indexer (DeepSeek-V3.2-Exp inference/model.py)"
 MLA_REF = "DeepseekV3Attention.__init__, modeling_deepseek.py 662–688"
 QUERY_REF = "DeepseekV3Attention.forward, modeling_deepseek.py 767–774"
 VISION_REF = "transformers 5.25 models/kimi_k25/modeling_kimi_k25.py"
+PIXTRAL_REF = "transformers 5.25 models/pixtral/modeling_pixtral.py"
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,11 @@ class Doc:
 
 def _vw(c: ModelConfig) -> str:
     return f"{c.vision.hidden_size} vision width" if c.vision is not None else "vision width"
+
+
+def _pw(c: ModelConfig) -> str:
+    width = dict(c.dims).get("vision_hidden_size")
+    return f"{width} vision width" if width is not None else "vision width"
 
 
 def _bt(*axes: str) -> str:
@@ -254,4 +260,27 @@ DOCS.update({
         ("t = h Wᵀ + b",),
         lambda c: ([("h", "[N merged, merged width]")], [("t", f"[N merged, {c.hidden_size} hidden]")]),
         VISION_REF + " Kimi_K25MultimodalProjection.out_proj"),
+    # Pixtral's vision tower and projector (Mistral Large 4, Mistral Small 4: model.arch.pixtral)
+    "pixtral_patch_conv": Doc(
+        "self.patch_conv(pixel_values)", "Cut the image into patch × patch squares and project each to the vision "
+        "width (a Conv2d without bias whose stride is its kernel).", ("p = W * x",),
+        lambda c: ([("x", "[N patches, channels, patch, patch]")], [("p", f"[N patches, {_pw(c)}]")]),
+        PIXTRAL_REF + " PixtralVisionModel.patch_conv"),
+    "pixtral_norm": Doc(
+        "PixtralRMSNorm(x)", "RMSNorm (a gain, no bias, ε 1e-5) of the vision features.", RMSNORM_MATH,
+        lambda c: ([("x", "[N patches, width]")], [("y", "[N patches, width]")]), PIXTRAL_REF),
+    "pixtral_merge": Doc(
+        "self.merging_layer(unfold(x))", "Concatenate each spatial_merge_size × spatial_merge_size group of "
+        "patches and project it back to the vision width (no bias).", ("m = unfold(x) Wᵀ",),
+        lambda c: ([("x", f"[N patches, {_pw(c)}]")], [("m", f"[N merged, {_pw(c)}]")]),
+        PIXTRAL_REF.replace("pixtral/modeling_pixtral", "mistral3/modeling_mistral3") + " Mistral3PatchMerger"),
+    "pixtral_projector_in": Doc(
+        "self.linear_1(m)", "Project the merged patches to the text model's hidden width, before a GELU (a bias "
+        "with multimodal_projector_bias).", ("h = GELU(m Wᵀ + b)",),
+        lambda c: ([("m", f"[N merged, {_pw(c)}]")], [("h", f"[N merged, {_h(c)}]")]),
+        PIXTRAL_REF.replace("pixtral/modeling_pixtral", "mistral3/modeling_mistral3") + " Mistral3MultiModalProjector"),
+    "pixtral_projector_out": Doc(
+        "self.linear_2(h)", "The projector's second Linear: one image token per merged patch.", ("t = h Wᵀ + b",),
+        lambda c: ([("h", f"[N merged, {_h(c)}]")], [("t", f"[N merged, {_h(c)}]")]),
+        PIXTRAL_REF.replace("pixtral/modeling_pixtral", "mistral3/modeling_mistral3") + " Mistral3MultiModalProjector"),
 })

@@ -14,9 +14,7 @@ and its save_pretrained writes them back, so both agree on these names:
   into the key: `wkv_a_with_mqa` [kv latent, H], `wkv_b` [heads × (nope + rope + v), kv latent]; on an
   `indexer_types` full layer `attention.indexer.{wq_b, wk, k_norm, weights_proj, q_input_norm, ssmax_scaling}`;
   dense layers `feed_forward.w{1,2,3}`, MoE layers `gate` (F32), `experts.E.w{1,2,3}`, `shared_experts.w{1,2,3}`;
-- vision (`vision_encoder.`): `patch_conv`, `ln_pre`, `transformer.layers.N.{attention_norm, attention.w{q,k,v,o},
-  ffn_norm, feed_forward.w{1,2,3}}`; projector: `pre_mm_projector_norm`, `patch_merger.merging_layer`,
-  `vision_language_adapter.w_{in,out}` (biases with `multimodal_projector_bias`).
+- vision (`vision_encoder.`) and projector: Pixtral's, in Mistral's native spelling (model.arch.pixtral.NATIVE).
 Defaults are MistralLarge4TextConfig's and PixtralVisionConfig's (transformers 5.25). Proven against transformers
 5.25 (tests/test_mistral_large4.py). The release's quantization is not described: a quantized config is read by
 the format's own conventions only.
@@ -27,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.arch import glm_moe_dsa
+from kimi_audit.model.arch import glm_moe_dsa, pixtral
 from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
@@ -55,9 +53,6 @@ TEXT_DEFAULTS: dict[str, Any] = {
     "index_n_heads": 32, "index_head_dim": 128, "first_k_dense_replace": 1, "rms_norm_eps": 1e-5,
 }
 """MistralLarge4TextConfig's defaults (transformers 5.25, configuration_mistral_large4.py)."""
-VISION_DEFAULTS: dict[str, Any] = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
-                                   "num_channels": 3, "patch_size": 16}
-"""PixtralVisionConfig's defaults, for keys a vision_config leaves out."""
 VISION_ABSENT: dict[str, Any] = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 30,
                                  "num_channels": 3, "patch_size": 14}
 """MistralLarge4Config's vision sub-config when config.json has no vision_config (its init_kwargs)."""
@@ -102,24 +97,8 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
     kinds = tuple(f"{'moe' if m == 'sparse' else 'dense'}_{'rope' if r else 'nope'}_"
                   f"{'kv' if s == i else 'sharedkv'}_{'indexer' if x == 'full' else 'sharedindexer'}"
                   for i, (m, r, s, x) in enumerate(zip(mlp, rope, sources, indexer)))
-    return scheduled({**merged, "model_type": MODEL_TYPES[0]}, fields, _vision(cfg), kinds, ARCHITECTURE.quant)
-
-
-def _vision(cfg: dict[str, Any]) -> dict[str, int]:
-    raw = cfg.get("vision_config")
-    if raw is not None and not isinstance(raw, dict):
-        raise ConfigError("config.json vision_config is not an object")
-    defaults = VISION_DEFAULTS if raw is not None else VISION_ABSENT
-    dims = {f"vision_{k}": read_int(raw or {}, k, defaults) for k in defaults}
-    dims["vision_merge"] = read_int(cfg, "spatial_merge_size", {"spatial_merge_size": 2})
-    bias = cfg.get("multimodal_projector_bias", False)
-    if not isinstance(bias, bool):
-        raise ConfigError(f"config.json multimodal_projector_bias must be true or false, got {bias!r}")
-    dims["projector_bias"] = int(bias)
-    for k, v in dims.items():
-        if v < 1 and k != "projector_bias":
-            raise ConfigError(f"config.json {k.replace('vision_', 'vision_config.')} must be positive, got {v}")
-    return dims
+    return scheduled({**merged, "model_type": MODEL_TYPES[0]}, fields, pixtral.read_dims(cfg, VISION_ABSENT), kinds,
+                     ARCHITECTURE.quant)
 
 
 def describe(cfg: ModelConfig) -> ModelTree:
@@ -153,7 +132,7 @@ class _Describe:
         if not c.tie_word_embeddings:
             after.append(Leaf("lm_head", "output", "Output head", "lm_head", (Linear("output", (v,), (h,)),),
                               ("dtype", "tie_word_embeddings")))
-        after += [self.vision(), self.projector()]
+        after += [pixtral.tower(c, pixtral.NATIVE), pixtral.projector(c, pixtral.NATIVE)]
         blocks = {kind: self.layer(kind) for kind in dict.fromkeys(c.layer_kinds)}
         return ModelTree(before, blocks, tuple(after))
 
@@ -241,48 +220,6 @@ class _Describe:
                         ("moe_intermediate_size", "n_shared_experts"))
             out.append(self.mlp("shared_experts", "Shared experts", "shared", "shared_experts", sh))
         return tuple(out)
-
-    def vision(self) -> Group:
-        c = self.cfg
-        d, inter = self.v("hidden_size", "vision width"), self.v("intermediate_size", "vision MLP width")
-        p, ch = self.v("patch_size", "patch"), self.v("num_channels", "channels")
-        at = "vision_encoder.transformer.layers."
-
-        def lin(key: str, title: str, out: Factor, inp: Factor, stem: str = "attention") -> Leaf:
-            return Leaf(key, key, title, f"vision_{key}", (Linear(f"{at}{stem}.{key}", (out,), (inp,)),),
-                        ("vision_config", "dtype"))
-
-        block = Group("layers", "Vision transformer blocks", (
-            self.gain("attention_norm", "Pre-attention RMSNorm", "vision_norm", f"{at}attention_norm.weight", d),
-            *(lin(w, f"Attention {t} projection", d, d) for w, t in (("wq", "query"), ("wk", "key"), ("wv", "value"),
-                                                                      ("wo", "output"))),
-            self.gain("ffn_norm", "Pre-MLP RMSNorm", "vision_norm", f"{at}ffn_norm.weight", d),
-            lin("w1", "MLP gate projection", inter, d, "feed_forward"),
-            lin("w2", "MLP down projection", d, inter, "feed_forward"),
-            lin("w3", "MLP up projection", inter, d, "feed_forward")),
-            repeat=self.v("num_hidden_layers", "vision blocks"), index_at="layers.", role="vision_blocks")
-        return Group("vision_encoder", "Vision tower (Pixtral)", (
-            Leaf("patch_conv", "patch_conv", "Patch embedding (Conv2d)", "vision_patch_embed",
-                 (Param("Kernel", "vision_encoder.patch_conv.weight", (d, ch, p, p), c.dtype),), ("vision_config",)),
-            self.gain("ln_pre", "Pre-transformer RMSNorm", "vision_norm", "vision_encoder.ln_pre.weight", d),
-            block), role="vision_tower")
-
-    def projector(self) -> Group:
-        c = self.cfg
-        d, h = self.v("hidden_size", "vision width"), self.f("hidden_size", "hidden")
-        m, width = c.dim("vision_merge"), c.dim("vision_hidden_size")
-        merged = Factor(width * m * m, "vision width × merged patches",
-                        ("vision_config.hidden_size", "spatial_merge_size"), f"({width:,} × {m} × {m})")
-        bias = bool(c.dim("projector_bias"))
-        keys = ("multimodal_projector_bias", "dtype")
-        return Group("projector", "Multimodal projector", (
-            self.gain("pre_mm_projector_norm", "Projector RMSNorm", "vision_norm", "pre_mm_projector_norm.weight", d),
-            Leaf("merging_layer", "patch_merger.merging_layer", "Patch merger", "projector_merge",
-                 (Linear("patch_merger.merging_layer", (d,), (merged,)),), ("spatial_merge_size", "dtype")),
-            Leaf("w_in", "vision_language_adapter.w_in", "Projector in-projection", "projector_in",
-                 (Linear("vision_language_adapter.w_in", (h,), (d,), bias),), keys),
-            Leaf("w_out", "vision_language_adapter.w_out", "Projector out-projection", "projector_out",
-                 (Linear("vision_language_adapter.w_out", (h,), (h,), bias),), keys)), role="mm_projector")
 
 
 ARCHITECTURE = register(Architecture(

@@ -1,0 +1,133 @@
+"""Pixtral's vision tower and its projector, the one description both of Mistral's multimodal releases read, in the
+two spellings they are published in (`Spelling`):
+
+- NATIVE, Mistral's own names (Mistral Large 4, `mistral_large4`): `vision_encoder.{patch_conv, ln_pre}`,
+  `vision_encoder.transformer.layers.N.{attention_norm, attention.w{q,k,v,o}, ffn_norm, feed_forward.w{1,2,3}}`;
+  the projector `pre_mm_projector_norm`, `patch_merger.merging_layer`, `vision_language_adapter.w_{in,out}`.
+- TRANSFORMERS, the names of transformers' PixtralVisionModel and Mistral3MultiModalProjector (Mistral Small 4, the
+  `mistral3` wrapper): `vision_tower.{patch_conv, ln_pre}`, `vision_tower.transformer.layers.N.{attention_norm,
+  attention.{q,k,v,o}_proj, ffn_norm, feed_forward.{gate,down,up}_proj}`; `multi_modal_projector.{norm,
+  patch_merger.merging_layer, linear_1, linear_2}`. vLLM reads these
+  (vllm-project/vllm@0004c540861d3e59a7c1b3860f594aa8b24293db `models/pixtral.py`, PixtralHFVisionModel;
+  @02677fd9d49b6b4b3082967642a0d1ff45c36c0a `models/mistral3.py`, Mistral3MultiModalProjector).
+
+The patch convolution has no bias; the gains are RMSNorms; the projector's two Linear layers carry biases only with
+`multimodal_projector_bias`; `linear_1` reads every feature layer `vision_feature_layer` lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kimi_audit.errors import ConfigError
+from kimi_audit.model.arch.spec import Factor, Group, Leaf, Linear, Param
+from kimi_audit.model.config_fields import ModelConfig, read_int
+
+GAIN = "Learned gain"
+DEFAULTS: dict[str, Any] = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                            "num_channels": 3, "patch_size": 16}
+"""PixtralVisionConfig's defaults (transformers 5.25), for keys a vision_config leaves out."""
+
+
+@dataclass(frozen=True)
+class Spelling:
+    tower: str
+    attention: tuple[str, str, str, str]
+    """query, key, value, output projections under `attention.`"""
+    mlp: tuple[str, str, str]
+    """gate, down, up projections under `feed_forward.`"""
+    norm: str
+    merger: str
+    adapter: tuple[str, str]
+
+
+NATIVE = Spelling("vision_encoder.", ("wq", "wk", "wv", "wo"), ("w1", "w2", "w3"), "pre_mm_projector_norm",
+                  "patch_merger.merging_layer", ("vision_language_adapter.w_in", "vision_language_adapter.w_out"))
+TRANSFORMERS = Spelling("vision_tower.", ("q_proj", "k_proj", "v_proj", "o_proj"),
+                        ("gate_proj", "down_proj", "up_proj"), "multi_modal_projector.norm",
+                        "multi_modal_projector.patch_merger.merging_layer",
+                        ("multi_modal_projector.linear_1", "multi_modal_projector.linear_2"))
+
+
+WRAPPER = "multi_modal_projector."
+
+
+def read_dims(cfg: dict[str, Any], absent: dict[str, Any]) -> dict[str, int]:
+    """The vision sub-config's dims (`absent`: the wrapper's own vision defaults, where config.json has no
+    vision_config), the patch merge, the projector's bias and how many feature layers it concatenates."""
+    raw = cfg.get("vision_config")
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError("config.json vision_config is not an object")
+    defaults = DEFAULTS if raw is not None else absent
+    dims = {f"vision_{k}": read_int(raw or {}, k, defaults) for k in defaults}
+    dims["vision_merge"] = read_int(cfg, "spatial_merge_size", {"spatial_merge_size": 2})
+    bias = cfg.get("multimodal_projector_bias", False)
+    if not isinstance(bias, bool):
+        raise ConfigError(f"config.json multimodal_projector_bias must be true or false, got {bias!r}")
+    dims["projector_bias"] = int(bias)
+    layers = cfg.get("vision_feature_layer", -1)
+    if isinstance(layers, list) and layers and all(type(i) is int for i in layers):
+        dims["vision_feature_layers"] = len(layers)
+    elif type(layers) is int:
+        dims["vision_feature_layers"] = 1
+    else:
+        raise ConfigError(f"config.json vision_feature_layer must be a layer index or a list of them, got {layers!r}")
+    for k, v in dims.items():
+        if v < 1 and k != "projector_bias":
+            raise ConfigError(f"config.json {k.replace('vision_', 'vision_config.')} must be positive, got {v}")
+    return dims
+
+
+def _v(cfg: ModelConfig, key: str, label: str) -> Factor:
+    return Factor(cfg.dim(f"vision_{key}"), label, (f"vision_config.{key}",))
+
+
+def _gain(cfg: ModelConfig, key: str, title: str, component: str, width: Factor) -> Leaf:
+    return Leaf(key, component.removesuffix(".weight"), title, "pixtral_norm",
+                (Param(GAIN, component, (width,), cfg.dtype),), ("vision_config",))
+
+
+def tower(cfg: ModelConfig, s: Spelling) -> Group:
+    d, inter = _v(cfg, "hidden_size", "vision width"), _v(cfg, "intermediate_size", "vision MLP width")
+    p, ch = _v(cfg, "patch_size", "patch"), _v(cfg, "num_channels", "channels")
+    at = f"{s.tower}transformer.layers."
+    keys = ("vision_config", "dtype")
+    q, k, v, o = s.attention
+    gate, down, up = s.mlp
+    attention = ((q, "wq", "query"), (k, "wk", "key"), (v, "wv", "value"), (o, "wo", "output"))
+    mlp = ((gate, "w1", "MLP gate projection", inter, d), (down, "w2", "MLP down projection", d, inter),
+           (up, "w3", "MLP up projection", inter, d))
+    block = Group("layers", "Vision transformer blocks", (
+        _gain(cfg, "attention_norm", "Pre-attention RMSNorm", f"{at}attention_norm.weight", d),
+        *(Leaf(n, n, f"Attention {t} projection", f"pixtral_{r}", (Linear(f"{at}attention.{n}", (d,), (d,)),), keys)
+          for n, r, t in attention),
+        _gain(cfg, "ffn_norm", "Pre-MLP RMSNorm", f"{at}ffn_norm.weight", d),
+        *(Leaf(n, n, t, f"pixtral_{r}", (Linear(f"{at}feed_forward.{n}", (out,), (inp,)),), keys)
+          for n, r, t, out, inp in mlp)),
+        repeat=_v(cfg, "num_hidden_layers", "vision blocks"), index_at="layers.", role="vision_blocks")
+    return Group(s.tower.rstrip("."), "Vision tower (Pixtral)", (
+        Leaf("patch_conv", "patch_conv", "Patch embedding (Conv2d)", "pixtral_patch_conv",
+             (Param("Kernel", f"{s.tower}patch_conv.weight", (d, ch, p, p), cfg.dtype),), ("vision_config",)),
+        _gain(cfg, "ln_pre", "Pre-transformer RMSNorm", f"{s.tower}ln_pre.weight", d),
+        block), role="vision_tower")
+
+
+def projector(cfg: ModelConfig, s: Spelling) -> Group:
+    d, h = _v(cfg, "hidden_size", "vision width"), Factor(cfg.hidden_size, "hidden", ("hidden_size",))
+    m, width, n = cfg.dim("vision_merge"), cfg.dim("vision_hidden_size"), cfg.dim("vision_feature_layers")
+    merged = Factor(width * m * m, "vision width × merged patches", ("vision_config.hidden_size", "spatial_merge_size"),
+                    f"({width:,} × {m} × {m})")
+    features = d if n == 1 else Factor(width * n, "vision width × feature layers",
+                                       ("vision_config.hidden_size", "vision_feature_layer"), f"({width:,} × {n})")
+    bias = bool(cfg.dim("projector_bias"))
+    keys = ("multimodal_projector_bias", "dtype")
+    w_in, w_out = s.adapter
+    return Group("projector", "Multimodal projector", (
+        _gain(cfg, s.norm.rpartition(".")[2], "Projector RMSNorm", f"{s.norm}.weight", d),
+        Leaf("merging_layer", "patch_merger.merging_layer", "Patch merger", "pixtral_merge",
+             (Linear(s.merger, (d,), (merged,)),), ("spatial_merge_size", "dtype")),
+        Leaf(w_in.rpartition(".")[2], w_in.removeprefix(WRAPPER), "Projector in-projection", "pixtral_projector_in",
+             (Linear(w_in, (h,), (features,), bias),), keys),
+        Leaf(w_out.rpartition(".")[2], w_out.removeprefix(WRAPPER), "Projector out-projection", "pixtral_projector_out",
+             (Linear(w_out, (h,), (h,), bias),), keys)), role="mm_projector")
