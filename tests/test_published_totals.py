@@ -31,11 +31,13 @@ def layout_of(row: dict[str, Any]):  # type: ignore[no-untyped-def]
 def test_the_layout_reproduces_the_published_totals(row: dict[str, Any]) -> None:
     tensors = layout_of(row)
     why_not = row.get("why_not", {})
-    assert row.get("read") and {"total_size", "tensors", "parameters"} & set(row)
+    assert row.get("read") and {"total_size", "tensors", "parameters", "payload_gib"} & set(row)
     if "tensors" in row:
         assert len(tensors) == row["tensors"]
     if "total_size" in row:
         assert sum(t.nbytes for t in tensors) == row["total_size"]
+    if "payload_gib" in row:
+        assert round(sum(t.nbytes for t in tensors) / 2**30, 2) == row["payload_gib"]
     if "parameters" in row:
         logical = sum(t.logical for t in tensors)  # packed weights count their logical elements, scales none
         if "parameters" in why_not:
@@ -52,3 +54,4 @@ def test_float32_norms_would_not_survive() -> None:
     gains = sum(t.logical for t in tensors if t.name.endswith("norm.weight"))
     assert gains == 468_096 and all(t.dtype == "BF16" for t in tensors if t.name.endswith("norm.weight"))
     assert sum(t.nbytes for t in tensors) + 2 * gains != row["total_size"]
+
