@@ -55,3 +55,23 @@ def test_float32_norms_would_not_survive() -> None:
     assert gains == 468_096 and all(t.dtype == "BF16" for t in tensors if t.name.endswith("norm.weight"))
     assert sum(t.nbytes for t in tensors) + 2 * gains != row["total_size"]
 
+
+
+def test_every_shipped_config_says_where_it_comes_from() -> None:
+    """Issue 40: a shipped config is the release's verbatim or says which fields were filled from where: each is
+    named in kimi_audit/data/SOURCES.md or has its own NAME.sources.* file."""
+    data = resources.files("kimi_audit").joinpath("data")
+    sources = data.joinpath("SOURCES.md").read_text()
+    own = {p.name.split(".sources.")[0] for p in data.iterdir() if ".sources." in p.name}
+    configs = [p.name for p in data.iterdir() if p.name.endswith(".config.json")]
+    assert len(configs) >= 12
+    for name in configs:
+        assert name.removesuffix(".config.json") in own or f"## {name}" in sources or f", {name}" in sources, name
+
+
+def test_the_pinned_config_is_the_releases_verbatim() -> None:
+    reference = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kimi-k2-instruct.config.json"
+    if not reference.exists():
+        pytest.skip("../shared is not beside this checkout")
+    assert resources.files("kimi_audit").joinpath("data/kimi-k2-instruct.config.json").read_bytes() == \
+        reference.read_bytes()
