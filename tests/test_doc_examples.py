@@ -78,6 +78,18 @@ def options_of(command: str) -> set[str]:
     return {o for p in COMMANDS[command].params for o in (*p.opts, *p.secondary_opts)}
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An HF cache of this test's own: the examples download, and the session's cache stays as other tests expect
+    it (empty of what they download themselves)."""
+    import huggingface_hub.constants as hc
+
+    home = tmp_path / "hf_home"
+    for key, value in (("HF_HOME", home), ("HF_HUB_CACHE", home / "hub")):
+        monkeypatch.setenv(key, str(value))
+        monkeypatch.setattr(hc, key, str(value))
+
+
 @pytest.fixture
 def hub_with(hub: FakeHub) -> Iterator[FakeHub]:
     """The loopback Hub (TINY_REPO), with whatever repositories a test adds taken away again after it."""
