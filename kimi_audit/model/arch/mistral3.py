@@ -36,12 +36,6 @@ VISION_ABSENT: dict[str, Any] = {"hidden_size": 1024, "intermediate_size": 4096,
 """Mistral3Config's vision sub-config where config.json has none (transformers 5.25 sub_configs_defaults)."""
 
 
-def text_model_type(cfg: dict[str, Any]) -> Any:
-    """The model_type of the wrapped text model (None where text_config is not an object)."""
-    text = cfg.get("text_config")
-    return text.get("model_type") if isinstance(text, dict) else None
-
-
 def read(cfg: dict[str, Any]) -> ModelConfig:
     text = nested_text(cfg, MODEL_TYPES[0])
     if text.get("model_type") not in mistral4.MODEL_TYPES:
