@@ -114,3 +114,13 @@ def test_two_feature_layers_widen_the_projectors_input(saved: tuple[Path, int]) 
     cfg = json.loads((saved[0] / "config.json").read_text())
     layout = kimi_audit.layout({**cfg, "vision_feature_layer": [-1, -2]})
     assert layout["multi_modal_projector.linear_1.weight"].shape == (32, 2 * 16)
+
+
+def test_the_layout_in_the_old_spelling_is_asked_for_by_its_name(saved: tuple[Path, int]) -> None:
+    """transformers 5's own save writes the release's names, so `--dialect transformers` is no dialect of mistral3;
+    the 4.52-4.57 spelling is `transformers-4.52`."""
+    cfg = saved[0] / "config.json"
+    old = kimi_audit.layout(cfg, dialect="transformers-4.52")
+    assert "model.language_model.layers.1.mlp.experts.gate_up_proj" in old.names and "lm_head.weight" in old.names
+    with pytest.raises(kimi_audit.KimiAuditError, match="transformers-4.52"):
+        kimi_audit.layout(cfg, dialect="transformers")

@@ -32,7 +32,8 @@ def layout(
 
     Examples: `kimi-audit layout config.json`, `kimi-audit layout moonshotai/Kimi-K2-Thinking --json`,
     `kimi-audit layout ./Kimi-K2.6 --dialect transformers` (a dialect is another writer's names where they differ
-    from the release's: Kimi-K2.5/K2.6, DeepSeek-V4 and Kimi-Linear have one; Kimi-K2's are the same)."""
+    from the release's: Kimi-K2.5/K2.6, DeepSeek-V4 and Kimi-Linear have one, Mistral Small 4 has `transformers-4.52`;
+    Kimi-K2's are the same)."""
     rows = [{"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "kind": e.kind, "role": role_of(e.name),
              "format": e.scheme or None} for e in expected_tensors(source, revision, dialect=dialect).values()]
     out = sys.stdout

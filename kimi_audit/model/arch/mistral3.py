@@ -57,7 +57,7 @@ def describe(cfg: ModelConfig) -> ModelTree:
 
 
 TRANSFORMERS_4_52 = Dialect(
-    "transformers 4.52-4.57 save_pretrained",
+    "transformers-4.52 save_pretrained (transformers 4.52 to 4.57)",
     (("language_model.model.", "model.language_model."), ("language_model.lm_head.", "lm_head."),
      ("vision_tower.", "model.vision_tower."), ("multi_modal_projector.", "model.multi_modal_projector.")),
     "the module paths transformers 4.52 to 4.57 saved a mistral3 model under (vLLM's Mistral3ForConditionalGeneration "
