@@ -141,3 +141,9 @@ def build(d: Path, name: str, seed: int = 0, config: dict[str, Any] | None = Non
                             quantization_status="compressed")
     ModelCompressor(quantization_config=qc).update_config(str(d))
     return d
+
+
+def as_released(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """compressed-tensors' output with `weight_shape` in the width Moonshot's releases store it, I32 (a public header
+    dump of moonshotai/Kimi-K2.5: `weight_shape` `[2]` torch.int32); the compressor itself writes I64."""
+    return {k: v.to(torch.int32) if k.endswith("weight_shape") else v for k, v in tensors.items()}

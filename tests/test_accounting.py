@@ -320,7 +320,7 @@ def test_thinking_counts_int4_modules_as_out_times_in(thinking):
     stored = {r.dtype: (r.derived, r.found) for r in acc.stored}
     assert {d: v[0] for d, v in stored.items()} == layout_elements(layout)
     assert all(d == f for d, f in stored.values())
-    assert stored["I32"][0] == routed // 8 and stored["I64"][0] == 2 * 3 * cfg.n_routed_experts * 60
+    assert stored["I32"][0] == routed // 8 + 2 * 3 * cfg.n_routed_experts * 60 and "I64" not in stored  # shapes
     # metadata is listed apart and never counted
     meta = [r for r in acc.excluded if r.kind == SCALE]
     assert {r.pattern.rsplit(".", 1)[1] for r in meta} == {"weight_scale", "weight_shape"}
@@ -337,13 +337,13 @@ def test_thinking_expert_node_shows_its_packing(thinking):
     assert gate.formula == "2,048 × 7,168 × 384 experts × 60 MoE blocks = 338,228,674,560"
     assert [(s.component.rsplit(".", 1)[1], s.dtype, s.shape, s.kind) for s in gate.stored_parts] == [
         ("weight_packed", "I32", (2048, 896), PACKED), ("weight_scale", "BF16", (2048, 224), SCALE),
-        ("weight_shape", "I64", (2,), SCALE)]
+        ("weight_shape", "I32", (2,), SCALE)]
     assert gate.stored_parts[0].logical == 14_680_064 and gate.stored_parts[1].logical == 0
     (scheme,) = gate.schemes
     assert "INT4" in scheme and "8 per I32 word" in scheme and "32 inputs" in scheme
     assert gate.found == gate.derived and gate.found_tensors == 23_040 and len(gate.scales) == 2 * 23_040
-    assert {r.dtype: r.derived for r in gate.stored} == {"I32": 23_040 * 2048 * 896, "BF16": 23_040 * 2048 * 224,
-                                                          "I64": 23_040 * 2}
+    assert {r.dtype: r.derived for r in gate.stored} == {"I32": 23_040 * 2048 * 896 + 23_040 * 2,
+                                                          "BF16": 23_040 * 2048 * 224}
     # attention, shared experts, the dense MLP and lm_head stay BF16 (the ignore list), without metadata
     for key in ("blocks.moe.attention.q_compression.q_a_proj", "blocks.moe.shared_experts.gate_proj",
                 "blocks.dense.mlp.down_proj", "lm_head"):
@@ -377,7 +377,7 @@ def test_thinking_accounting_dict(thinking):
         return next((f for c in n.get("children", []) if (f := find(c, key))), None)
     gate = find(doc["tree"], EXPERT_GATE)
     assert gate["parts"][0]["dtype"] == "INT4" and gate["parts"][0]["stored_dtype"] == "I32"
-    assert [t["dtype"] for t in gate["stored_tensors"]] == ["I32", "BF16", "I64"]
+    assert [t["dtype"] for t in gate["stored_tensors"]] == ["I32", "BF16", "I32"]
     assert gate["stored_tensors"][0]["counts_for"] == 14_680_064 and "INT4" in gate["quantization"][0]
     assert gate["metadata"] and all(".weight_s" in m for m in gate["metadata"])
 

@@ -146,12 +146,12 @@ def test_int4_expert_card_shows_packing_and_metadata(thinking_acc):
     assert [(s.component, s.dtype, s.shape) for s in card.stored] == [
         ("mlp.experts.gate_proj.weight_packed", "I32", (2048, 896)),
         ("mlp.experts.gate_proj.weight_scale", "BF16", (2048, 224)),
-        ("mlp.experts.gate_proj.weight_shape", "I64", (2,))]
+        ("mlp.experts.gate_proj.weight_shape", "I32", (2,))]
     (w,) = card.tensors
     assert (w.dtype, w.shape, w.count) == ("I32", (2048, 896), 23_040)
-    assert {(g.dtype, g.shape) for g in card.scales} == {("BF16", (2048, 224)), ("I64", (2,))}
-    assert dict((d, a) for d, a, _ in card.stored_by_dtype) == {"I32": 23_040 * 2048 * 896,
-                                                                 "BF16": 23_040 * 2048 * 224, "I64": 46_080}
+    assert {(g.dtype, g.shape) for g in card.scales} == {("BF16", (2048, 224)), ("I32", (2,))}
+    assert dict((d, a) for d, a, _ in card.stored_by_dtype) == {"I32": 23_040 * 2048 * 896 + 46_080,
+                                                                 "BF16": 23_040 * 2048 * 224}
     text = card_text(card)
     assert "2,048 × 7,168  =  14,680,064" in text
     assert "packed words, count for 14,680,064 parameters" in text and "quantization metadata, not counted" in text

@@ -25,6 +25,8 @@ from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize  # noqa: E402
 from compressed_tensors.quantization.utils import calculate_qparams  # noqa: E402
 
+from ct_checkpoint import as_released  # noqa: E402
+
 TORCH_OF = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -214,7 +216,8 @@ def test_scheme_dequantize_equals_compressed_tensors_decompress(shape: tuple[int
     stored = PackedQuantizationCompressor.compress(state, scheme)
     ref = PackedQuantizationCompressor.decompress(stored, scheme)["weight"]
     ours = PackQuantized(bits=4, group_size=32, symmetric=symmetric)
-    expected = {s.suffix: (s.dtype, s.shape) for s in ours.stored(*shape)}
+    writer = {suffix: dtype for suffix, dtype, _ in PackQuantized.writer_dtypes}  # its own widths: weight_shape I64
+    expected = {s.suffix: (writer.get(s.suffix, s.dtype), s.shape) for s in ours.stored(*shape)}
     got_tensors = {"." + k: to_np(v) for k, v in stored.items()}
     assert {k: (str(v.dtype), v.shape) for k, v in got_tensors.items()} == {
         k: ({"I32": "int32", "I64": "int64", "BF16": "bfloat16"}[d], s) for k, (d, s) in expected.items()}
@@ -240,10 +243,10 @@ def int4_config(symmetric: bool = True) -> dict:
     return dict(TINY_CONFIG, quantization_config=q)
 
 
-def build_int4(d: Path, symmetric: bool = True, seed: int = 0) -> Path:
+def build_int4(d: Path, symmetric: bool = True, seed: int = 0, writers_widths: bool = False) -> Path:
     """The tiny architecture with Kimi-K2-Thinking's quantization: every routed expert projection written by
-    compressed-tensors' own PackedQuantizationCompressor.compress, the rest BF16 / F32, saved with
-    safetensors.torch in three shards with an index."""
+    compressed-tensors' own PackedQuantizationCompressor.compress (its weight_shape in the release's I32,
+    ct_checkpoint.as_released), the rest BF16 / F32, saved with safetensors.torch in three shards with an index."""
     from safetensors.torch import save_file
 
     from kimi_audit.model.config import model_config_from_dict
@@ -268,6 +271,7 @@ def build_int4(d: Path, symmetric: bool = True, seed: int = 0) -> Path:
             scale, zp = qparams(w, args)
             state = {"weight": w, "weight_scale": scale} | ({} if symmetric else {"weight_zero_point": zp})
             made = {f"{module}.{k}": v for k, v in PackedQuantizationCompressor.compress(state, scheme).items()}
+            made = made if writers_widths else as_released(made)
         elif t.kind == BUFFER:
             made = {name: torch.ones(t.shape, dtype=dt[t.dtype])}
         elif name.endswith("norm.weight"):
@@ -373,7 +377,7 @@ def test_weight_shape_and_group_scale_faults(int4_dir: Path, tmp_path: Path) -> 
     d = tmp_path / "ckpt"
     shutil.copytree(int4_dir, d)
     down = "model.layers.3.mlp.experts.1.down_proj"
-    poke(d, EXPERT + ".weight_shape", np.array([160, 352], np.int64))
+    poke(d, EXPERT + ".weight_shape", np.array([160, 352], np.int32))
     poke(d, down + ".weight_scale", np.array([np.nan, 0.0, -1.0], ml_dtypes.bfloat16), start_elem=4)
     doc = run_json("tensor", str(d), EXPERT, "--dequant", code=1)
     assert doc["weight_shape"] == [160, 352] and doc["dequantized"] is None
@@ -389,3 +393,27 @@ def test_weight_shape_and_group_scale_faults(int4_dir: Path, tmp_path: Path) -> 
     assert got == {("WEIGHT_SHAPE_MISMATCH", "error", EXPERT + ".weight_shape", "[160, 320]", 1),
                    ("VALUE_NAN", "error", down + ".weight_scale", "no NaN", 1),
                    ("SCALE_NOT_POSITIVE", "error", down + ".weight_scale", "finite scales > 0", 2)}
+
+
+def test_the_compressors_own_weight_shape_width_is_one_info(int4_dir: Path, tmp_path: Path) -> None:
+    """compressed-tensors' compressor writes weight_shape I64 (torch.tensor(weight.shape)); the releases store I32.
+    A checkpoint the compressor wrote passes with one WRITER_DTYPE info for all 72; in a release-width checkpoint,
+    one weight_shape cast to I64 on its own is a DTYPE_MISMATCH, the only error."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    doc = run_json("audit", str(build_int4(tmp_path / "ct", writers_widths=True)), "--no-progress")
+    (f,) = [f for f in doc["findings"] if f["code"] == "WRITER_DTYPE"]
+    assert (f["severity"], f["covers"], f["expected"], f["actual"]) == ("info", 72, "I32", "I64")
+    assert "compressed-tensors' compressor" in f["message"] and doc["result"]["verdict"] == "PASS"
+    d = Path(shutil.copytree(int4_dir, tmp_path / "one"))
+    name = EXPERT + ".weight_shape"
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    tensors = load_file(d / index["weight_map"][name])
+    tensors[name] = tensors[name].to(torch.int64)
+    save_file(tensors, str(d / index["weight_map"][name]), metadata={"format": "pt"})
+    index["metadata"]["total_size"] += 8  # as the writer would count it
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    doc = run_json("audit", str(d), "--no-progress", code=1)
+    assert [(f["code"], f["tensor"]) for f in doc["findings"] if f["severity"] != "info"] == [("DTYPE_MISMATCH", name)]

@@ -15,6 +15,7 @@ from compressed_tensors.compressors.pack_quantized.base import PackedQuantizatio
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 from compressed_tensors.quantization.utils import calculate_qparams
 
+from ct_checkpoint import as_released
 from kimi_audit.checks.audit import AuditReport, audit_source
 from kimi_audit.errors import ConfigError
 from kimi_audit.findings import Severity
@@ -104,7 +105,8 @@ def build(d: Path, config: dict[str, Any]) -> Path:
             groups = w.float().reshape(out, inp // 32, 32)
             scale, _zp = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
             state = {"weight": w, "weight_scale": scale.to(torch.bfloat16)}
-            made = {f"{module}.{k}": v for k, v in PackedQuantizationCompressor.compress(state, scheme).items()}
+            made = as_released({f"{module}.{k}": v
+                                for k, v in PackedQuantizationCompressor.compress(state, scheme).items()})
         else:
             made = {name: (0.02 * torch.randn(t.shape, generator=gen)).to(dt[t.dtype])}
         shard = ("model-00003-of-000003.safetensors" if name.startswith(("vision_tower.", "mm_projector."))

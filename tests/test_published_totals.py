@@ -36,6 +36,8 @@ def test_the_layout_reproduces_the_published_totals(row: dict[str, Any]) -> None
         assert len(tensors) == row["tensors"]
     if "total_size" in row:
         assert sum(t.nbytes for t in tensors) == row["total_size"]
+    if "stored_elements" in row:
+        assert sum(t.numel for t in tensors) == row["stored_elements"]
     if "payload_gib" in row:
         assert round(sum(t.nbytes for t in tensors) / 2**30, 2) == row["payload_gib"]
     if "parameters" in row:
@@ -75,3 +77,13 @@ def test_the_pinned_config_is_the_releases_verbatim() -> None:
         pytest.skip("../shared is not beside this checkout")
     assert resources.files("kimi_audit").joinpath("data/kimi-k2-instruct.config.json").read_bytes() == \
         reference.read_bytes()
+
+
+def test_int64_weight_shapes_would_not_survive() -> None:
+    """The Kimi-K2.5 dump's payload holds only with the `weight_shape` width it lists (I32): the I64 compressed-tensors
+    writes would add 8 bytes to each of its 69,120 and round to another figure."""
+    (row,) = [r for r in ROWS if r["release"].startswith("moonshotai/Kimi-K2.5")]
+    tensors = layout_of(row)
+    shapes = [t for t in tensors if t.name.endswith(".weight_shape")]
+    assert len(shapes) == 69_120 and {t.dtype for t in shapes} == {"I32"}
+    assert round((sum(t.nbytes for t in tensors) + 8 * len(shapes)) / 2**30, 2) != row["payload_gib"]

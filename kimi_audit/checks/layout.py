@@ -14,7 +14,7 @@ from kimi_audit.format.table import TensorTable
 from kimi_audit.model.kinds import BUFFER, KV_SCALE, PACKED, PARAMETER, ROTARY_BUFFER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, shape_fits
 from kimi_audit.model.quant.deepseek import SCALE_SUFFIX
-from kimi_audit.model.quant.scheme import Unquantized
+from kimi_audit.model.quant.scheme import Scheme, Unquantized
 from kimi_audit.model.roles import float32_router, metadata_suffixes, role_of, varies_by_writer, weight_suffixes
 
 MISMATCH_CODES = {
@@ -121,21 +121,23 @@ def exporters_dtype(findings: list[Finding]) -> list[Finding]:
 def fold_writer_dtype(findings: list[Finding]) -> list[Finding]:
     """A writer's float dtype for norms and biases (WRITER_DTYPE, uniform per component) is one convention: one
     info per pair of dtypes, whatever the number of tensors (transformers' DeepSeek-V4 save keeps every gain F32)."""
-    groups: dict[tuple[str, str], list[Finding]] = {}
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
     for f in findings:
         if f.code == "WRITER_DTYPE" and not f.covers:
-            groups.setdefault((str(f.expected), str(f.actual)), []).append(f)
+            whose = f.message.partition(": as ")[2]  # a format's writer (format_writer), else a gain's or bias's
+            groups.setdefault((str(f.expected), str(f.actual), whose), []).append(f)
     folded = {id(f) for fs in groups.values() if len(fs) > 1 for f in fs}
     if not folded:
         return findings
     out = [f for f in findings if id(f) not in folded]
-    for (want, got), fs in groups.items():
+    for (want, got, whose), fs in groups.items():
         if len(fs) > 1:
             first = fs[0]
-            out.append(info("WRITER_DTYPE", f"{len(fs):,} norm gains or biases stored {got}, the release stores "
-                            f"{want} (first: {first.tensor}): a writer that keeps the config's dtype or float32 "
-                            "for them; loaders cast them", tensor=first.tensor, shard=first.shard, expected=want,
-                            actual=got, covers=len(fs)))
+            what = (f"quantization tensors stored {got}, the release stores {want} (first: {first.tensor}): as "
+                    f"{whose}" if whose else f"norm gains or biases stored {got}, the release stores {want} (first: "
+                    f"{first.tensor}): a writer that keeps the config's dtype or float32 for them; loaders cast them")
+            out.append(info("WRITER_DTYPE", f"{len(fs):,} {what}", tensor=first.tensor, shard=first.shard,
+                            expected=want, actual=got, covers=len(fs)))
     return out
 
 
@@ -226,6 +228,10 @@ def writer_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor, config_dt
     release's, where config.json's dtype explains it (the writer cast it to the config's dtype, or kept it
     in float32): writer variance, info (WRITER_DTYPE). Where the config's dtype is the exporter's, not the model's
     (QuantPlan.dtype_recorded false), any unquantized tensor in a float dtype. None for any other deviation."""
+    whose = format_writer(e, dtype)
+    if whose:
+        return info("WRITER_DTYPE", f"{name}: stored {dtype}, the release stores {e.dtype}: as {whose} writes it; "
+                    "loaders read its values alike", tensor=name, shard=shard, expected=e.dtype, actual=dtype)
     if not dtype_recorded and e.kind == PARAMETER and e.scheme in ("", Unquantized.key) and {
             e.dtype, dtype} <= set(WIDE_FLOATS):
         return info("WRITER_DTYPE", f"{name}: stored {dtype}; config.json's {e.dtype} is its exporter's, not the "
@@ -237,6 +243,15 @@ def writer_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor, config_dt
     return info("WRITER_DTYPE", f"{name}: stored {dtype}, the release stores {e.dtype}: a writer that keeps the "
                 f"config's dtype ({config_dtype}) or float32 for it; loaders cast it", tensor=name, shard=shard,
                 expected=e.dtype, actual=dtype)
+
+
+def format_writer(e: ExpectedTensor, dtype: str) -> str:
+    """Who stores this quantization tensor in `dtype` where the release stores another (Scheme.writer_dtypes);
+    "" for no format's writer."""
+    for c in Scheme.classes:
+        if c.key == e.scheme:
+            return next((w for suffix, d, w in c.writer_dtypes if d == dtype and e.name.endswith(suffix)), "")
+    return ""
 
 
 def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str, e: ExpectedTensor,

@@ -135,6 +135,8 @@ class Scheme:
     """The files the format's loader reads whatever the index says, as a glob (mlx-lm: `model*.safetensors`): a
     shard the index does not list that matches it changes the model, an error rather than a warning; "": its
     loaders follow the index."""
+    writer_dtypes: ClassVar[tuple[tuple[str, str, str], ...]] = ()
+    """(suffix, dtype, whose) a writer stores one of its tensors in beside the release's, loaders reading it alike."""
     index_counts_files: ClassVar[bool] = False
     """The writer's index `total_size` counts whole shard files, headers included (AMD Quark), not the tensors'
     payload (safetensors' own convention, and every other writer's)."""

@@ -1,7 +1,12 @@
 """compressed-tensors pack-quantized (W4A16, W8A16; Kimi-K2-Thinking's INT4): `weight_packed` I32
 [out, ceil(in*bits/32)], `weight_scale` [out, ceil(in/group)] (group), [out, 1] (channel) or [1] (tensor),
-`weight_shape` I64 [2]; `weight_zero_point` packed along the outputs for asymmetric group / channel schemes,
-`weight_g_idx` for actorder=group (PackedQuantizationCompressor)."""
+`weight_shape` [2]; `weight_zero_point` packed along the outputs for asymmetric group / channel schemes,
+`weight_g_idx` for actorder=group (PackedQuantizationCompressor).
+
+`weight_shape` is I32 as Moonshot's releases store it (a public header dump of moonshotai/Kimi-K2.5 lists
+`weight_shape` `[2]` `torch.int32` for all 69,120 expert projections; its 554.27 GB payload holds only with I32);
+compressed-tensors' own compressor writes `torch.tensor(weight.shape)`, I64: a writer's width (WRITER_DTYPE info),
+the values read alike."""
 
 from __future__ import annotations
 
@@ -34,6 +39,8 @@ class PackQuantized(CompressedTensors):
     formats: ClassVar[tuple[tuple[str, str | None], ...]] = ((METHOD, "pack-quantized"),)
     roles: ClassVar[tuple[tuple[str, str], ...]] = (
         *CompressedTensors.roles, (".weight_packed", PACKED_WEIGHT), (".weight_shape", WEIGHT_SHAPE))
+    writer_dtypes: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        (".weight_shape", "I64", "compressed-tensors' compressor (torch.tensor(weight.shape))"),)
     bits: int = 4
     group_size: int = 32
     """0 for the channel and tensor strategies."""
@@ -81,7 +88,7 @@ class PackQuantized(CompressedTensors):
         scale = scale_shape(self.strategy, out, inp, self.group_size, (1, 1))
         out_tensors = [Stored(".weight_packed", "I32", (out, ceil_div(inp * self.bits, 32)), PACKED, out * inp),
                        Stored(".weight_scale", self.scale_dtype, scale, SCALE),
-                       Stored(".weight_shape", "I64", (2,), SCALE)]
+                       Stored(".weight_shape", "I32", (2,), SCALE)]
         if not self.symmetric:  # packed along the output dimension (compressed-tensors pack_to_int32, dim 0)
             out_tensors.append(Stored(".weight_zero_point", "I32", (ceil_div(out * self.bits, 32), scale[-1]), SCALE))
         if self.actorder == "group":
