@@ -120,8 +120,8 @@ def test_thinking_stores_int4_metadata_with_values(family_replica):
             f.seek(8 + n + begin)
             return np.frombuffer(f.read(end - begin), dtype)
 
-    assert read("model.layers.7.mlp.experts.100.gate_proj.weight_shape", np.int64).tolist() == [2048, 7168]
-    assert read("model.layers.7.mlp.experts.0.down_proj.weight_shape", np.int64).tolist() == [7168, 2048]
+    assert read("model.layers.7.mlp.experts.100.gate_proj.weight_shape", np.int32).tolist() == [2048, 7168]
+    assert read("model.layers.7.mlp.experts.0.down_proj.weight_shape", np.int32).tolist() == [7168, 2048]
     scale = read("model.layers.7.mlp.experts.0.down_proj.weight_scale", np.uint16)
     assert scale.size == 7168 * 64 and (scale > 0).all() and (scale < 0x7F80).all()  # positive, finite BF16
 
