@@ -224,3 +224,19 @@ def test_a_dialect_quantization_lists_its_ignores_in_the_dialect(tmp_path: Path)
     assert any(".blocks." in m for m in q["ignore"])
     (spelled / "config.json").write_text(json.dumps({**config, "quantization_config": q}))
     assert [(f.severity.value, f.code) for f in audit(spelled).findings] == [("info", "LAYOUT_DIALECT")]
+
+
+def test_the_published_quantization_leaves_the_vision_tower_unquantized() -> None:
+    """Kimi-K2.5's published block targets every `Linear` and names no vision module; a public header dump of the
+    release lists the tower and projector in BF16 (tests/data/published_totals.json): the quantizer saw the text
+    model alone (RELEASE.unreached), so their Linear weights are expected BF16, and the experts INT4."""
+    from importlib import resources
+
+    raw = json.loads(resources.files("kimi_audit").joinpath("data/kimi-k2.6.config.json").read_text())
+    assert not any("vision" in i or "mm_projector" in i for i in raw["quantization_config"]["ignore"])
+    layout = expected_layout(model_config_from_dict(raw))
+    vision = {n: t for n, t in layout.items() if n.startswith(("vision_tower.", "mm_projector."))}
+    assert vision["vision_tower.encoder.blocks.0.wqkv.weight"].dtype == "BF16"
+    assert vision["mm_projector.proj.0.weight"].shape == (4608, 4608)
+    assert not any(t.scheme and t.scheme != "none" for t in vision.values())
+    assert layout["language_model.model.layers.1.mlp.experts.0.gate_proj.weight_packed"].dtype == "I32"

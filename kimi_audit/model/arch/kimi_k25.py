@@ -79,9 +79,12 @@ def _vision(cfg: dict[str, Any]) -> VisionConfig:
 
 
 TEXT_PREFIX = "language_model."
-RELEASE = ReleaseQuant(unprefixed=TEXT_PREFIX)
-"""Kimi-K2.5's published quantization `ignore` says `lm_head` for `language_model.lm_head` (family.md, December 2026
-update, 'Published totals'): its writer saw the text model alone, so an exact name is read in both spellings."""
+RELEASE = ReleaseQuant(unprefixed=TEXT_PREFIX, unreached=(r"vision_tower\..*", r"mm_projector\..*"))
+"""Kimi-K2.5's quantizer saw the text model alone. Its published `ignore` says `lm_head` for `language_model.lm_head`
+(family.md, December 2026 update, 'Published totals'), so an exact name is read in both spellings; and its config
+targets every `Linear` with no word of the vision tower or projector, which a public header dump of the release
+lists in BF16 (`vision_tower.encoder.blocks.N.wqkv.weight`, `mm_projector.proj.0.weight` ...): those modules are
+left unquantized whatever the config targets."""
 
 TRANSFORMERS = Dialect(
     "transformers 5.x save_pretrained",

@@ -73,14 +73,15 @@ class ReleaseQuant:
     plain: tuple[str, ...] = ()
     """Modules the release leaves unquantized by exact name (DeepSeek-V4's `head`)."""
     plain_suffixes: tuple[str, ...] = ()
-    """Module-name suffixes the release's own FP8 leaves unquantized (DeepSeek-V4's compressor and indexer
-    projections, kept in float32 by transformers): a convention of its `fp8` format only; a compressed-tensors
-    config's own targets and ignore decide for its checkpoints."""
+    """Module-name suffixes its own FP8 leaves unquantized (DeepSeek-V4's compressor and indexer projections, F32
+    in transformers): its `fp8` format's only; a compressed-tensors config's targets and ignore decide for its."""
     aliases: tuple[tuple[str, str], ...] = ()
     """(a name other writers' configs give a module, the release's): `ignore: [lm_head]` is DeepSeek-V4's
     `head`."""
     unprefixed: str = ""
     """The text-model prefix its quantizer's `ignore` leaves out (Kimi-K2.5's `lm_head`): both spellings read."""
+    unreached: tuple[str, ...] = ()
+    """RE2 patterns of modules its quantizer never saw (Kimi-K2.5's saw the text model alone): left unquantized."""
 
     def alias(self, names: set[str]) -> set[str]:
         """`names` with each alias replaced by the release's name (and under the `unprefixed` prefix beside it)."""
@@ -299,9 +300,8 @@ class QuantPlan:
     groups: tuple[dict[str, Any], ...] = ()
     """Each scheme's targets as written (summary of a plan with several schemes)."""
     dtype_recorded: bool = True
-    """Whether config.json's dtype is the model's: False where the format's exporter writes its own (AutoRound's AWQ
-    packing records float16 and keeps the unquantized tensors in the model's dtype), so a float dtype uniform across
-    a component's tensors is writer variance (WRITER_DTYPE), whatever their rank."""
+    """Whether config.json's dtype is the model's: False where the exporter writes its own (AutoRound's AWQ packing
+    records float16, keeps the rest as it was): a float dtype uniform over a component is WRITER_DTYPE, any rank."""
     layer_tensors: tuple[Stored, ...] = ()
     """Quantization metadata every decoder layer stores beside its modules, named relative to the layer (the FP8
     KV cache's k and v scales): expected in each main layer, never parameters."""

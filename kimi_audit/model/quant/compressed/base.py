@@ -213,7 +213,7 @@ def compressed_tensors_plan(q: dict[str, Any], plain: Unquantized, release: Rele
         summaries.append((scheme, {"targets": list(group.get("targets") or [])}))
     ig_names, ig_patterns, ig_linear = _matchers(q.get("ignore"), "ignore")
     if release is not None:
-        ig_names = release.alias(ig_names)
+        ig_names, ig_patterns = release.alias(ig_names), [*ig_patterns, *release.unreached]
         exact = {n2: s for n, s in exact.items() for n2 in release.alias({n})}
     if ig_linear:
         every = None
