@@ -403,10 +403,13 @@ def test_the_compressors_own_weight_shape_width_is_one_info(int4_dir: Path, tmp_
 
     from safetensors.torch import load_file, save_file
 
-    doc = run_json("audit", str(build_int4(tmp_path / "ct", writers_widths=True)), "--no-progress")
+    ct = build_int4(tmp_path / "ct", writers_widths=True)
+    doc = run_json("audit", str(ct), "--no-progress")
     (f,) = [f for f in doc["findings"] if f["code"] == "WRITER_DTYPE"]
     assert (f["severity"], f["covers"], f["expected"], f["actual"]) == ("info", 72, "I32", "I64")
     assert "compressed-tensors' compressor" in f["message"] and doc["result"]["verdict"] == "PASS"
+    stored = {r["dtype"]: (r["derived"], r["found"]) for r in run_json("params", str(ct))["stored_by_dtype"]}
+    assert stored["I64"] == (144, 144) and all(d == f for d, f in stored.values())  # `params` derives it so too
     d = Path(shutil.copytree(int4_dir, tmp_path / "one"))
     name = EXPERT + ".weight_shape"
     index = json.loads((d / "model.safetensors.index.json").read_text())

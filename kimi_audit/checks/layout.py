@@ -14,7 +14,8 @@ from kimi_audit.format.table import TensorTable
 from kimi_audit.model.kinds import BUFFER, KV_SCALE, PACKED, PARAMETER, ROTARY_BUFFER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, shape_fits
 from kimi_audit.model.quant.deepseek import SCALE_SUFFIX
-from kimi_audit.model.quant.scheme import Scheme, Unquantized
+from kimi_audit.model.quant.dispatch import writer_of
+from kimi_audit.model.quant.scheme import Unquantized
 from kimi_audit.model.roles import float32_router, metadata_suffixes, role_of, varies_by_writer, weight_suffixes
 
 MISMATCH_CODES = {
@@ -124,7 +125,7 @@ def fold_writer_dtype(findings: list[Finding]) -> list[Finding]:
     groups: dict[tuple[str, str, str], list[Finding]] = {}
     for f in findings:
         if f.code == "WRITER_DTYPE" and not f.covers:
-            whose = f.message.partition(": as ")[2]  # a format's writer (format_writer), else a gain's or bias's
+            whose = f.message.partition(": as ")[2]  # a format's writer (writer_of), else a gain's or bias's
             groups.setdefault((str(f.expected), str(f.actual), whose), []).append(f)
     folded = {id(f) for fs in groups.values() if len(fs) > 1 for f in fs}
     if not folded:
@@ -228,7 +229,7 @@ def writer_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor, config_dt
     release's, where config.json's dtype explains it (the writer cast it to the config's dtype, or kept it
     in float32): writer variance, info (WRITER_DTYPE). Where the config's dtype is the exporter's, not the model's
     (QuantPlan.dtype_recorded false), any unquantized tensor in a float dtype. None for any other deviation."""
-    whose = format_writer(e, dtype)
+    whose = writer_of(e.scheme, e.name, dtype)
     if whose:
         return info("WRITER_DTYPE", f"{name}: stored {dtype}, the release stores {e.dtype}: as {whose} writes it; "
                     "loaders read its values alike", tensor=name, shard=shard, expected=e.dtype, actual=dtype)
@@ -243,15 +244,6 @@ def writer_dtype(name: str, dtype: str, shard: str, e: ExpectedTensor, config_dt
     return info("WRITER_DTYPE", f"{name}: stored {dtype}, the release stores {e.dtype}: a writer that keeps the "
                 f"config's dtype ({config_dtype}) or float32 for it; loaders cast it", tensor=name, shard=shard,
                 expected=e.dtype, actual=dtype)
-
-
-def format_writer(e: ExpectedTensor, dtype: str) -> str:
-    """Who stores this quantization tensor in `dtype` where the release stores another (Scheme.writer_dtypes);
-    "" for no format's writer."""
-    for c in Scheme.classes:
-        if c.key == e.scheme:
-            return next((w for suffix, d, w in c.writer_dtypes if d == dtype and e.name.endswith(suffix)), "")
-    return ""
 
 
 def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str, e: ExpectedTensor,

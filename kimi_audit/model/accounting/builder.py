@@ -23,6 +23,7 @@ from kimi_audit.model.arch.spec import Factor
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, layer_block, scheme_of
+from kimi_audit.model.quant.dispatch import writer_of
 from kimi_audit.model.quant.scheme import fits
 from kimi_audit.model.roles import kind_of, varies_by_writer
 
@@ -141,7 +142,7 @@ class Builder:
                     stored.add(t.dtype, t.numel)
                 rest = s.numel * n_inst - sum(t.numel for t in chosen)
                 if rest:
-                    stored.add(as_written or s.dtype, rest)
+                    stored.add(as_written or self.writers_width(block, s) or s.dtype, rest)
             for t in mine:
                 same = fits(p.dtype, t.dtype, t.shape) or t.dtype in explained
                 params.add(p.logical_dtype if same else t.dtype, found=t.parameters)
@@ -163,6 +164,16 @@ class Builder:
             dtype_ok=dtype_ok, layers=tuple(self.layers_of.get(block, ())) if block else (),
             by_dtype=params.rows(), stored=stored.rows(), note=note,
         )
+
+    def writers_width(self, block: str | None, s: StoredPart) -> str:
+        """The one dtype every found tensor of this quantization metadata is stored in, where it is a format's
+        writer's width rather than the release's (model.quant.dispatch.writer_of: compressed-tensors' own I64
+        `weight_shape`): derived as that writer stores it, as the audit reads it (WRITER_DTYPE); "" otherwise."""
+        found = self.scales.get((block, s.component), []) if s.kind == SCALE else []
+        dtypes = {t.dtype for t in found}
+        e = self.expected.get(found[0].name) if len(dtypes) == 1 else None
+        dtype = dtypes.pop() if e is not None else ""
+        return dtype if e is not None and dtype != s.dtype and writer_of(e.scheme, e.name, dtype) else ""
 
     def group(self, key: str, name: str, title: str, children: list[Node | None], mult: Mult = (),
               role: str = "group", note: str = "") -> Node:

@@ -25,7 +25,7 @@ from kimi_audit.model.quant.scheme import (
     UnsupportedQuantization,
 )
 
-__all__ = ["formats", "implemented", "load_formats", "quant_plan"]
+__all__ = ["formats", "implemented", "load_formats", "quant_plan", "writer_of"]
 
 
 def load_formats() -> None:
@@ -41,6 +41,15 @@ load_formats()
 def formats() -> tuple[type[Scheme], ...]:
     """Every registered scheme class, in registration order."""
     return tuple(Scheme.classes)
+
+
+def writer_of(scheme: str, name: str, dtype: str) -> str:
+    """Who stores the quantization tensor `name` of the scheme keyed `scheme` in `dtype` where the release stores
+    another (Scheme.writer_dtypes: compressed-tensors' own I64 `weight_shape`); "" for no format's writer."""
+    for c in Scheme.classes:
+        if c.key == scheme:
+            return next((w for suffix, d, w in c.writer_dtypes if d == dtype and name.endswith(suffix)), "")
+    return ""
 
 
 def quant_plan(q: Any, dtype: str, config: Mapping[str, Any] | None = None,
