@@ -177,15 +177,12 @@ def layout_unsupported(ckpt: Checkpoint) -> Finding:
         return warning("LAYOUT_UNSUPPORTED", f"{unsupported_reason(ckpt)}: only the container and split checks ran, "
                        "no tensor was checked against a layout (exit 3, inconclusive)",
                        tensor="general.architecture", actual=raw.get(GGUF_ARCHITECTURE))
-    wrapped = unread_text_model(raw)
-    if wrapped is not None:
-        return warning("LAYOUT_UNSUPPORTED", f"{unsupported_reason(ckpt)}: only the format, index and file checks "
-                       "ran, no tensor was checked against a layout (exit 3, inconclusive)",
-                       tensor="text_config.model_type", actual=wrapped)
-    model_type = raw.get("model_type")
+    wrapped, model_type = unread_text_model(raw), raw.get("model_type")
+    key, near, actual = (("text_config.model_type", None, wrapped) if wrapped is not None
+                         else ("model_type", near_model_type(model_type), model_type))
     return warning("LAYOUT_UNSUPPORTED", f"{unsupported_reason(ckpt)}: only the format, index and file checks ran, "
                    "no tensor was checked against a layout (exit 3, inconclusive)",
-                   tensor="model_type", expected=near_model_type(model_type), actual=model_type)
+                   tensor=key, expected=near, actual=actual)
 
 
 def near_model_type(model_type: Any) -> str | None:

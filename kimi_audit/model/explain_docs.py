@@ -25,6 +25,7 @@ MLA_REF = "DeepseekV3Attention.__init__, modeling_deepseek.py 662–688"
 QUERY_REF = "DeepseekV3Attention.forward, modeling_deepseek.py 767–774"
 VISION_REF = "transformers 5.25 models/kimi_k25/modeling_kimi_k25.py"
 PIXTRAL_REF = "transformers 5.25 models/pixtral/modeling_pixtral.py"
+MISTRAL3_REF = "transformers 5.25 models/mistral3/modeling_mistral3.py"
 
 
 @dataclass(frozen=True)
@@ -273,14 +274,14 @@ DOCS.update({
         "self.merging_layer(unfold(x))", "Concatenate each spatial_merge_size × spatial_merge_size group of "
         "patches and project it back to the vision width (no bias).", ("m = unfold(x) Wᵀ",),
         lambda c: ([("x", f"[N patches, {_pw(c)}]")], [("m", f"[N merged, {_pw(c)}]")]),
-        PIXTRAL_REF.replace("pixtral/modeling_pixtral", "mistral3/modeling_mistral3") + " Mistral3PatchMerger"),
+        MISTRAL3_REF + " Mistral3PatchMerger"),
     "pixtral_projector_in": Doc(
         "self.linear_1(m)", "Project the merged patches to the text model's hidden width, before a GELU (a bias "
         "with multimodal_projector_bias).", ("h = GELU(m Wᵀ + b)",),
         lambda c: ([("m", f"[N merged, {_pw(c)}]")], [("h", f"[N merged, {_h(c)}]")]),
-        PIXTRAL_REF.replace("pixtral/modeling_pixtral", "mistral3/modeling_mistral3") + " Mistral3MultiModalProjector"),
+        MISTRAL3_REF + " Mistral3MultiModalProjector"),
     "pixtral_projector_out": Doc(
         "self.linear_2(h)", "The projector's second Linear: one image token per merged patch.", ("t = h Wᵀ + b",),
         lambda c: ([("h", f"[N merged, {_h(c)}]")], [("t", f"[N merged, {_h(c)}]")]),
-        PIXTRAL_REF.replace("pixtral/modeling_pixtral", "mistral3/modeling_mistral3") + " Mistral3MultiModalProjector"),
+        MISTRAL3_REF + " Mistral3MultiModalProjector"),
 })
