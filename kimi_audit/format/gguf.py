@@ -54,6 +54,8 @@ Kimi-K2 ~7 MB, read in doubling steps (6 requests)."""
 # GGUF value types (gguf.cpp's gguf_type)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
+UINT32 = 4
+ALIGNMENT = "general.alignment"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class GgufPart:
     version: int = 0
     kv: dict[str, Any] = field(default_factory=dict)
     alignment: int = DEFAULT_ALIGNMENT
+    types: dict[str, int] = field(default_factory=dict)
+    """Each key's GGUF value type (gguf.cpp's gguf_type: UINT32 4, FLOAT32 6, STRING 8, ARRAY 9, ...): what
+    llama.cpp's typed getters hold a key to (an array's element type is its GgufArray's item_type)."""
 
 
 class _Invalid(Exception):
@@ -208,14 +213,21 @@ def _parse(cur: _Cursor, name: str) -> GgufPart:
         raise _Invalid(f"it claims {n_tensors:,} tensors and {n_kv:,} metadata keys (kimi-audit reads at most "
                        f"{MAX_TENSORS:,} and {MAX_KEYS:,} in a part)")
     kv: dict[str, Any] = {}
+    types: dict[str, int] = {}
     for _ in range(n_kv):
         key = cur.string(MAX_KEY_BYTES, "a metadata key")
+        if not key:
+            raise _Invalid("a metadata key is empty")  # gguf.cpp gguf_init_from_reader: "key %d is empty"
         if key in kv:
             raise _Invalid(f"metadata key {label(key)} appears twice")
-        kv[key] = cur.value(cur.take("<I"), key)
-    alignment = kv.get("general.alignment", DEFAULT_ALIGNMENT)
+        types[key] = cur.take("<I")
+        kv[key] = cur.value(types[key], key)
+    alignment = kv.get(ALIGNMENT, DEFAULT_ALIGNMENT)
+    if ALIGNMENT in types and types[ALIGNMENT] != UINT32:  # gguf.cpp: "key '%s' must be of type %s but is %s"
+        raise _Invalid(f"{ALIGNMENT} is stored as GGUF value type {types[ALIGNMENT]}, not the UINT32 (4) "
+                       "llama.cpp requires")
     if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
-        raise _Invalid(f"general.alignment {alignment!r} is not a power of two")
+        raise _Invalid(f"{ALIGNMENT} {alignment!r} is not a power of two")
     infos = []
     for _ in range(n_tensors):
         tname = cur.string(MAX_KEY_BYTES, "a tensor name")
@@ -230,7 +242,7 @@ def _parse(cur: _Cursor, name: str) -> GgufPart:
     columns, findings = _columns(infos, name, alignment, data_offset, cur.file_size)
     header = ShardHeader(name, cur.file_size, None, columns=columns, findings=tuple(findings),
                          identity=cur.identity, data_offset=data_offset)
-    return GgufPart(header, version, kv, alignment)
+    return GgufPart(header, version, kv, alignment, types)
 
 
 def _columns(infos: list[tuple[str, tuple[int, ...], int, int]], part: str, alignment: int, data_offset: int,
@@ -243,24 +255,31 @@ def _columns(infos: list[tuple[str, tuple[int, ...], int, int]], part: str, alig
     ends: list[int] = []
     seen: set[str] = set()
     cut: list[str] = []
+    running: int | None = 0
+    """Where llama.cpp expects the next tensor's data (None once a tensor it refuses stops the count)."""
+    moved: list[tuple[str, int, int]] = []
     for tname, ne, type_id, offset in infos:
         t = GGML_TYPES.get(type_id)
         where = f"{part}: {label(tname)}"
         if len(tname.encode()) > MAX_NAME_BYTES:
             findings.append(error("GGUF_INVALID", f"{where}: a tensor name of {len(tname.encode())} bytes (llama.cpp "
                                   f"takes at most {MAX_NAME_BYTES})", tensor=tname, shard=part))
+            running = None
             continue
         if tname in seen:
             findings.append(error("TENSOR_DUPLICATE", f"{where} is stored twice in the part", tensor=tname, shard=part))
+            running = None
             continue
         if t is None:
             findings.append(error("GGUF_TYPE_UNKNOWN", f"{where}: ggml type {type_id} is not one llama.cpp defines",
                                   tensor=tname, shard=part, actual=type_id))
+            running = None
             continue
         if any(d == 0 for d in ne) or (ne and ne[0] % t.block):
             findings.append(error("GGUF_ROW_BLOCK", f"{where}: a row of {ne[0] if ne else 0:,} elements is not whole "
                                   f"{t.name} blocks of {t.block}", tensor=tname, shard=part, expected=t.block,
                                   actual=ne[0] if ne else 0))
+            running = None
             continue
         numel = 1
         for d in ne:
@@ -270,6 +289,10 @@ def _columns(infos: list[tuple[str, tuple[int, ...], int, int]], part: str, alig
             findings.append(error("GGUF_MISALIGNED", f"{where}: data offset {offset:,} is not a multiple of the "
                                   f"alignment {alignment}", tensor=tname, shard=part, expected=alignment,
                                   actual=offset))
+        elif running is not None and offset != running:
+            moved.append((tname, offset, running))
+        if running is not None:
+            running += -(-nbytes // alignment) * alignment
         seen.add(tname)
         if data_offset + offset + nbytes > file_size:
             cut.append(tname)
@@ -285,14 +308,31 @@ def _columns(infos: list[tuple[str, tuple[int, ...], int, int]], part: str, alig
                               tensor=cut[0], shard=part, expected=file_size, actual=data_offset + max(ends),
                               covers=len(cut)))
     pos = 0
+    overlap = False
     for begin, end, tname in sorted(zip(begins, ends, names)):
         if begin < pos:
+            overlap = True
             findings.append(error("OFFSETS_OVERLAP", f"{part}: {label(tname)}: data [{begin:,}, {end:,}) overlaps "
                                   f"bytes before {pos:,}", tensor=tname, shard=part, expected=pos, actual=begin))
         pos = max(pos, end)
+    if moved and not overlap:
+        findings.append(_out_of_place(part, moved))
     end_of_data = data_offset + -(-pos // alignment) * alignment
     if not cut and file_size > end_of_data:
         findings.append(warning("GGUF_TRAILING_BYTES", f"{part}: {file_size - end_of_data:,} bytes follow the last "
                                 "tensor, which llama.cpp never reads (parts joined with cat? llama-gguf-split --merge "
                                 "joins them)", shard=part, expected=end_of_data, actual=file_size))
     return TensorColumns(names, dtypes, shapes, begins, ends), findings
+
+
+def _out_of_place(part: str, moved: list[tuple[str, int, int]]) -> Finding:
+    """One finding for a part whose tensors are not laid end to end in the order they are listed: gguf.cpp
+    (gguf_init_from_reader, "tensor '%s' has offset %zu, expected %zu") requires each tensor's data to begin where
+    the previous one's, padded to the alignment, ends, and refuses the file otherwise. Tensors whose data swapped
+    places (each under the other's name) or a gap between two tensors read as this."""
+    name, offset, expected = moved[0]
+    more = f"; {len(moved) - 1:,} more tensors after it are out of place too" if len(moved) > 1 else ""
+    return error("GGUF_OFFSET", f"{part}: {label(name)} has data offset {offset:,}, where llama.cpp expects "
+                 f"{expected:,} (each tensor's data begins where the previous one's ends, padded to the alignment)"
+                 f"{more}: llama.cpp refuses the file, and data under the wrong names would load as other weights",
+                 tensor=name, shard=part, expected=expected, actual=offset, covers=len(moved))

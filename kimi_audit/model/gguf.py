@@ -15,8 +15,10 @@ from typing import Any
 
 from kimi_audit.constants import GGUF_SUFFIX, SAFETENSORS_SUFFIX
 from kimi_audit.errors import GgufSetError
-from kimi_audit.findings import Finding
+from kimi_audit.findings import Finding, error
+from kimi_audit.format.columns import label
 from kimi_audit.format.gguf import GgufPart, read_gguf_part
+from kimi_audit.format.gguf_keys import LOADER_KEYS, mistyped
 from kimi_audit.format.gguf_split import SPLIT_NO, gguf_sets
 from kimi_audit.format.gguf_types import GGML_BY_NAME
 from kimi_audit.format.header import ShardHeader
@@ -110,14 +112,33 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
     first = first_part(parts)
     kv = {} if first is None else first.kv
     headers = {n: p.header for n, p in parts.items()}
+    read = [n for n, p in parts.items() if p.version]  # parts whose header parsed (GGUF_INVALID says for the rest)
+    arch = gguf_architecture(kv.get(GENERAL_ARCHITECTURE))
+    table = dict(LOADER_KEYS)
+    if arch is not None and arch.gguf is not None:
+        prefix = f"{kv[GENERAL_ARCHITECTURE]}."
+        table.update({prefix + key: t for key, t in arch.gguf.key_types.items()})
+    wrong = mistyped(kv, {} if first is None else first.types, table)
+    part = next((n for n, p in parts.items() if p is first), read[0] if read else None)
+    findings = [error("GGUF_KEY_TYPE", f"{part}: {label(key)} is stored as {have}, but llama.cpp reads it as {want}: "
+                      "its loader stops at this key", tensor=key, shard=part, expected=want, actual=have)
+                for key, have, want in wrong]
     name = kv.get(GENERAL_ARCHITECTURE)
-    arch = gguf_architecture(name)
-    if arch is None or arch.gguf is None:
-        raw = {"model_type": None, GGUF_ARCHITECTURE: name}
+    hyper = [key for key, _, _ in wrong if key == GENERAL_ARCHITECTURE or key.startswith(f"{name}.")]
+    if arch is None or arch.gguf is None or hyper:
+        # No layout without the hyperparameters read as llama.cpp reads them: the key's GGUF_KEY_TYPE says why,
+        # and no tensor is checked against a layout derived from a value llama.cpp would never load.
+        if read and GENERAL_ARCHITECTURE not in kv and not findings:
+            findings.append(error("GGUF_KEY_MISSING", f"{part}: no {GENERAL_ARCHITECTURE} key: the file names no "
+                                  "model, llama.cpp cannot load it, and no tensor could be checked against a layout",
+                                  tensor=GENERAL_ARCHITECTURE, shard=part))
+        raw = {"model_type": None, GGUF_ARCHITECTURE: None if hyper else name}
         cfg = unsupported_config(raw)
-        return raw, cfg, expected_layout(cfg), []
+        return raw, cfg, expected_layout(cfg), findings
+    kv = {k: v for k, v in kv.items() if k not in {w[0] for w in wrong}}
     stored = {n: s for h in headers.values() for n, s in zip(h.columns.names, h.columns.shapes)}
-    raw, findings = arch.gguf.config(kv, stored)
+    raw, meta = arch.gguf.config(kv, stored)
+    findings += meta
     cfg = model_config_from_dict(raw)
     layout = with_stored_types(respelled(expected_layout(cfg), arch.gguf.rename), headers)
     return raw, cfg, layout, findings

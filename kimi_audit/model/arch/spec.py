@@ -14,13 +14,14 @@ QUANT_KEYS (`quantization_config` alone, when present) and ATTENTION_BIAS_KEYS (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from kimi_audit.findings import Finding
+from kimi_audit.format.gguf_keys import KeyType
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.quant.scheme import DEEPSEEK_RELEASE, ReleaseQuant
 
@@ -207,6 +208,20 @@ StoredShapes = Mapping[str, tuple[int, ...]]
 """Every tensor a GGUF set stores -> its shape (numpy order)."""
 
 
+class ReleaseReader(Protocol):
+    """A release's tensors as a GGUF converter reads them (float32, dequantized as the release's format says),
+    by row ranges: `audit --against --values` (checks.against) compares a GGUF set with them in bands."""
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The tensor's (dequantized) shape."""
+
+    def rows(self, name: str, start: int, stop: int) -> Any:
+        """Rows [start, stop) of its first dimension, float32 (numpy)."""
+
+    def bands(self, name: str) -> Iterator[Any]:
+        """All its rows in order, in bands of bounded size, float32 (numpy)."""
+
+
 @dataclass(frozen=True)
 class GgufDialect:
     """llama.cpp's GGUF spelling of an architecture: the `general.architecture` names its converter writes, how
@@ -227,10 +242,15 @@ class GgufDialect:
     converted: Callable[[str, int, Container[str]], tuple[str, ...]]
     """(a release tensor's name, the main layers, the GGUF's names) -> the GGUF tensors the converter writes it
     into; () for what it drops (scales, buffers, MTP layers)."""
-    release_values: Callable[[str, Callable[[str], Any], int, int, int], Any]
+    release_values: Callable[[str, ReleaseReader, int, int, int], tuple[tuple[int, ...], Iterator[Any]] | None]
     """(a GGUF tensor's name, a reader of the release's dequantized tensors, experts, heads, nope head dim) ->
-    the float32 values the converter writes there (numpy), None where the release has no source of it."""
+    the shape of the float32 values the converter writes there and those values in pieces (numpy arrays whose
+    last dimension is the tensor's, in the tensor's order: each read by row bands, memory bounded whatever the
+    tensor's size), None where the release has no source of it."""
     layer_prefix: str = "model.layers."
+    key_types: Mapping[str, KeyType] = field(default_factory=dict)
+    """The architecture's metadata keys (without the `ARCH.` prefix) -> the GGUF value types llama.cpp's loader
+    reads each with (its typed getters refuse any other: format.gguf_keys)."""
 
     def rename(self, name: str) -> str:
         """A tree name in GGUF's spelling (unchanged where the table has none)."""

@@ -26,6 +26,15 @@ GGUF_RULES: dict[str, Rule] = {
     "GGUF_MISALIGNED": Rule("error", "a tensor's offset is not a multiple of `general.alignment`",
         "The tensor's data does not start at a multiple of the file's alignment (32 by default): "
         'llama.cpp refuses it.', GGUF_HELP),
+    "GGUF_OFFSET": Rule("error", "tensors not laid end to end in the order the part lists them",
+        "gguf.cpp requires each tensor's data to begin where the previous one's, padded to the alignment, "
+        "ends (\"tensor '%s' has offset %zu, expected %zu\") and refuses the part otherwise. Two tensors whose "
+        "offsets were swapped (their data under each other's names) or a gap between tensors read as this; one "
+        "finding per part, the first tensor named and the rest counted.", GGUF_HELP),
+    "GGUF_KEY_TYPE": Rule("error", "a metadata key stored in another GGUF type than llama.cpp reads it with",
+        "llama.cpp's loader reads each key with a typed getter (llama-model-loader.cpp GKV::get_kv: \"key %s "
+        "has wrong type %s but expected type %s\"; tokenizer arrays through gguf_get_arr_str, which asserts): "
+        "a key of another type stops the load. The key's value is not used.", GGUF_HELP),
     "GGUF_TRAILING_BYTES": Rule("warning", 'bytes after the last tensor (split parts joined with `cat`?)',
         'The part holds bytes after its last tensor that llama.cpp never reads: usually split parts '
         "joined with cat, which loads only part 1's tensors. llama-gguf-split --merge joins parts.", GGUF_HELP),
@@ -39,9 +48,11 @@ GGUF_RULES: dict[str, Rule] = {
     "GGUF_SPLIT_COUNT": Rule("error", '`split.tensors.count` is not the tensors the parts hold',
         'The parts together hold another number of tensors than split.tensors.count says (a stale '
         'count after a repack): llama.cpp refuses the set.', GGUF_HELP),
-    "GGUF_KEY_MISSING": Rule("error", 'the metadata lacks a key the stored tensors need',
-        'attn_k_b / attn_v_b are stored (the MLA layout of llama.cpp #12801) but the *_mla key and '
-        'value lengths are not: llama.cpp reads the head dimensions wrong.', GGUF_HELP),
+    "GGUF_KEY_MISSING": Rule("error", 'the metadata lacks a key llama.cpp needs (`general.architecture`, or one '
+        'the stored tensors need)',
+        'A part with no general.architecture names no model: llama.cpp cannot load it, and no tensor can be '
+        'checked against a layout. Or attn_k_b / attn_v_b are stored (the MLA layout of llama.cpp #12801) '
+        'but the *_mla key and value lengths are not: llama.cpp reads the head dimensions wrong.', GGUF_HELP),
     "GGUF_GATING": Rule("error", 'the experts carry `exp_probs_b` but `expert_gating_func` is not sigmoid',
         "The routers have DeepSeek's correction bias (sigmoid routing) but the metadata has no "
         'sigmoid expert_gating_func: llama.cpp then routes by softmax and computes other logits, '

@@ -6,12 +6,13 @@ metadata keys, its tensor names, what it would misread."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Container, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from kimi_audit.errors import ConfigError
+from kimi_audit.errors import ConfigError, KimiAuditError
 from kimi_audit.findings import Finding, error, warning
-from kimi_audit.model.arch.spec import GgufDialect
+from kimi_audit.format.gguf_keys import F32, FLAG, STR, U32, U32_OR_PER_LAYER
+from kimi_audit.model.arch.spec import GgufDialect, ReleaseReader
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,6 +54,29 @@ DIRECT = (
 DeepseekV2Model's; llama-model.cpp reads them back)."""
 
 
+KEY_TYPES = {
+    **{key: U32 for key in ("block_count", "context_length", "embedding_length", "expert_count", "vocab_size",
+                            "expert_group_count", "expert_group_used_count", "attention.q_lora_rank",
+                            "attention.kv_lora_rank", "attention.key_length", "attention.value_length",
+                            "attention.key_length_mla", "attention.value_length_mla", "expert_shared_count",
+                            "expert_gating_func", "rope.dimension_count", "leading_dense_block_count",
+                            "rope.scaling.original_context_length")},
+    **{key: U32_OR_PER_LAYER for key in ("feed_forward_length", "attention.head_count", "attention.head_count_kv",
+                                         "expert_feed_forward_length", "expert_used_count")},
+    **{key: F32 for key in ("attention.layer_norm_rms_epsilon", "expert_weights_scale", "rope.freq_base",
+                            "rope.scaling.factor", "rope.scaling.yarn_log_multiplier",
+                            "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow")},
+    "expert_weights_norm": FLAG, "rope.scaling.type": STR,
+}
+"""The `deepseek2.` keys and the types llama.cpp's loader reads them with (llama-model.cpp
+llama_model_base::load_hparams, src/models/deepseek2.cpp load_arch_hparams: get_key into uint32_t / float / bool /
+std::string, get_key_or_arr for the per-layer ones)."""
+REQUIRED = ("block_count", "embedding_length", "attention.head_count", "attention.kv_lora_rank",
+            "rope.dimension_count", "attention.key_length", "attention.value_length")
+"""What this tool cannot read the model without (llama.cpp requires most of them, and reads the rest into its
+head dimensions)."""
+
+
 def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Any], list[Finding]]:
     """The config.json a `deepseek2` GGUF was converted from, as llama.cpp's loader reads its hyperparameters
     (llama-model.cpp, LLM_ARCH_DEEPSEEK2), and what in the metadata llama.cpp would misread."""
@@ -62,9 +86,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
     def k(key: str, default: Any = None) -> Any:
         return kv.get(f"{a}.{key}", default)
 
-    required = ("block_count", "embedding_length", "attention.head_count", "attention.kv_lora_rank",
-                "rope.dimension_count", "attention.key_length", "attention.value_length")
-    absent = [f"{a}.{key}" for key in required if k(key) is None]
+    absent = [f"{a}.{key}" for key in REQUIRED if k(key) is None]
     if absent:
         raise ConfigError(f"the GGUF metadata lacks {', '.join(absent)}: llama.cpp cannot load it")
     rope = k("rope.dimension_count")
@@ -172,13 +194,12 @@ def converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...]
     return (rename(name),)
 
 
-def release_values(gguf_name: str, read: Callable[[str], np.ndarray], experts: int, heads: int,
-                   nope: int) -> np.ndarray | None:
+def release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int,
+                   nope: int) -> tuple[tuple[int, ...], Iterator[np.ndarray]] | None:
     """The float32 values the converter writes into GGUF tensor `gguf_name`, from the release's tensors (`read`:
-    a release tensor's values, dequantized, by name): stacked experts, kv_b split (its key half transposed), the
-    rest as they are; None for a name the release has no source of."""
-    import numpy as np
-
+    the release's tensors dequantized, by rows), as (their shape, the values in pieces in the tensor's order):
+    stacked experts one expert after another, each in row bands; kv_b split per head (its key half transposed);
+    the rest in row bands. None for a name the release has no source of. Nothing is read until the pieces are."""
     tree = {v: k for k, v in GGUF_DIALECT._table.items()}
     m = re.match(r"^blk\.(\d+)\.(.*)$", gguf_name)
     name = f"model.layers.{m.group(1)}.{tree.get(m.group(2), '')}" if m else tree.get(gguf_name, "")
@@ -186,16 +207,45 @@ def release_values(gguf_name: str, read: Callable[[str], np.ndarray], experts: i
         return None
     s = STACKED.match(name)
     if s is not None:
-        return np.stack([read(f"{s.group(1)}.{i}.{s.group(2)}") for i in range(experts)]).astype(np.float32)
+        names = [f"{s.group(1)}.{i}.{s.group(2)}" for i in range(experts)]
+        one = read.shape(names[0]) if names else ()
+        return (experts, *one), _stacked(read, names, one)
     for half in (K_B, V_B):
         if name.endswith(half):
-            kv_b = read(name[: -len(half)] + KV_B).astype(np.float32)
-            split = kv_b.reshape(heads, -1, kv_b.shape[-1])
-            return np.ascontiguousarray(split[:, :nope].transpose(0, 2, 1) if half == K_B else split[:, nope:])
-    return read(name).astype(np.float32)
+            kv_b = name[: -len(half)] + KV_B
+            rows, width = _kv_b_shape(read.shape(kv_b), heads, nope)
+            shape = (heads, width, nope) if half == K_B else (heads, rows - nope, width)
+            return shape, _kv_b_half(read, kv_b, heads, rows, nope, half == K_B)
+    return read.shape(name), read.bands(name)
+
+
+def _stacked(read: ReleaseReader, names: list[str], one: tuple[int, ...]) -> Iterator[np.ndarray]:
+    for name in names:
+        if read.shape(name) != one:
+            raise KimiAuditError(f"{name} has shape {list(read.shape(name))}, the first expert {list(one)}: the "
+                                "converter cannot stack them")
+        yield from read.bands(name)
+
+
+def _kv_b_shape(shape: tuple[int, ...], heads: int, nope: int) -> tuple[int, int]:
+    """kv_b_proj's rows per head and its width (kv_lora_rank)."""
+    if len(shape) != 2 or heads <= 0 or shape[0] % heads or shape[0] // heads <= nope:
+        raise KimiAuditError(f"kv_b_proj has shape {list(shape)}: not {heads} heads of more than {nope} rows")
+    return shape[0] // heads, shape[1]
+
+
+def _kv_b_half(read: ReleaseReader, kv_b: str, heads: int, rows: int, nope: int, key: bool) -> Iterator[np.ndarray]:
+    """Per head: its key rows transposed ([kv_lora_rank, nope]) or its value rows ([v, kv_lora_rank])."""
+    import numpy as np
+
+    for h in range(heads):
+        if key:
+            yield np.ascontiguousarray(read.rows(kv_b, h * rows, h * rows + nope).T)
+        else:
+            yield read.rows(kv_b, h * rows + nope, (h + 1) * rows)
 
 
 GGUF_DIALECT = GgufDialect((GGUF_ARCH,), gguf_config, gguf_metadata, GGUF_TOP, GGUF_LAYER, converted,
-                           release_values)
+                           release_values, key_types=KEY_TYPES)
 
 

@@ -1,0 +1,67 @@
+"""The GGUF value types llama.cpp reads metadata keys with: a key stored in any other type stops the load.
+
+gguf.cpp stores each key with its type; llama.cpp's loader reads the keys it needs through typed getters that
+compare the stored type with the one asked for and throw on any other (llama.cpp 0c1e5709,
+src/llama-model-loader.cpp `GKV::get_kv`: "key %s has wrong type %s but expected type %s"; `get_key_or_arr`
+takes a scalar or an INT32 / UINT32 / BOOL array; src/llama-vocab.cpp refuses a token list, merges or token types
+that are not arrays of STRING / INT32, lines 2008, 2466-2498). This module holds the container-wide keys (the
+architecture, the tokenizer); an architecture's own keys are its GGUF dialect's (`GgufDialect.key_types`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+VALUE_TYPE_NAMES = {0: "UINT8", 1: "INT8", 2: "UINT16", 3: "INT16", 4: "UINT32", 5: "INT32", 6: "FLOAT32", 7: "BOOL",
+                    8: "STRING", 9: "ARRAY", 10: "UINT64", 11: "INT64", 12: "FLOAT64"}
+"""gguf.cpp's gguf_type."""
+UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY = 4, 5, 6, 7, 8, 9
+
+KeyType = tuple[tuple[int, int | None], ...]
+"""The (value type, array element type or None) pairs a key may be stored as."""
+U32: KeyType = ((UINT32, None),)
+F32: KeyType = ((FLOAT32, None),)
+FLAG: KeyType = ((BOOL, None),)
+STR: KeyType = ((STRING, None),)
+STRINGS: KeyType = ((ARRAY, STRING),)
+U32_OR_PER_LAYER: KeyType = ((UINT32, None), (ARRAY, UINT32), (ARRAY, INT32), (ARRAY, BOOL))
+"""`get_key_or_arr`: one value for every layer, or an array of them (llama_model_loader::get_arr)."""
+
+LOADER_KEYS: Mapping[str, KeyType] = {
+    "general.architecture": STR,
+    "tokenizer.ggml.model": STR,
+    "tokenizer.ggml.pre": STR,
+    "tokenizer.ggml.tokens": STRINGS,
+    "tokenizer.ggml.merges": STRINGS,
+    "tokenizer.ggml.token_type": ((ARRAY, INT32),),
+    "tokenizer.ggml.scores": ((ARRAY, FLOAT32), (ARRAY, INT32)),
+    **{f"tokenizer.ggml.{t}_token_id": U32 for t in ("bos", "eos", "eot", "eom", "unknown", "seperator",
+                                                        "padding", "mask")},
+    **{f"tokenizer.ggml.add_{t}_token": FLAG for t in ("bos", "eos", "sep")},
+}
+"""The keys llama.cpp reads for every model (llama-model-loader.cpp, llama-vocab.cpp) -> their types."""
+
+
+def stored_type(value: Any, vtype: int) -> tuple[int, int | None]:
+    """A key's (value type, array element type or None) as the part stores it."""
+    return (vtype, getattr(value, "item_type", None)) if vtype == ARRAY else (vtype, None)
+
+
+def type_name(stored: tuple[int, int | None]) -> str:
+    vtype, item = stored
+    name = VALUE_TYPE_NAMES.get(vtype, str(vtype))
+    return f"{name} of {VALUE_TYPE_NAMES.get(item, str(item))}" if item is not None else name
+
+
+def mistyped(kv: Mapping[str, Any], types: Mapping[str, int],
+             table: Mapping[str, KeyType]) -> list[tuple[str, str, str]]:
+    """(key, the type stored, the types llama.cpp reads it as) for each key of `table` stored in another type."""
+    out = []
+    for key, allowed in table.items():
+        if key not in types:
+            continue
+        stored = stored_type(kv.get(key), types[key])
+        if stored not in allowed:
+            out.append((key, type_name(stored), " or ".join(type_name(t) for t in allowed)))
+    return out
