@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,8 @@ from kimi_audit.model.arch.registry import architecture_of, gguf_architecture
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.model.kinds import PACKED, SCALE
 from kimi_audit.model.layout import scheme_of
-from kimi_audit.model.quant.scheme import Unquantized
+from kimi_audit.model.quant.deepseek import Fp8Block
+from kimi_audit.model.quant.scheme import FP8_DTYPE, Scheme, Unquantized, fp8_block
 from kimi_audit.sources.base import Source
 
 if TYPE_CHECKING:
@@ -99,31 +100,24 @@ def against_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_s
     return out
 
 
+BAND_BYTES = 1 << 24
+"""The float32 values one piece of a comparison holds at most (16 MiB: the source's band, its encoding and the
+GGUF's bytes for it stay under ~150 MB whatever the tensor's size; bench/against_memory.py measures it)."""
+ROW_GRAIN = 128
+"""Bands are whole multiples of this many rows (a quantized source's scale blocks: DeepSeek's FP8 is 128 x 128),
+except a tensor's last."""
+
+
 def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_source: Source, stored: Any,
                     progress: Callable[[str, int, int], None] | None) -> list[Finding]:
-    import numpy as np
-
-    from kimi_audit.checks.rmsnorm import linear_weight
-    from kimi_audit.numerics.ggml import ENCODED, encode
-    from kimi_audit.numerics.tensor_io import TensorFetcher, read_exact
+    from kimi_audit.numerics.ggml import ENCODED
 
     arch = gguf_architecture(gguf.metadata.get("general.architecture"))
     assert arch is not None and arch.gguf is not None
     cfg = hf.config
-    fetch = TensorFetcher(hf_source)
-
-    def read(name: str) -> np.ndarray:
-        module = name[: -len(".weight")]
-        scheme = scheme_of(cfg, module) if name.endswith(".weight") else None
-        if scheme is not None and not isinstance(scheme, Unquantized):  # a quantized Linear module: dequantized
-            e = hf.expected.get(module + scheme.stored(1, 4096)[0].suffix)
-            shape = None if e is None or not e.scheme else scheme.module_shape(e.shape, e.logical)
-            if shape is not None:
-                return np.asarray(linear_weight(fetch, cfg, module, *shape), dtype=np.float32)
-        return np.asarray(fetch.read(name)[0], dtype=np.float32)
-
+    reader = SourceRows(hf, hf_source)
     differ: dict[str, list[str]] = {}
-    compared, not_compared = 0, []
+    compared, not_compared, unread = 0, [], []
     rows = list(zip(stored.names, stored.dtypes, stored.shapes, stored.shards, stored.begins, stored.ends))
     for done, (name, dtype, shape, part, begin, end) in enumerate(rows, 1):
         if progress:
@@ -131,18 +125,27 @@ def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_so
         if dtype not in ENCODED:
             not_compared.append(name)
             continue
-        want = arch.gguf.release_values(name, read, cfg.n_routed_experts or 0, cfg.num_attention_heads,
-                                        cfg.qk_nope_head_dim)
-        if want is None:
+        start = gguf.headers[part].data_start
+        try:
+            want = arch.gguf.release_values(name, reader, cfg.n_routed_experts or 0, cfg.num_attention_heads,
+                                            cfg.qk_nope_head_dim)
+            if want is None:
+                continue
+            same = _same_bytes(want, shape, dtype, gguf_source, part, start + begin, start + end)
+        except (KimiAuditError, MemoryError) as e:  # the source unreadable, or too large for this machine
+            unread.append((name, str(e) or type(e).__name__))
+            reader.drop()
             continue
         compared += 1
-        raw = read_exact(gguf_source, part, gguf.headers[part].data_start + begin, end - begin)
-        if want.shape != shape or (raw != encode(want, dtype) and not (
-                dtype == "Q8_0" and raw == encode(encode_bf16(want), dtype))):
+        if not same:
             differ.setdefault(part, []).append(name)
     out = [error("AGAINST_VALUES", f"{part}: {len(names):,} tensors differ from what the converter writes from "
                  f"{hf.label} ({_listed(names)}): a part from another conversion or upload?", tensor=names[0],
                  shard=part, covers=len(names)) for part, names in differ.items()]
+    if unread:
+        out.append(error("AGAINST_UNREAD", f"{len(unread):,} tensors could not be compared with {hf.label}'s values "
+                         f"({_listed([n for n, _ in unread])}): {unread[0][0]}: {unread[0][1]}",
+                         tensor=unread[0][0], covers=len(unread)))
     out.append(info("AGAINST_CHECKED", f"{compared:,} tensors compared byte for byte with what ggml writes for "
                     f"{hf.label}'s values", actual=compared))
     if not_compared:
@@ -150,6 +153,147 @@ def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_so
                         f"does not compute (K-quants, IQ types) were not compared ({_listed(not_compared)})",
                         tensor=not_compared[0], covers=len(not_compared)))
     return out
+
+
+def _same_bytes(want: tuple[tuple[int, ...], Iterator[np.ndarray]], shape: tuple[int, ...], dtype: str,
+                gguf_source: Source, part: str, begin: int, end: int) -> bool:
+    """Whether the GGUF tensor's bytes [begin, end) of `part` are ggml's encoding of the expected values, compared
+    piece by piece (each piece's bytes read by range): as they are, or (Q8_0) rounded through BF16 first, one
+    reading for the whole tensor."""
+    import numpy as np
+
+    from kimi_audit.numerics.ggml import encode
+    from kimi_audit.numerics.tensor_io import read_exact
+
+    expected, pieces = want
+    if tuple(expected) != tuple(shape):
+        return False
+    readings = {"as is", "bf16"} if dtype == "Q8_0" else {"as is"}
+    at, elements = begin, 0
+    for piece in pieces:
+        values = np.asarray(piece, dtype=np.float32)
+        if values.ndim == 0 or (len(shape) > 1 and values.shape[-1] != shape[-1]):
+            return False
+        elements += values.size
+        if elements > math.prod(shape):
+            return False
+        encoded = encode(values, dtype)
+        raw = read_exact(gguf_source, part, at, len(encoded))
+        at += len(encoded)
+        if raw != encoded:
+            readings.discard("as is")
+        if "bf16" in readings:
+            rounded = encode_bf16(values)
+            if raw != (encoded if np.array_equal(rounded, values) else encode(rounded, dtype)):
+                readings.discard("bf16")
+        if not readings:
+            return False
+    return at == end and elements == math.prod(shape)
+
+
+class SourceRows:
+    """The release's tensors as the converter reads them (float32, a quantized Linear module's weight dequantized
+    as its format says), by row ranges: each band read by byte range and dequantized alone (an FP8 weight with
+    its scales' rows for those rows), so memory stays bounded whatever the tensor's size. One code path: a
+    format whose stored tensors do not split by rows (GPTQ's [in/8, out]) is one band, the whole module."""
+
+    def __init__(self, hf: Checkpoint, source: Source) -> None:
+        from kimi_audit.numerics.tensor_io import TensorFetcher
+
+        self.hf, self.cfg = hf, hf.config
+        self.fetch = TensorFetcher(source)
+        self._last: tuple[str, int, int, np.ndarray] | None = None
+
+    def drop(self) -> None:
+        self._last = None
+
+    def _module(self, name: str) -> tuple[str, Scheme, int, int] | None:
+        """A quantized Linear module's (name, scheme, out, in); None for any other tensor (read as stored)."""
+        if not name.endswith(".weight"):
+            return None
+        module = name[: -len(".weight")]
+        scheme = scheme_of(self.cfg, module)
+        if isinstance(scheme, Unquantized):
+            return None
+        e = self.hf.expected.get(module + scheme.stored(1, 4096)[0].suffix)
+        shape = None if e is None or not e.scheme else scheme.module_shape(e.shape, e.logical)
+        if shape is None:
+            return None
+        main = scheme.stored(*shape)[0]
+        if self.fetch.locate(module + main.suffix)[1].dtype == FP8_DTYPE and main.dtype != FP8_DTYPE:
+            scheme = Fp8Block(fp8_block(self.cfg.quant))  # FP8 weights the config does not describe as such
+        return module, scheme, *shape
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        m = self._module(name)
+        return (m[2], m[3]) if m is not None else tuple(self.fetch.locate(name)[1].shape)
+
+    def _band(self, name: str) -> int:
+        shape = self.shape(name) or (1,)
+        row = 4 * math.prod(shape[1:])
+        band = max(ROW_GRAIN, BAND_BYTES // max(row, 1) // ROW_GRAIN * ROW_GRAIN)
+        m = self._module(name)
+        return band if m is None or _splits(m[1], m[2], m[3], band) else max(shape[0], 1)
+
+    def _rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) (start a multiple of the band), float32; the last band kept for the next call."""
+        import numpy as np
+
+        if self._last is not None and self._last[:3] == (name, start, stop):
+            return self._last[3]
+        self._last = None
+        m = self._module(name)
+        if m is None:
+            values = np.asarray(self.fetch.read_slice(name, start, stop), dtype=np.float32)
+        else:
+            module, scheme, out, inp = m
+            full, part, before = scheme.stored(out, inp), scheme.stored(stop - start, inp), scheme.stored(start, inp)
+            tensors = {}
+            for f, p, b in zip(full, part, before):
+                have = tuple(self.fetch.locate(module + f.suffix)[1].shape)
+                if have != f.shape:
+                    raise KimiAuditError(f"{module}{f.suffix} has shape {list(have)}, {scheme.describe()} stores "
+                                         f"{list(f.shape)} for a [{out}, {inp}] weight")
+                if f.shape == p.shape or not f.shape:  # not by rows (weight_shape, a global scale): whole
+                    t = self.fetch.read_slice(module + f.suffix, 0, f.shape[0] if f.shape else 1)
+                    if t.size == 2 and t.dtype.kind in "iu" and [int(v) for v in t.reshape(-1)] == [out, inp]:
+                        t = np.asarray([stop - start, inp], dtype=t.dtype).reshape(t.shape)  # the band's [out, in]
+                    tensors[f.suffix] = t
+                else:
+                    first = b.shape[0] if start else 0
+                    tensors[f.suffix] = self.fetch.read_slice(module + f.suffix, first, first + p.shape[0])
+            values = np.asarray(scheme.dequantize(tensors, stop - start, inp), dtype=np.float32)
+        self._last = (name, start, stop, values)
+        return values
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        import numpy as np
+
+        band, n = self._band(name), (self.shape(name) or (1,))[0]
+        out = [self._rows(name, a, min(a + band, n))[max(start, a) - a: min(stop, a + band) - a]
+               for a in range(start // band * band, stop, band)]
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def bands(self, name: str) -> Iterator[np.ndarray]:
+        band, n = self._band(name), (self.shape(name) or (1,))[0]
+        for a in range(0, n, band):
+            yield self._rows(name, a, min(a + band, n))
+
+
+def _splits(scheme: Scheme, out: int, inp: int, band: int) -> bool:
+    """Whether every tensor the scheme stores for [out, in] is either the same whatever the rows (read whole) or
+    the rows of its own first dimension, bands of `band` rows taking whole rows of it at regular steps."""
+    n = -(-out // band)
+    last = out - (n - 1) * band
+    full, one, lead, tail = (scheme.stored(r, inp) for r in (out, band, (n - 1) * band, last))
+    for f, o, ld, t in zip(full, one, lead, tail):
+        if f.shape == o.shape or not f.shape:
+            continue
+        if f.shape[1:] != o.shape[1:] or (n > 1 and ld.shape[0] != (n - 1) * o.shape[0]):
+            return False
+        if (ld.shape[0] if n > 1 else 0) + t.shape[0] != f.shape[0]:
+            return False
+    return True
 
 
 def encode_bf16(values: np.ndarray) -> np.ndarray:

@@ -315,6 +315,21 @@ class TensorFetcher:
         raw = self._read(name, shard, h, h.data_start + t.begin, t.nbytes)
         return decode(raw, t.dtype, t.shape), t, shard
 
+    def read_slice(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a tensor's first dimension (all of a 0-dim tensor), decoded: one range read of
+        exactly their bytes, whatever the tensor's size (a band of a tensor too large to read whole)."""
+        from kimi_audit.numerics.dtypes import decode
+
+        shard, t, h = self.locate(name)
+        shape = t.shape or (1,)
+        if not 0 <= start <= stop <= shape[0]:
+            raise KimiAuditError(f"rows [{start}, {stop}) out of range for {name} with {shape[0]:,} rows")
+        row_bytes = t.nbytes // shape[0] if shape[0] else 0
+        length = (stop - start) * row_bytes
+        check_memory(2 * length, f"reading rows {start:,} to {stop:,} of {name} ({length:,} bytes)")
+        raw = self._read(name, shard, h, h.data_start + t.begin + start * row_bytes, length)
+        return decode(raw, t.dtype, (stop - start, *shape[1:]) if t.shape else ())
+
     def read_rows(self, name: str, rows: list[int]) -> tuple[np.ndarray, TensorInfo, str]:
         """Selected rows of a 2-D tensor (e.g. embedding rows), one range read per run of rows."""
         import numpy as np

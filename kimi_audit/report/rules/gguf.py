@@ -86,6 +86,12 @@ GGUF_RULES: dict[str, Rule] = {
         'Tensors stored F32, F16, BF16 or Q8_0 in this part are not the bytes ggml writes for the '
         "source's values (dequantized as its format says): a part from another conversion or upload, "
         'which llama.cpp loads without a word.', GGUF_HELP),
+    "AGAINST_UNREAD": Rule(
+        "error", "`--against --values`: tensors whose values could not be read to compare",
+        "The source's values for these GGUF tensors could not be read or dequantized (a sparse hole in a "
+        "header-only copy, a shard cut short, a shape its format does not store, not enough memory): their bytes "
+        "were not compared, and the comparison is no PASS. One finding, the first tensor and its reason named.",
+        GGUF_HELP),
     "AGAINST_CHECKED": Rule(
         "info", '`--against --values`: how many tensors were compared byte for byte',
         "The tensors whose bytes were compared with what ggml writes for the source's values.", GGUF_HELP),
