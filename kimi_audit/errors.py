@@ -57,6 +57,13 @@ class ShortReadError(SourceError):
     code = "SHORT_READ"
 
 
+class SizeDisagreesError(SourceError):
+    """A Hub answer's Content-Range gives the file another total size than the repository's listing: one of them
+    is wrong, and neither is taken over the other."""
+
+    code = "SIZE_DISAGREES"
+
+
 class UnsafePathError(SourceError):
     """A file name would escape the checkpoint directory."""
 

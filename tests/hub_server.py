@@ -20,7 +20,8 @@ sparse files and are never read whole); bigger files are listed without LFS meta
 It counts requests and body bytes sent, in total and per path, and injects faults
 (:meth:`FakeHub.add_fault`): ``500`` (N times, then success), ``429`` with ``Retry-After``,
 ``ignore_range`` (answer a ranged GET with 200 and the whole body, streamed in chunks, so that a
-good client hangs up early), ``truncate`` (promise the full length, send part, close), ``stall``
+good client hangs up early), ``truncate`` (promise the full length, send part, close), ``lie_total``
+(a ranged answer's Content-Range claims another file size than the listing's), ``stall``
 (sleep before answering) and a per-request ``latency_s``.
 
 Every wait is bounded and is cut short by :meth:`FakeHub.stop`, so teardown never hangs.
@@ -50,7 +51,7 @@ _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX_PREFIX = re.compile(r"^[0-9a-f]{7,40}$")
 _RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
 
-FAULT_KINDS = ("500", "429", "ignore_range", "truncate", "stall", "trickle", "gzip_bomb")
+FAULT_KINDS = ("500", "429", "ignore_range", "truncate", "stall", "trickle", "gzip_bomb", "lie_total")
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Fault:
     stall_s: float = 30.0  # stall
     keep_fraction: float = 0.5  # truncate: share of the promised body actually sent
     inflated: int = 2 << 30  # gzip_bomb: bytes the body inflates to
+    total: int = 0  # lie_total: the file size a ranged answer's Content-Range claims
 
 
 @dataclass
@@ -640,7 +642,8 @@ class _Handler(BaseHTTPRequestHandler):
                 headers["Content-Range"] = f"bytes */{size}"
                 return self._send(416, b"", headers)
             status = 206
-            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+            claimed = fault.total if fault is not None and fault.kind == "lie_total" else size
+            headers["Content-Range"] = f"bytes {start}-{end}/{claimed}"
         length = end - start + 1 if size else 0
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")

@@ -34,7 +34,7 @@ from kimi_audit.errors import KimiAuditError
 from kimi_audit.model.checkpoint import load_checkpoint
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
-from kimi_audit.text import clip, printable
+from kimi_audit.text import clip, json_dumps, printable
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_LINES = 40
@@ -185,7 +185,7 @@ def diff(
                              fingerprints_b=file_fingerprints(src_b, list(ckpt_b.headers)),
                              max_read=budget, include=tensors or (), progress=update)
     if as_json:
-        sys.stdout.write(json.dumps(diff_dict(d, c), indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(json_dumps(diff_dict(d, c), indent=2) + "\n")
     else:
         render_diff(d, c)
     raise typer.Exit(0 if verdict(d, c) == IDENTICAL else 1)

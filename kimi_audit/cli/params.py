@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from kimi_audit.model.explain import build_card, find_nodes
 from kimi_audit.report.accounting import accounting_dict, render_params
 from kimi_audit.report.explain import card_dict, card_rich
 from kimi_audit.sources import open_source
+from kimi_audit.text import json_dumps
 
 SOURCE_HELP = "A local checkpoint directory, or a Hub repo id `owner/name[@revision]`."
 
@@ -76,7 +76,7 @@ def params(
 
         emit(render_params_html(acc, depth), output)
     elif out_format == "json":
-        emit(json.dumps(accounting_dict(acc, depth), indent=2, ensure_ascii=False) + "\n", output)
+        emit(json_dumps(accounting_dict(acc, depth), indent=2) + "\n", output)
     else:
         buf = io.StringIO()
         render_params(acc, log_console(buf), depth)
@@ -103,7 +103,7 @@ def explain(
     ckpt, acc = _load(source, revision, progress)
     cards = [build_card(acc, ckpt.config, ckpt.config_raw, n) for n in find_nodes(acc, ckpt.config, component)]
     if as_json:
-        sys.stdout.write(json.dumps([card_dict(c) for c in cards], indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(json_dumps([card_dict(c) for c in cards], indent=2) + "\n")
     else:
         for i, c in enumerate(cards):
             if i:

@@ -17,6 +17,7 @@ from kimi_audit.checks.audit import AuditReport
 from kimi_audit.constants import VERSION
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.report.grouping import FindingGroup, group_findings, ignored_counts
+from kimi_audit.text import json_dumps
 
 SCHEMA = "kimi-audit/audit/1"
 MAX_FINDINGS = 500
@@ -122,4 +123,4 @@ def clipped(f: Finding) -> dict[str, Any]:
 
 
 def render_json(report: AuditReport, fail_on: Severity = Severity.ERROR, all_findings: bool = False) -> str:
-    return json.dumps(report_dict(report, fail_on, all_findings), indent=2, ensure_ascii=False) + "\n"
+    return json_dumps(report_dict(report, fail_on, all_findings), indent=2) + "\n"

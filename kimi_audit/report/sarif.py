@@ -12,7 +12,6 @@ run's properties.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 from urllib.parse import quote
 
@@ -21,7 +20,7 @@ from kimi_audit.constants import CONFIG_FILE, INDEX_FILE, VERSION
 from kimi_audit.findings import Finding, Severity
 from kimi_audit.report.junit import CHECKS, check_of, not_run
 from kimi_audit.report.rules import RULES, rule
-from kimi_audit.text import clip, printable
+from kimi_audit.text import clip, json_dumps, printable
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 MAX_RESULTS = 5_000
@@ -150,7 +149,7 @@ def sarif_dict(report: AuditReport, fail_on: Severity = Severity.ERROR,
 
 
 def render_sarif(report: AuditReport, fail_on: Severity = Severity.ERROR) -> str:
-    return json.dumps(sarif_dict(report, fail_on), indent=2, ensure_ascii=False) + "\n"
+    return json_dumps(sarif_dict(report, fail_on), indent=2) + "\n"
 
 
 def sarif_error_dict(code: str, message: str, source: str, exit_code: int = 2) -> dict[str, Any]:
@@ -172,4 +171,4 @@ def sarif_error_dict(code: str, message: str, source: str, exit_code: int = 2) -
 
 
 def render_sarif_error(code: str, message: str, source: str, exit_code: int = 2) -> str:
-    return json.dumps(sarif_error_dict(code, message, source, exit_code), indent=2, ensure_ascii=False) + "\n"
+    return json_dumps(sarif_error_dict(code, message, source, exit_code), indent=2) + "\n"

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import quote
 
 from kimi_audit.constants import CONFIG_FILE, PINNED_REPO_ID, PINNED_REVISION
-from kimi_audit.errors import FileMissingError, FileTooLargeError, KimiAuditError, ShortReadError
+from kimi_audit.errors import FileMissingError, FileTooLargeError, KimiAuditError, ShortReadError, SizeDisagreesError
 from kimi_audit.sources.base import RangeRead, safe_member_name
 from kimi_audit.sources.hub_api import decode_repo_info
 from kimi_audit.sources.hub_body import MAX_API_BYTES, BodyError, bounded_body, ranged_body
@@ -331,6 +331,11 @@ class HubSource:
         except (RangeNotSupportedError, HubTimeoutError, GatedRepoError, HubOfflineError) as e:
             self._fatal = e
             raise
+        if total is not None and size is not None and total != size:
+            # The listing and the answer disagree on the file's size: either may be the lie (a truncated upload
+            # served with a total that hides it), and a size taken from one would pass what the other says.
+            raise SizeDisagreesError(f"{name}: the repository lists {size:,} bytes, but {self._where()} answers "
+                                     f"bytes {start:,}-{start + len(data) - 1:,} of a {total:,}-byte file")
         file_size = total if total is not None else (size if size is not None else start + len(data))
         expected = max(0, min(length, file_size - start))
         if len(data) < expected:

@@ -7,11 +7,16 @@ import re
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from kimi_audit.errors import FileMissingError
+from kimi_audit.errors import FileMissingError, KimiAuditError
 from kimi_audit.sources.base import Holes, RangeRead, Source
 
 SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 """llama.cpp's split part names (`llama_split_path`: `%s-%05d-of-%05d.gguf`)."""
+MAX_GLOB = 1024
+"""The longest `--include` glob: fnmatch's translation of a glob is quadratic in its `[`s (20,000 of them take
+30 s), and a path is shorter."""
+MAX_GLOBS = 256
+"""The most `--include` globs (each file listed is matched against every one)."""
 
 
 def set_globs(name: str) -> tuple[str, ...]:
@@ -30,6 +35,12 @@ class Selected:
     """`source` with only the files an `include` glob matches listed, and only those readable."""
 
     def __init__(self, source: Source, include: tuple[str, ...], label: str | None = None) -> None:
+        for glob in include:
+            if len(glob) > MAX_GLOB:
+                raise KimiAuditError(f"--include: a glob of {len(glob):,} characters (at most {MAX_GLOB:,}: a "
+                                     "file path's)")
+        if len(include) > MAX_GLOBS:
+            raise KimiAuditError(f"--include given {len(include):,} times (at most {MAX_GLOBS})")
         self.source, self.include = source, include
         self.label = label or f"{source.label} ({' '.join(include)})"
         self.revision = source.revision

@@ -84,6 +84,9 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
     if attention is None and "full_attn_layers" in linear and "kda_layers" in linear:
         slots: list[str | None] = [None] * n
         for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
+            if not isinstance(linear[key], list):
+                raise ConfigError(f"config.json linear_attn_config.{key} is {linear[key]!r}, not a list of layers "
+                                  f"1..{n}")
             for layer in linear[key]:
                 if type(layer) is not int or not 1 <= layer <= n:
                     raise ConfigError(f"config.json linear_attn_config.{key} holds {layer!r}, not a layer 1..{n}")

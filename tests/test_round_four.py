@@ -1,0 +1,211 @@
+"""No false PASS, round four (issue 46): each class of attack fixed at its root, each test failing before its fix.
+The GGUF files are llama.cpp's own (tests/data/gguf), read with gguf-py and written back changed (gguf_builder);
+what llama.cpp refuses is cited from its source (llama.cpp 0c1e5709)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import gguf_builder as gb
+from kimi_audit import audit
+from kimi_audit.cli import app
+from kimi_audit.errors import KimiAuditError
+from kimi_audit.model.config import model_config_from_dict
+
+runner = CliRunner()
+DATA = Path(__file__).resolve().parent / "data" / "gguf"
+Q2K = DATA / "tiny-Q2_K.gguf"
+U32, STRING, ARRAY, I32, U64, U16 = 4, 8, 9, 5, 10, 2
+
+
+def codes(report: object) -> list[str]:
+    return [f.code for f in report.findings]  # type: ignore[attr-defined]
+
+
+def rewrite(out: Path, edit: object) -> Path:
+    g = gb.read(Q2K)
+    edit(g)  # type: ignore[operator]
+    gb.write(g, out)
+    return out
+
+
+def laid_out(g: gb.Gguf) -> dict[str, int]:
+    """Each tensor's offset as llama.cpp's writer lays them: end to end in order, each padded to the alignment."""
+    pos, out = 0, {}
+    for t in g.tensors:
+        out[t.name] = pos
+        pos += -(-len(t.data) // g.alignment) * g.alignment
+    return out
+
+
+# --- 1. a GGUF with no model ------------------------------------------------------------------------------------
+
+
+def test_a_gguf_with_no_keys_and_no_tensors_is_no_pass(tmp_path: Path) -> None:
+    empty = tmp_path / "e.gguf"
+    empty.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
+    report = audit(empty)
+    assert report.verdict() == "FAIL" and codes(report) == ["GGUF_KEY_MISSING"]
+    result = runner.invoke(app, ["audit", str(empty), "--no-progress"])
+    assert result.exit_code == 1
+
+
+def test_a_gguf_without_general_architecture_is_no_pass(tmp_path: Path) -> None:
+    out = rewrite(tmp_path / "m.gguf", lambda g: g.kv.pop("general.architecture"))
+    report = audit(out)
+    assert report.verdict() == "FAIL" and codes(report) == ["GGUF_KEY_MISSING"]
+    assert report.findings[0].tensor == "general.architecture"
+
+
+def test_a_header_then_a_gigabyte_hole_is_no_pass(tmp_path: Path) -> None:
+    hole = tmp_path / "h.gguf"
+    with hole.open("wb") as f:
+        f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
+        f.truncate(1 << 30)
+    report = audit(hole)
+    assert report.verdict() == "FAIL" and "GGUF_KEY_MISSING" in codes(report)
+
+
+# --- 2. offsets llama.cpp refuses (gguf.cpp: "tensor '%s' has offset %zu, expected %zu") ---------------------------
+
+
+def test_two_equal_tensors_with_swapped_offsets_are_refused(tmp_path: Path) -> None:
+    """Two F32 norms of one shape whose offsets trade places, each name pointing at the other's bytes: every byte is
+    inside the file, aligned, nothing overlaps, and llama.cpp refuses the file."""
+    raw = bytearray(Q2K.read_bytes())
+    a, b = (_offset_field(raw, n) for n in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"))
+    raw[a:a + 8], raw[b:b + 8] = raw[b:b + 8], raw[a:a + 8]
+    out = tmp_path / "s.gguf"
+    out.write_bytes(raw)
+    report = audit(out)
+    assert report.verdict() == "FAIL"
+    assert codes(report) == ["GGUF_OFFSET"] and report.findings[0].covers == 2
+
+
+def test_an_aligned_gap_between_tensors_is_refused(tmp_path: Path) -> None:
+    def gap(g: gb.Gguf) -> None:
+        at = laid_out(g)
+        half = len(g.tensors) // 2
+        for i, t in enumerate(g.tensors):
+            t.offset = at[t.name] + (4096 if i >= half else 0)
+
+    out = rewrite(tmp_path / "g.gguf", gap)
+    report = audit(out)
+    n = len(gb.read(Q2K).tensors)
+    assert report.verdict() == "FAIL" and codes(report) == ["GGUF_OFFSET"]
+    assert report.findings[0].covers == n - n // 2
+
+
+def _offset_field(raw: bytearray, name: str) -> int:
+    """Where tensor `name`'s info keeps its data offset: after its name, dims and type (gguf.cpp's layout)."""
+    key = struct.pack("<Q", len(name)) + name.encode()
+    at = raw.find(key) + len(key)
+    (n_dims,) = struct.unpack_from("<I", raw, at)
+    return at + 4 + 8 * n_dims + 4
+
+
+# --- 6. metadata types llama.cpp's typed getters refuse ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "vtype", "value", "item", "code"), [
+    ("general.alignment", U64, 32, None, "GGUF_INVALID"),  # gguf.cpp: "must be of type UINT32"
+    ("general.alignment", U16, 32, None, "GGUF_INVALID"),
+    ("tokenizer.ggml.tokens", ARRAY, list(range(512)), I32, "GGUF_KEY_TYPE"),  # llama-vocab.cpp:2466
+    ("tokenizer.ggml.pre", ARRAY, ["kimi-k2"], STRING, "GGUF_KEY_TYPE"),
+    ("general.architecture", U32, 2, None, "GGUF_KEY_TYPE"),
+    ("deepseek2.expert_weights_scale", STRING, "2.5", None, "GGUF_KEY_TYPE"),  # GKV::get_kv: "has wrong type"
+])
+def test_a_key_of_another_type_than_llama_cpp_reads(tmp_path: Path, key: str, vtype: int, value: object,
+                                                    item: int | None, code: str) -> None:
+    out = rewrite(tmp_path / "t.gguf", lambda g: g.set(key, vtype, value, item))
+    report = audit(out)
+    assert report.verdict() == "FAIL" and codes(report) == [code]
+    assert key in report.findings[0].message
+
+
+# --- 8. values of the wrong type: one finding or one line, never a traceback --------------------------------------
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("deepseek2.rope.dimension_count", "16"), ("deepseek2.attention.key_length_mla", "x"),
+    ("deepseek2.block_count", 3.0)])
+def test_hyperparameters_of_the_wrong_type_are_one_finding(tmp_path: Path, key: str, value: object) -> None:
+    vtype = STRING if isinstance(value, str) else 6
+    out = rewrite(tmp_path / "w.gguf", lambda g: g.set(key, vtype, value))
+    result = runner.invoke(app, ["audit", str(out), "--no-progress", "--json"])
+    assert result.exit_code == 1, result.output  # a traceback is exit 1 too: the JSON below is the proof
+    doc = json.loads(result.stdout)
+    assert [f["code"] for f in doc["findings"]] == ["GGUF_KEY_TYPE"]
+
+
+def test_vocab_size_of_the_wrong_type_without_a_token_list(tmp_path: Path) -> None:
+    def edit(g: gb.Gguf) -> None:
+        g.kv.pop("tokenizer.ggml.tokens")
+        g.set("deepseek2.vocab_size", STRING, "abc")
+
+    report = audit(rewrite(tmp_path / "v.gguf", edit))
+    assert codes(report) == ["GGUF_KEY_TYPE"]
+
+
+@pytest.mark.parametrize("key", ["full_attn_layers", "kda_layers"])
+@pytest.mark.parametrize("value", [None, 3, "1,2", {"a": 1}, True])
+def test_kimi_linear_layer_lists_that_are_no_lists(key: str, value: object) -> None:
+    """Kimi K3 (its text_config is Kimi-Linear's) and Kimi-Linear itself: a layer list that is null or a scalar is
+    one ConfigError (exit 2), not a TypeError."""
+    cfg = json.loads(resources.files("kimi_audit").joinpath("data/kimi-k3.config.json").read_text())
+    for c in (cfg, {**cfg["text_config"], "model_type": "kimi_linear"}):
+        c = json.loads(json.dumps(c))
+        text = c.get("text_config", c)
+        text["linear_attn_config"][key] = value
+        with pytest.raises(KimiAuditError):
+            model_config_from_dict(c)
+
+
+# --- 5. a Content-Range the listing contradicts ---------------------------------------------------------------
+
+
+def test_a_content_range_total_the_listing_contradicts(hub, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A part cut short on the server, whose ranged answers claim the full size: honest, the cut is DATA_PAST_EOF;
+    lying, the two sizes disagreeing is itself the error, never a PASS."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    full = Q2K.read_bytes()
+    (root / "m.gguf").write_bytes(full[: len(full) - 4096])
+    hub.add_repo("test-org/cut-gguf", root)
+    honest = runner.invoke(app, ["audit", "test-org/cut-gguf", "--no-progress", "--json"])
+    assert honest.exit_code == 1 and "DATA_PAST_EOF" in honest.stdout
+    hub.add_fault("lie_total", times=100, match="m.gguf", method="GET", total=len(full))
+    lying = runner.invoke(app, ["audit", "test-org/cut-gguf", "--no-progress", "--json"])
+    assert lying.exit_code != 0, lying.stdout
+    assert "lists" in lying.stdout and f"{len(full):,}" in lying.stdout
+
+
+# --- 9. JSON keeps no raw bidi character; --include is bounded --------------------------------------------------
+
+
+def test_json_escapes_bidi_and_format_characters(tiny_dir: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "c"
+    shutil.copytree(tiny_dir, ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["model_type"] = "kimi_k2\u202e\u2066x"
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "r.json"
+    written = runner.invoke(app, ["audit", str(ckpt), "--no-progress", "-o", str(out)])
+    result = runner.invoke(app, ["audit", str(ckpt), "--no-progress", "--json"])
+    assert result.exit_code == written.exit_code == 0, result.output  # its `architectures` names the model
+    for text in (result.stdout, out.read_text(encoding="utf-8")):
+        assert "\u202e" not in text and "\u2066" not in text
+        assert "\\u202e" in text
+        assert json.loads(text)["model"]["model_type"] == "kimi_k2\u202e\u2066x"  # the same value, escaped
+
+
+def test_an_include_glob_is_bounded(tiny_dir: Path) -> None:
+    result = runner.invoke(app, ["audit", str(tiny_dir), "--include", "[" * 20_000, "--no-progress"])
+    assert result.exit_code == 2 and "at most 1,024" in result.output
