@@ -114,6 +114,7 @@ def check_tensor(src: Source, name: str, *, dequant: bool = False,
     )
     from kimi_audit.numerics.bnb import read_quant_state
     from kimi_audit.numerics.dtypes import NumericsError
+    from kimi_audit.numerics.ggml_quants import is_quantized
     from kimi_audit.numerics.kernels import tensor_stats
 
     fetch = TensorFetcher(src)
@@ -167,6 +168,10 @@ def check_tensor(src: Source, name: str, *, dequant: bool = False,
                 deq_st = tensor_stats(scheme.dequantize(stored, out, inp))
             except NumericsError as e:
                 findings.append(error("SHAPE_MISMATCH", f"{module}: cannot dequantize: {e}", tensor=module))
+    elif is_quantized(t.dtype):  # a GGUF weight: read at all only dequantized (numerics.ggml_quants)
+        deq_st = st if dequant else None
+        notes.append(f"{name} is ggml {t.dtype}: its values are its blocks dequantized by gguf-py, llama.cpp's "
+                     "own reference")
     elif dequant:
         notes.append(f"{name} is {t.dtype}, not a quantized weight: nothing to dequantize")
 

@@ -14,6 +14,7 @@ decoding need is available (`check_memory`, NotEnoughMemoryError).
 from __future__ import annotations
 
 import bisect
+import math
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -303,23 +304,19 @@ class TensorFetcher:
         return data
 
     def read(self, name: str, max_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> tuple[np.ndarray, TensorInfo, str]:
-        from kimi_audit.numerics.dtypes import decode
-
         shard, t, h = self.locate(name)
         if t.nbytes > max_bytes:
             raise KimiAuditError(
                 f"{name} is {t.nbytes:,} bytes, over the {max_bytes:,}-byte limit (raise --max-bytes to read it)"
             )
         self.require_present(name, shard, h, h.data_start + t.begin, t.nbytes)
-        check_memory(2 * t.nbytes, f"reading {name} ({t.nbytes:,} bytes)")  # the chunks, then their join
-        raw = self._read(name, shard, h, h.data_start + t.begin, t.nbytes)
-        return decode(raw, t.dtype, t.shape), t, shard
+        check_memory(2 * t.nbytes + _decoded_bytes(t.dtype, t.shape), f"reading {name} ({t.nbytes:,} bytes)")
+        raw = self._read(name, shard, h, h.data_start + t.begin, t.nbytes)  # the chunks, then their join
+        return _decode(raw, t.dtype, t.shape), t, shard
 
     def read_slice(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of a tensor's first dimension (all of a 0-dim tensor), decoded: one range read of
         exactly their bytes, whatever the tensor's size (a band of a tensor too large to read whole)."""
-        from kimi_audit.numerics.dtypes import decode
-
         shard, t, h = self.locate(name)
         shape = t.shape or (1,)
         if not 0 <= start <= stop <= shape[0]:
@@ -328,7 +325,7 @@ class TensorFetcher:
         length = (stop - start) * row_bytes
         check_memory(2 * length, f"reading rows {start:,} to {stop:,} of {name} ({length:,} bytes)")
         raw = self._read(name, shard, h, h.data_start + t.begin + start * row_bytes, length)
-        return decode(raw, t.dtype, (stop - start, *shape[1:]) if t.shape else ())
+        return _decode(raw, t.dtype, (stop - start, *shape[1:]) if t.shape else ())
 
     def read_rows(self, name: str, rows: list[int]) -> tuple[np.ndarray, TensorInfo, str]:
         """Selected rows of a 2-D tensor (e.g. embedding rows), one range read per run of rows."""
@@ -350,6 +347,21 @@ class TensorFetcher:
             raw = self._read(f"{name} row {r}", shard, h, h.data_start + t.begin + r * row_bytes, row_bytes)
             out.append(decode(raw, t.dtype, (width,)))
         return np.stack(out) if out else np.zeros((0, width)), t, shard
+
+
+def _decoded_bytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """The float32 array a ggml-quantized tensor is decoded into (0 for a dtype decoded in place)."""
+    from kimi_audit.numerics.ggml_quants import is_quantized
+
+    return 4 * math.prod(shape) if is_quantized(dtype) else 0
+
+
+def _decode(raw: bytes | bytearray | memoryview, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A tensor's values from its bytes: viewed as its dtype, or a ggml block type's dequantized (gguf-py's)."""
+    from kimi_audit.numerics.dtypes import decode
+    from kimi_audit.numerics.ggml_quants import dequantize, is_quantized
+
+    return dequantize(raw, dtype, shape) if is_quantized(dtype) else decode(raw, dtype, shape)
 
 
 def read_tensor(

@@ -36,6 +36,8 @@ GGUF_LAYER = tuple((f"{hf}.weight", f"{gguf}.weight") for hf, gguf in (
 GGUF_ROUTER_BIAS = ".exp_probs_b.bias"
 """The router's correction bias as GGUF names it (its value role: model.kinds.ROUTER_BIAS)."""
 SIGMOID = 2
+GLM47_FLASH_VOCAB = 154_880
+"""The vocabulary by which llama.cpp's deepseek2 loader recognises GLM-4.7-Flash (with 47 or 48 main layers)."""
 """llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (gguf-py ExpertGatingFuncType)."""
 GATING = {"softmax": 1, "sigmoid": SIGMOID}
 """config.json `scoring_func` -> `expert_gating_func` (the converter writes it only when the config has one)."""
@@ -60,7 +62,7 @@ KEY_TYPES = {
                             "attention.kv_lora_rank", "attention.key_length", "attention.value_length",
                             "attention.key_length_mla", "attention.value_length_mla", "expert_shared_count",
                             "expert_gating_func", "rope.dimension_count", "leading_dense_block_count",
-                            "rope.scaling.original_context_length")},
+                            "rope.scaling.original_context_length", "nextn_predict_layers")},
     **{key: U32_OR_PER_LAYER for key in ("feed_forward_length", "attention.head_count", "attention.head_count_kv",
                                          "expert_feed_forward_length", "expert_used_count")},
     **{key: F32 for key in ("attention.layer_norm_rms_epsilon", "expert_weights_scale", "rope.freq_base",
@@ -75,6 +77,16 @@ REQUIRED = ("block_count", "embedding_length", "attention.head_count", "attentio
             "rope.dimension_count", "attention.key_length", "attention.value_length")
 """What this tool cannot read the model without (llama.cpp requires most of them, and reads the rest into its
 head dimensions)."""
+
+
+def loader_gating(stored: Any, main_layers: int, vocab: Any) -> Any:
+    """The expert gating function llama.cpp routes by: the key's value, or where it is absent the loader's own
+    default (src/models/deepseek2.cpp load_arch_hparams: sigmoid for 47 or 48 main layers and a 154,880-token
+    vocabulary, GLM-4.7-Flash, whose GGUFs lack the key; else softmax, what DeepSeek-V2 GGUFs assume); None stands
+    for softmax by absence."""
+    if stored is None and main_layers in (47, 48) and vocab == GLM47_FLASH_VOCAB:
+        return SIGMOID
+    return stored
 
 
 def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Any], list[Finding]]:
@@ -106,15 +118,17 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         findings.append(warning("GGUF_PRE_MLA", "attention stored as one attn_kv_b per layer: a conversion from "
                                 "before llama.cpp #12801, which runs without MLA (more KV cache, slower); "
                                 "re-convert for attn_k_b/attn_v_b", tensor="attn_kv_b"))
-    gating, bias = k("expert_gating_func"), any(n.endswith(GGUF_ROUTER_BIAS) for n in stored)
+    tokens = kv.get("tokenizer.ggml.tokens")
+    vocab = getattr(tokens, "count", None) or k("vocab_size")
+    gating, bias = loader_gating(k("expert_gating_func"), k("block_count") - (k("nextn_predict_layers") or 0),
+                                 k("vocab_size") or getattr(tokens, "count", None)), \
+        any(n.endswith(GGUF_ROUTER_BIAS) for n in stored)
     if bias and gating != SIGMOID:
         said = "absent" if gating is None else f"{gating}"
         findings.append(error("GGUF_GATING", f"{a}.expert_gating_func is {said}, but the experts carry exp_probs_b "
                               "(sigmoid routing with a correction bias): llama.cpp routes by softmax, other logits. "
                               "The config.json converted had no scoring_func; re-convert with scoring_func: sigmoid",
                               tensor=f"{a}.expert_gating_func", expected=SIGMOID, actual=gating))
-    tokens = kv.get("tokenizer.ggml.tokens")
-    vocab = getattr(tokens, "count", None) or k("vocab_size")
     embed = stored.get("token_embd.weight")
     if vocab is not None and embed is not None and embed and embed[0] != vocab:
         findings.append(error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
