@@ -510,3 +510,35 @@ def test_gating_follows_the_loaders_default_when_the_key_is_absent() -> None:
     assert loader_gating(None, 47, 154_880) == SIGMOID and loader_gating(None, 48, 154_880) == SIGMOID
     assert loader_gating(None, 61, 154_880) is None and loader_gating(None, 47, 163_840) is None
     assert loader_gating(1, 47, 154_880) == 1  # a stored key is what the loader reads
+
+
+def test_every_ggml_block_type_reads_as_gguf_py_dequantizes_it(tmp_path: Path) -> None:
+    """A tensor of every quantized ggml type kimi-audit's table and the installed gguf-py both know (IQ, TQ, MXFP4,
+    NVFP4 included; random block bytes, one row of two blocks and a second row), read by range and dequantized,
+    equals gguf-py's GGUFReader view of the same file dequantized by gguf-py."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf.quants import dequantize
+
+    from kimi_audit.format.gguf_types import GGML_TYPES
+    from kimi_audit.numerics.ggml_quants import is_quantized
+    from kimi_audit.numerics.tensor_io import TensorFetcher
+    from kimi_audit.sources import LocalSource
+
+    rng = np.random.default_rng(0)
+    known = {t.name for t in GGMLQuantizationType}
+    g = gb.Gguf()
+    g.set("general.architecture", 8, "deepseek2")
+    types = [t for t in GGML_TYPES.values() if is_quantized(t.name) and t.name in known and t.name != "Q8_1"]
+    for t in types:
+        g.tensors.append(gb.Tensor(f"t.{t.name}", [2 * t.block, 2], t.id, rng.bytes(4 * t.size)))
+    gb.write(g, tmp_path / "all.gguf")
+    fetch = TensorFetcher(LocalSource(tmp_path))
+    for t in GGUFReader(tmp_path / "all.gguf").tensors:
+        try:
+            want = dequantize(t.data, t.tensor_type).reshape(2, -1)
+        except NotImplementedError:
+            continue
+        ours, _, _ = fetch.read(t.name)
+        assert np.array_equal(ours, want.astype(np.float32), equal_nan=True), t.name
+    assert len(types) >= 20
