@@ -2,7 +2,8 @@
 pass, checks.values, and the `tensor` command, checks.tensor).
 
 `value_kind` says which class a tensor is by its name's role (model.roles) and dtype; `check_values` checks
-one decoded tensor of that class: NaN and Inf everywhere; scales finite and > 0 (MLX's affine scales
+one decoded tensor of that class: NaN and Inf everywhere (a GGUF tensor's block scales: in each block's `d`, as
+llama.cpp checks them); scales finite and > 0 (weight, input and KV-cache scales; MLX's affine scales
 non-zero, bitsandbytes' absmax >= 0); FP8 block scales exact powers of two under `scale_fmt: ue8m0`; a gain
 not all zeros; a `weight_shape` the [out, in] the config implies; a bitsandbytes quant_state the JSON its
 module needs.
@@ -36,6 +37,13 @@ BNB_QUANT_MAP = "bnb_quant_map"
 """bitsandbytes' code books: finite."""
 QUANT_STATE = "quant_state"
 """bitsandbytes' serialized QuantState: JSON of its quant_type, blocksize, dtype and shape."""
+ACTIVATION_SCALE = "activation_scale"
+"""Input (activation) and KV-cache scales (ModelOpt's and compressed-tensors' `input_scale`, `input_global_scale`,
+`k_scale`, `v_scale`): finite and > 0 (each divides or multiplies an activation)."""
+GGML_SCALES = "ggml_scales"
+"""A GGUF tensor of a quantized ggml type, read by its blocks' scale fields (numerics.scan.ggml_scales; the values
+pass's class, not value_kind's: the `tensor` command reads such a tensor dequantized): NaN and ±Inf refused, as
+llama.cpp's `--check-tensors` refuses them (a zero or negative `d` it takes)."""
 VALUES = "values"
 """Any other tensor (check_values: NaN and Inf only)."""
 
@@ -52,7 +60,8 @@ VALUES_CHUNK = 1 << 22
 VALUE_KINDS = {kinds.BLOCK_SCALE: SCALE, kinds.V4_SCALE: SCALE, kinds.GROUP_SCALE: GROUP_SCALE,
                kinds.GLOBAL_SCALE: GLOBAL_SCALE, kinds.WEIGHT_SHAPE: WEIGHT_SHAPE, kinds.ROUTER_BIAS: ROUTER_BIAS,
                kinds.GAIN: GAIN, kinds.AFFINE_SCALE: AFFINE_SCALE, kinds.AFFINE_BIAS: AFFINE_BIAS,
-               kinds.BNB_ABSMAX: BNB_ABSMAX, kinds.BNB_QUANT_MAP: BNB_QUANT_MAP, kinds.QUANT_STATE: QUANT_STATE}
+               kinds.BNB_ABSMAX: BNB_ABSMAX, kinds.BNB_QUANT_MAP: BNB_QUANT_MAP, kinds.QUANT_STATE: QUANT_STATE,
+               kinds.INPUT_SCALE: ACTIVATION_SCALE, kinds.KV_SCALE: ACTIVATION_SCALE}
 """The roles (model.kinds) of the small tensors this pass reads, and the class it checks each as."""
 
 
@@ -69,7 +78,7 @@ def value_kind(name: str, dtype: str) -> str | None:
     return VALUE_KINDS.get(role)
 
 
-SCALE_KINDS = (SCALE, GROUP_SCALE, GLOBAL_SCALE)
+SCALE_KINDS = (SCALE, GROUP_SCALE, GLOBAL_SCALE, ACTIVATION_SCALE)
 
 
 def scale_values(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -86,8 +95,9 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
                  expected_shape: tuple[int, ...] | None = None, shard: str | None = None) -> list[Finding]:
     """What is wrong with one tensor's values, as findings (`actual`: how many values or tensors).
 
-    `kind` is a small-tensor class (GAIN, ROUTER_BIAS, SCALE, GROUP_SCALE, GLOBAL_SCALE, WEIGHT_SHAPE) or VALUES
-    (any other tensor: NaN and Inf only; integer tensors hold neither). Scales must be finite and > 0 (U8
+    `kind` is a small-tensor class (GAIN, ROUTER_BIAS, SCALE, GROUP_SCALE, GLOBAL_SCALE, ACTIVATION_SCALE,
+    WEIGHT_SHAPE, GGML_SCALES: `values` a GGUF tensor's block scales) or VALUES (any other tensor: NaN and Inf
+    only; integer tensors hold neither). Scales must be finite and > 0 (U8
     scales are read as E8M0 exponents, F8_E4M3 and F8_E8M0 ones decoded: their NaN codes are NaN). `ue8m0`: FP8
     block scales must be powers of two (a warning in UE8M0_WARN_ONLY's scales); `expected_shape`: what a
     `weight_shape` must hold. The one value check of the `audit --values` pass and the `tensor` command."""
@@ -130,13 +140,14 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
             negative += int(np.count_nonzero(f < 0))
     out: list[Finding] = []
     where = {"tensor": name, "shard": shard}
+    noun = "block scales" if kind == GGML_SCALES else "values"
     if nan:
-        out.append(error("VALUE_NAN", f"{name}: {nan:,} of {n:,} values are NaN", actual=nan,
+        out.append(error("VALUE_NAN", f"{name}: {nan:,} of {n:,} {noun} are NaN", actual=nan,
                          expected=_expected("VALUE_NAN"), **where))
     if inf:
-        out.append(error("VALUE_INF", f"{name}: {inf:,} of {n:,} values are ±Inf", actual=inf,
+        out.append(error("VALUE_INF", f"{name}: {inf:,} of {n:,} {noun} are ±Inf", actual=inf,
                          expected=_expected("VALUE_INF"), **where))
-    what = {SCALE: "block", GLOBAL_SCALE: "global"}.get(kind, "group")
+    what = {SCALE: "block", GLOBAL_SCALE: "global", ACTIVATION_SCALE: "input / KV-cache"}.get(kind, "group")
     if bad:
         out.append(error("SCALE_NOT_POSITIVE", f"{name}: {bad:,} of {n:,} {what} scales are ≤ 0 "
                          "(dequantized weights would be zero or sign-flipped)", actual=bad,

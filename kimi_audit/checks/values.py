@@ -3,12 +3,15 @@
 Small tensors are the RMSNorm gains (`*norm.weight`), the router biases
 (`mlp.gate.e_score_correction_bias`), every FP8 block scale (`*.weight_scale_inv`) and, for
 compressed-tensors INT4, every group scale (`*.weight_scale`) and `*.weight_shape`: about 250 MB
-of Kimi-K2's 959 GiB.  Each is fetched by byte range (neighbours in a shard coalesced into one read
+of Kimi-K2's 959 GiB; every scale the formats store besides (model.kinds' roles: global, input and KV-cache
+scales, MLX's and GPTQ's group scales, bitsandbytes' absmax); in a GGUF set, the block scales of each quantized
+tensor of at most MAX_GGML_BYTES, read whole (the larger ones are counted as left to `verify`).
+Each is fetched by byte range (neighbours in a shard coalesced into one read
 when the gap between them is small), decoded with kimi_audit.numerics.kernels, and reported when it holds
 NaN or Inf, when a scale is not > 0, when a gain is all zeros, when a `weight_shape` is not the [out, in]
 the config implies, or (quantization_config `scale_fmt: ue8m0`, DeepSeek-V3.1 on) when an FP8 scale is
 not an exact power of two (a warning for `self_attn.o_proj`, whose scales break it in the published
-V3.1 release).  No big weight is ever read.
+V3.1 release).  No big weight is ever read (a GGUF tensor read for its block scales is 4 MiB at most).
 numpy and the kernels are imported by the functions that decode (only `audit --values` runs them).
 
 A local shard's sparse holes (a header-only or partial copy: `kimi-audit download --headers-only`)
@@ -25,11 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from kimi_audit.checks.value_rules import (
+    ACTIVATION_SCALE,
     AFFINE_BIAS,
     AFFINE_SCALE,
     BNB_ABSMAX,
     BNB_QUANT_MAP,
     GAIN,
+    GGML_SCALES,
     GLOBAL_SCALE,
     GROUP_SCALE,
     QUANT_STATE,
@@ -41,6 +46,7 @@ from kimi_audit.checks.value_rules import (
 )
 from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding, Severity, error, info, warning
+from kimi_audit.format.gguf_types import GGML_BY_NAME
 from kimi_audit.format.header import ShardHeader, TensorInfo
 from kimi_audit.model import kinds
 from kimi_audit.model.roles import suffix_roles, weight_suffixes
@@ -60,6 +66,9 @@ MAX_SPAN = 1 << 24
 """No coalesced read is longer than this."""
 MAX_SMALL_BYTES = 1 << 26
 """A 'small' tensor bigger than this is not fetched by the values pass (reported as skipped)."""
+MAX_GGML_BYTES = 1 << 22
+"""A quantized GGUF tensor bigger than this is not read for its block scales (they lie inside each block: no range
+read takes them alone); the pass says how many it left to `verify`, which reads every block."""
 MAX_PER_CODE = 50
 """Findings listed one by one per code; the rest are counted in one summary finding."""
 
@@ -71,12 +80,14 @@ Job = tuple[str, int, int, int, list[TensorInfo]]
 
 
 def small_tensors(headers: dict[str, ShardHeader]) -> list[tuple[str, TensorInfo, str]]:
-    """(shard, entry, kind) of every small tensor, by shard then by offset."""
+    """(shard, entry, kind) of every small tensor, by shard then by offset; every quantized GGUF tensor whose blocks
+    carry scales llama.cpp checks (GGML_SCALES: its size is bounded where the reads are planned)."""
     out: list[tuple[str, TensorInfo, str]] = []
     for shard, header in headers.items():
         mine = []
         for name, t in header.tensors.items():
-            kind = value_kind(name, t.dtype)
+            ggml = GGML_BY_NAME.get(t.dtype)
+            kind = GGML_SCALES if ggml is not None and ggml.quantized and ggml.scales else value_kind(name, t.dtype)
             if kind is not None:
                 mine.append((shard, t, kind))
         mine.sort(key=lambda r: r[1].begin)
@@ -129,17 +140,28 @@ def value_findings(
     values. `ue8m0`: FP8 scales must be powers of two; `weight_shapes`: `X.weight_shape` name -> the [out, in]
     it must hold (from the layout)."""
     from kimi_audit.numerics.dtypes import NumericsError, decode
+    from kimi_audit.numerics.scan import ggml_scales
 
     todo = small_tensors(headers)
     kinds = {(s, t.name): k for s, t, k in todo}
     skipped: list[Finding] = []
     jobs: list[Job] = []
     by_shard: dict[str, list[TensorInfo]] = {}
-    for shard, t, _kind in todo:
+    ggml_left: list[TensorInfo] = []
+    for shard, t, kind in todo:
+        if kind == GGML_SCALES and t.nbytes > MAX_GGML_BYTES:
+            ggml_left.append(t)
+            continue
         if t.nbytes > MAX_SMALL_BYTES or t.end < t.begin:
             skipped.append(skipped_finding(t, shard, f"{t.nbytes:,} bytes, not fetched by the values pass"))
             continue
         by_shard.setdefault(shard, []).append(t)
+    if ggml_left:
+        skipped.append(info("VALUES_SKIPPED", f"{len(ggml_left):,} quantized GGUF tensors over "
+                            f"{MAX_GGML_BYTES:,} bytes ({sum(t.nbytes for t in ggml_left):,} bytes; the first "
+                            f"{ggml_left[0].name}): their block scales were not read (each lies inside its block: "
+                            "only a whole tensor's read holds them); `kimi-audit verify` reads every block's",
+                            tensor=ggml_left[0].name, actual=len(ggml_left), covers=len(ggml_left)))
     absent: list[tuple[str, TensorInfo]] = []
     for shard, infos in by_shard.items():
         h = headers[shard]
@@ -173,7 +195,8 @@ def value_findings(
     findings: list[Finding] = []
     checked = 0
     checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0, GROUP_SCALE: 0, GLOBAL_SCALE: 0, WEIGHT_SHAPE: 0,
-                     AFFINE_SCALE: 0, AFFINE_BIAS: 0, BNB_ABSMAX: 0, BNB_QUANT_MAP: 0, QUANT_STATE: 0}
+                     AFFINE_SCALE: 0, AFFINE_BIAS: 0, BNB_ABSMAX: 0, BNB_QUANT_MAP: 0, QUANT_STATE: 0,
+                     ACTIVATION_SCALE: 0, GGML_SCALES: 0}
     shapes = weight_shapes or {}
     fetched_bytes = 0
     workers = max(1, min(source.parallel_reads, 32))
@@ -187,12 +210,13 @@ def value_findings(
             fetched_bytes += g1 - g0
             for t in members:
                 raw = data[t.begin - g0 : t.end - g0]
+                kind = kinds[(shard, t.name)]
                 try:
-                    arr = decode(raw, t.dtype, t.shape)
+                    arr = (ggml_scales(raw, 0, len(raw) // GGML_BY_NAME[t.dtype].size, t.dtype) if kind == GGML_SCALES
+                           else decode(raw, t.dtype, t.shape))
                 except NumericsError as e:  # the header checks name a size or dtype violation; never a silent pass
                     skipped.append(skipped_finding(t, shard, f"not decoded ({e})"))
                     continue
-                kind = kinds[(shard, t.name)]
                 for finding in check_values(t.name, kind, arr, ue8m0=ue8m0, expected_shape=shapes.get(t.name),
                                             shard=shard):
                     key = (finding.code, finding.severity)
@@ -221,6 +245,9 @@ def value_findings(
         + (f", {counts[GROUP_SCALE]:,} weight scales, {counts[WEIGHT_SHAPE]:,} weight_shapes"
            if counts[GROUP_SCALE] or counts[WEIGHT_SHAPE] else "")
         + (f", {counts[GLOBAL_SCALE]:,} global scales" if counts[GLOBAL_SCALE] else "")
+        + (f", {counts[ACTIVATION_SCALE]:,} input and KV-cache scales" if counts[ACTIVATION_SCALE] else "")
+        + (f", the block scales of {counts[GGML_SCALES]:,} quantized GGUF tensors, each read whole"
+           if counts[GGML_SCALES] else "")
         + (f", {counts[AFFINE_SCALE]:,} group scales (MLX, GPTQ, AWQ)" if counts[AFFINE_SCALE] else "")
         + (f", {counts[AFFINE_BIAS]:,} affine biases" if counts[AFFINE_BIAS] else "")
         + (f", {counts[BNB_ABSMAX]:,} absmax/SCB, {counts[BNB_QUANT_MAP]:,} quant maps, "

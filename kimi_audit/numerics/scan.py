@@ -24,6 +24,7 @@ import mmap
 from typing import TYPE_CHECKING
 
 from kimi_audit.constants import DTYPE_BITS
+from kimi_audit.format.gguf_types import E8M0, F16, F32, GGML_BY_NAME, IQ1_M_F16
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,6 +48,53 @@ FNUZ_DTYPES = ("F8_E4M3FNUZ", "F8_E5M2FNUZ")
 SCANNED_FLOATS = frozenset((*FLOAT_BITS, *FNUZ_DTYPES))
 
 Buffer = bytes | bytearray | mmap.mmap
+
+
+GGML_NO_VALUE = {F16: 0x7C00, IQ1_M_F16: 0x7C00, F32: 0x7F800000, E8M0: 0xFF}
+"""A scale field's code whose bits under this mask are all set is no value (F16, F32: NaN or ±Inf; E8M0: 0xFF)."""
+
+
+def _field_bits(buf: Buffer, a: int, n: int, size: int, code: str, off: int) -> np.ndarray:
+    """The codes of one scale field of the `n` blocks of `size` bytes at buf[a:]: a strided view (IQ1_M: its F16
+    assembled as ggml_validate_row_data does, from the top nibbles of the block's four uint16 scales)."""
+    import numpy as np
+
+    if code == IQ1_M_F16:
+        sc = [np.ndarray((n,), "<u2", buf, a + off + 2 * k, (size,)) for k in range(4)]
+        return (sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000)
+    view = {F16: "<u2", F32: "<u4", E8M0: "u1"}.get(code)
+    if view is None:
+        raise ValueError(f"no reader of a {code} scale field")
+    return np.ndarray((n,), view, buf, a + off, (size,))
+
+
+def ggml_screen(buf: Buffer, a: int, n: int, dtype: str) -> bool:
+    """Whether any scale field of the `n` whole blocks of ggml type `dtype` at buf[a:] is no value: one masked
+    max-reduction a field (the usual answer, False, costs no decoding)."""
+    t = GGML_BY_NAME[dtype]
+    for _name, code, off in t.scales or ():
+        bits = _field_bits(buf, a, n, t.size, code, off)
+        mask = GGML_NO_VALUE[code]
+        if n and int((bits & mask).max()) == mask:
+            return True
+    return False
+
+
+def ggml_scales(buf: Buffer, a: int, n: int, dtype: str) -> np.ndarray:
+    """The scale fields of the `n` whole blocks of ggml type `dtype` at buf[a:], as float32 [n, fields] (E8M0's
+    0xFF as NaN): what ggml_validate_row_data reads of each block, nothing else."""
+    import numpy as np
+
+    t = GGML_BY_NAME[dtype]
+    fields = t.scales or ()
+    out = np.empty((n, len(fields)), np.float32)
+    for j, (_name, code, off) in enumerate(fields):
+        bits = _field_bits(buf, a, n, t.size, code, off)
+        if code == E8M0:
+            out[:, j] = np.where(bits == 0xFF, np.float32("nan"), np.ldexp(1.0, bits.astype(np.int32) - 127))
+        else:
+            out[:, j] = bits.astype("<u4" if code == F32 else "<u2").view("<f4" if code == F32 else "<f2")
+    return out
 
 
 class Scanner:
@@ -163,6 +211,20 @@ class Scanner:
         nan = np.flatnonzero((u & 0x7F) == 0x7F)
         bad = np.flatnonzero(((u & 0x7F) == 0) | ((u & 0x80) != 0) & ((u & 0x7F) != 0x7F))
         return (int(nan.size), int(nan[0]) if nan.size else -1, int(bad.size), int(bad[0]) if bad.size else -1)
+
+    def ggml(self, a: int, b: int, dtype: str) -> tuple[int, int, int, int]:
+        """(NaN scales, the first one's block or -1, ±Inf scales, first or -1) among the scale fields of the whole
+        blocks of ggml type `dtype` at buf[a:b]."""
+        import numpy as np
+
+        n = (b - a) // GGML_BY_NAME[dtype].size
+        if not ggml_screen(self.buf, a, n, dtype):
+            return 0, -1, 0, -1
+        values = ggml_scales(self.buf, a, n, dtype)
+        nan = np.flatnonzero(np.isnan(values).any(axis=1))
+        inf = np.flatnonzero(np.isinf(values).any(axis=1))
+        return (int(np.count_nonzero(np.isnan(values))), int(nan[0]) if nan.size else -1,
+                int(np.count_nonzero(np.isinf(values))), int(inf[0]) if inf.size else -1)
 
     # ---------------------------------------------------------------- BF16 / F16 / F32
 

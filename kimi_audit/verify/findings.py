@@ -2,9 +2,10 @@
 
 Codes (docs/reference.md, report/rules.py): FILE_HASH_MISMATCH, TENSOR_HASH_MISMATCH, FILE_ABSENT, FILE_UNLISTED,
 MANIFEST_REVISION, NO_REFERENCE; FP8_NAN, FP8_SATURATED, BLOCK_ALL_ZERO, VALUE_NAN, VALUE_INF,
-SCALE_NOT_POSITIVE; DATA_NOT_PRESENT (an error here: bytes that are not there fail a verification) and
-SHARD_UNREADABLE (a file that could not be read whole), FILE_CHANGED (appended, written, cut or replaced
-while it was read), CACHE_FILE_NOT_BLOB (an HF cache snapshot's file that is no blob link).
+SCALE_NOT_POSITIVE, GGUF_TYPE_UNKNOWN (a GGUF tensor in a type llama.cpp's check refuses); DATA_NOT_PRESENT (an
+error here: bytes that are not there fail a verification) and SHARD_UNREADABLE (a file that could not be read
+whole), FILE_CHANGED (appended, written, cut or replaced while it was read), CACHE_FILE_NOT_BLOB (an HF cache
+snapshot's file that is no blob link).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kimi_audit.findings import Finding, error, info, warning
+from kimi_audit.format.gguf_types import GGML_BY_NAME
 from kimi_audit.numerics.grid import scale_grid
 from kimi_audit.verify.read import FileResult, Health
 from kimi_audit.verify.references import MANIFEST, Reference
@@ -162,6 +164,15 @@ def _health(shard: str, h: Health) -> Finding:
         blocks = rows * cols
         what = f"{h.count:,} of {blocks:,} {b0}×{b1} blocks are all zeros"
         where = f"the first is block ({row // b0}, {col // b1}), at element {h.first:,}"
+    elif h.ggml is not None:
+        t = GGML_BY_NAME[h.ggml]
+        if t.scales is None:
+            return error(h.code, f"{h.tensor}: ggml type {h.ggml}, which llama.cpp's --check-tensors refuses as an "
+                         "invalid type (no stored weight has it)", tensor=h.tensor, shard=shard, actual=h.ggml)
+        fields = ", ".join(f[0] for f in t.scales)
+        what = (f"{h.count:,} of {numel // t.block * len(t.scales):,} {h.ggml} block scales ({fields}) are "
+                f"{WHAT.get(h.code, h.code)}")
+        where = f"the first in block {h.first // t.block:,}, at element {h.first:,}"
     else:
         what = f"{h.count:,} of {numel:,} values are {WHAT.get(h.code, h.code)}"
     return error(h.code, f"{h.tensor}: {what} ({where})", tensor=h.tensor, shard=shard, actual=h.count,

@@ -4,7 +4,8 @@
 a Hub file read by 16 MiB ranged reads), streams it through one reused buffer in pieces of about
 `chunk` bytes, feeds each piece to the file's sha256 and each tensor's part of it to the value kernels
 (numerics/scan.py) and, when asked, to the tensor's own sha256. Pieces end on a tensor's row bands (the
-128 rows of its FP8 blocks) or elements, so no state crosses a piece but counters. The same function runs
+128 rows of its FP8 blocks), ggml blocks or elements (verify/plan.py), so no state crosses a piece but counters.
+The same function runs
 in a local process pool or as a Ray task (verify/pool.py) and returns a `FileResult`.
 
 A local file's sparse holes are not read: the tensors that lie in them are reported as data not present
@@ -20,50 +21,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from kimi_audit.constants import DTYPE_BITS
-from kimi_audit.model.kinds import SCALE_ROLES
-from kimi_audit.model.roles import role_of
-from kimi_audit.numerics.scan import SCANNED_FLOATS
+from kimi_audit.format.gguf_types import GGML_BY_NAME
+from kimi_audit.verify.plan import CHUNK as CHUNK
+from kimi_audit.verify.plan import E8M0_SCALE, FLOAT, FP8_SCALE, GGML, block_checked, unit_of
+from kimi_audit.verify.plan import FP8 as FP8
+from kimi_audit.verify.plan import SCALE as SCALE
+from kimi_audit.verify.plan import TensorPlan as TensorPlan
+from kimi_audit.verify.plan import plan_pieces as plan_pieces
+from kimi_audit.verify.plan import tensor_kind as tensor_kind
 
 if TYPE_CHECKING:
     from kimi_audit.numerics.scan import Scanner
 
-CHUNK = 16 << 20
-"""Bytes read at a time (a piece may be shorter, to end on a tensor's row band)."""
 SPAN = 512 << 10
 """Bytes hashed, then scanned while they are still in the core's cache."""
-MAX_UNIT = CHUNK
-"""A tensor whose 128-row band is larger than this is scanned without the all-zero block check."""
-
-FP8 = "fp8"
-FLOAT = "float"
-SCALE = "scale"
-E8M0_SCALE = "e8m0_scale"
-"""DeepSeek-V4's F8_E8M0 scales and compressed-tensors' MXFP4 U8 exponents: 0xFF is NaN."""
-FP8_SCALE = "fp8_scale"
-"""NVFP4's F8_E4M3 group scales: NaN codes, and scales that are not positive."""
-SCAN_DTYPES = SCANNED_FLOATS - {"F8_E4M3"}  # (F8_E4M3 weights and scales have kinds of their own)
 
 ProgressHook = Callable[[int], None]
 """Called with the bytes of each piece done (the pool's workers send them to the progress bar)."""
-
-
-class TensorPlan(NamedTuple):
-    """What to do with one tensor: its bytes [begin, end) in the file, and which check its values get."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
-    kind: str | None
-    """FP8, FLOAT, SCALE, E8M0_SCALE, FP8_SCALE, or None (hashed only: integer and packed FP4 tensors, whose every
-    code is a value)."""
-    block: tuple[int, int] | None = None
-    """FP8 2-D weights: the quantization block, for the all-zero block check."""
-    cell: tuple[str, int] | None = None
-    """FP8 weights and float scales: (layer row, expert index or -1), the grid cell whose weight-health figures
-    (CellHealth) the tensor adds to; None: not kept."""
 
 
 class CellHealth(NamedTuple):
@@ -118,6 +92,9 @@ class Health:
     """Element offset of the first value (BLOCK_ALL_ZERO: of the first block's first value)."""
     shape: tuple[int, ...]
     block: tuple[int, int] | None = None
+    ggml: str | None = None
+    """A GGUF tensor's quantized ggml type: `count` is of its blocks' scale fields, `first` the element offset of
+    the first such block."""
 
 
 @dataclass(frozen=True)
@@ -142,49 +119,6 @@ class FileResult:
     """Why the bytes read are not the file as it is (appended, written, cut or replaced): no sha256 then."""
     cells: tuple[CellHealth, ...] = ()
     """Per (layer, expert) cell of the tensors planned with one: FP8 values, ±448 values, the scales' range."""
-
-
-def tensor_kind(name: str, dtype: str, shape: tuple[int, ...]) -> str | None:
-    scale = role_of(name) in SCALE_ROLES
-    if dtype == "F8_E4M3":
-        return FP8_SCALE if scale else FP8
-    if dtype == "F8_E8M0" or (dtype == "U8" and scale):
-        return E8M0_SCALE
-    return (SCALE if scale else FLOAT) if dtype in SCAN_DTYPES else None
-
-
-def unit_of(t: TensorPlan) -> int:
-    """The piece boundaries inside `t` fall on multiples of this (bytes from its start): an FP8 weight's
-    band of block rows (when it is at most MAX_UNIT: the all-zero block check needs whole bands), else
-    an element."""
-    if t.kind == FP8 and t.block is not None and len(t.shape) == 2 and t.block[0] * t.shape[1] <= MAX_UNIT:
-        return t.block[0] * t.shape[1]
-    return max(DTYPE_BITS.get(t.dtype, 8) // 8, 1)
-
-
-def block_checked(t: TensorPlan) -> bool:
-    return t.kind == FP8 and unit_of(t) > 1
-
-
-def plan_pieces(size: int, tensors: tuple[TensorPlan, ...], chunk: int) -> Iterator[tuple[int, int]]:
-    """[start, end) pieces covering the file, at most `chunk` long unless one tensor unit is longer."""
-    begins = [t.begin for t in tensors]
-    pos = 0
-    while pos < size:
-        end = min(pos + chunk, size)
-        k = bisect.bisect_left(begins, end) - 1  # the last tensor starting before `end`
-        if k >= 0 and tensors[k].begin < end < tensors[k].end:
-            t = tensors[k]
-            unit = unit_of(t)
-            cut = t.begin + (end - t.begin) // unit * unit
-            if cut > pos:
-                end = cut
-            elif t.begin > pos:
-                end = t.begin
-            else:  # a chunk shorter than one unit: one unit
-                end = min(t.end, pos + unit)
-        yield pos, end
-        pos = end
 
 
 def _in_holes(holes: tuple[tuple[int, int], ...], a: int, b: int) -> bool:
@@ -336,9 +270,20 @@ class _State:
                 if n:
                     self._add(t, code, n, a - t.begin + at)
             return
-        size = DTYPE_BITS[t.dtype] // 8
-        a -= (a - t.begin) % size  # a span may end mid-element: the element is checked with the next span
+        size = unit_of(t)
+        a -= (a - t.begin) % size  # a span may end mid-element (mid-block): it is checked with the next span
         b -= (b - t.begin) % size if b < t.end else 0
+        if t.kind == GGML:
+            ggml = GGML_BY_NAME[t.dtype]
+            if ggml.scales is None:  # llama.cpp's check refuses the type whole
+                if a == t.begin:
+                    self._add(t, "GGUF_TYPE_UNKNOWN", 1, 0)
+                return
+            nan, nan_first, inf, inf_first = scanner.ggml(a - base, b - base, t.dtype)
+            for code, n, first in (("VALUE_NAN", nan, nan_first), ("VALUE_INF", inf, inf_first)):
+                if n:
+                    self._add(t, code, n, ((a - t.begin) // size + first) * ggml.block)
+            return
         if t.kind == FLOAT:
             nan, nan_first, inf, inf_first = scanner.floats(a - base, b - base, t.dtype)
             bad, bad_first = 0, -1
@@ -384,8 +329,8 @@ class _State:
 
     def result(self, started: float, error: str | None, changed: str | None = None) -> FileResult:
         plans = {t.name: t for t in self.task.tensors}
-        health = tuple(Health(name, code, c[0], c[1], plans[name].shape, plans[name].block)
-                       for (name, code), c in self.counts.items())
+        health = tuple(Health(name, code, c[0], c[1], p.shape, p.block, p.dtype if p.kind == GGML else None)
+                       for (name, code), c in self.counts.items() for p in (plans[name],))
         whole = error is None and changed is None
         return FileResult(
             self.task.name, self.task.size,

@@ -236,12 +236,16 @@ RULES: dict[str, Rule] = {
                      "speculative decoding with it is not possible. Its tensors are covered by this finding.",
                      "Ship the MTP layer's tensors, or set num_nextn_predict_layers to 0."),
     # Values: audit --values, tensor, rmsnorm.
-    "VALUE_NAN": Rule("error", "a gain, router bias or FP8 scale holds NaN (`verify`: any BF16/F16/F32 tensor)",
+    "VALUE_NAN": Rule("error", "a gain, router bias or scale holds NaN (`verify`: any float tensor; a GGUF "
+                      "block's scale, MXFP4's E8M0 0xFF included)",
                     "A tensor holds NaN values.", VALUES_HELP),
-    "VALUE_INF": Rule("error", "a gain, router bias or FP8 scale holds ±Inf (`verify`: any BF16/F16/F32 tensor)",
+    "VALUE_INF": Rule("error", "a gain, router bias or scale holds ±Inf (`verify`: any float tensor; a GGUF "
+                      "block's scale)",
                     "A tensor holds infinite values.", VALUES_HELP),
-    "SCALE_NOT_POSITIVE": Rule("error", "a `weight_scale_inv` block scale or INT4 `weight_scale` group scale ≤ 0",
-                             "Dequantized weights of that block would be zero or sign-flipped.", VALUES_HELP),
+    "SCALE_NOT_POSITIVE": Rule("error", "a weight's block, group or global scale, or an input or KV-cache scale, "
+                               "≤ 0",
+                             "Dequantized weights of that block would be zero or sign-flipped; an activation or "
+                             "KV cache scaled by it would be.", VALUES_HELP),
     "SCALE_NEGATIVE": Rule("error", "a bitsandbytes absmax or SCB scale < 0",
                            "An absolute maximum is never negative: the block's dequantized weights would be "
                            "sign-flipped.", VALUES_HELP),

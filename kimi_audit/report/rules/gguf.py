@@ -17,9 +17,11 @@ GGUF_RULES: dict[str, Rule] = {
         'The part is not a GGUF file llama.cpp can open (wrong magic, a version other than 2 or 3, a '
         'big-endian file, counts larger than the file, a header that ends early or passes 256 MB, a '
         'tensor name over 63 bytes).', GGUF_HELP),
-    "GGUF_TYPE_UNKNOWN": Rule("error", "a tensor's ggml type is not one llama.cpp defines",
+    "GGUF_TYPE_UNKNOWN": Rule("error", "a tensor's ggml type is not one llama.cpp defines (`verify`: or one "
+        "its --check-tensors refuses, Q8_1)",
         "The tensor's type id is none of ggml's types (gguf-py GGMLQuantizationType): llama.cpp "
-        'refuses the file.', GGUF_HELP),
+        "refuses the file; or (verify) Q8_1, an intermediate of ggml's dot products that "
+        "ggml_validate_row_data refuses as an invalid type.", GGUF_HELP),
     "GGUF_ROW_BLOCK": Rule("error", "a row is not whole blocks of the tensor's ggml type",
         "The tensor's fastest dimension is not a multiple of its type's block (32 for Q8_0, 256 for "
         'the K-quants): llama.cpp refuses it.', GGUF_HELP),
