@@ -46,6 +46,19 @@ def _kv(key: str, value: Any) -> bytes:
     return _string(key) + body
 
 
+def write_gguf(path: Path, kv: dict[str, Any], tensors: list[tuple[str, list[int], int, bytes]]) -> None:
+    """A GGUF v3 part of (name, ne in ggml's order, ggml type id, bytes) tensors, laid end to end, aligned."""
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv)) + b"".join(_kv(k, v) for k, v in kv.items())
+    data = b""
+    for name, ne, type_id, raw in tensors:
+        data = data.ljust(-(-len(data) // ALIGNMENT) * ALIGNMENT, b"\0")
+        head += _string(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
+        head += struct.pack("<IQ", type_id, len(data))
+        data += raw
+    head = head.ljust(-(-len(head) // ALIGNMENT) * ALIGNMENT, b"\0")
+    path.write_bytes(head + data.ljust(-(-len(data) // ALIGNMENT) * ALIGNMENT, b"\0"))
+
+
 def write_sparse_gguf(path: Path, kv: dict[str, Any], name: str, ne: list[int]) -> int:
     """A GGUF v3 part of one F32 tensor (`ne`: ggml's order, fastest first) whose data is one hole; its size."""
     head = b"GGUF" + struct.pack("<IQQ", 3, 1, len(kv)) + b"".join(_kv(k, v) for k, v in kv.items())

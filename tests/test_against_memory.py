@@ -76,3 +76,83 @@ def test_a_source_that_cannot_be_read_is_one_finding(tmp_path: Path) -> None:
     unread = found["AGAINST_UNREAD"][0]
     assert unread["tensor"] == sparse_pair.GGUF_TENSOR and "not present" in unread["message"]
     assert found["AGAINST_CHECKED"][0]["actual"] == 0
+
+
+# --- the bands equal the whole -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fp8_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The tiny FP8 Kimi-K2 checkpoint (128x128 scale blocks, edge blocks partial) and the values a converter
+    writes from it, computed whole: every module dequantized at once, the experts stacked, kv_b split."""
+    import numpy as np
+
+    from kimi_audit.checks.rmsnorm import linear_weight
+    from kimi_audit.model.checkpoint import load_checkpoint
+    from kimi_audit.numerics.tensor_io import TensorFetcher
+    from kimi_audit.replica.tiny import build_tiny
+    from kimi_audit.sources import LocalSource
+
+    src = build_tiny(tmp_path_factory.mktemp("fp8") / "src")
+    cfg = load_checkpoint(LocalSource(src)).config
+    fetch = TensorFetcher(LocalSource(src))
+    hidden, moe, heads = cfg.hidden_size, cfg.moe_intermediate_size or 0, cfg.num_attention_heads
+    nope, v, kvl = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank or 0
+
+    def weight(module: str, out: int, inp: int) -> np.ndarray:
+        return np.asarray(linear_weight(fetch, cfg, module, out, inp), dtype=np.float32)
+
+    kv_b = weight("model.layers.1.self_attn.kv_b_proj", heads * (nope + v), kvl).reshape(heads, nope + v, kvl)
+    values = {
+        "blk.1.ffn_gate_exps.weight": np.stack([weight(f"model.layers.1.mlp.experts.{i}.gate_proj", moe, hidden)
+                                                for i in range(cfg.n_routed_experts or 0)]),
+        "blk.1.attn_k_b.weight": np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1)),
+        "blk.1.attn_v_b.weight": np.ascontiguousarray(kv_b[:, nope:]),
+        "blk.0.ffn_down.weight": weight("model.layers.0.mlp.down_proj", hidden, cfg.intermediate_size),
+        "token_embd.weight": np.asarray(fetch.read("model.embed_tokens.weight")[0], dtype=np.float32),
+    }
+    return src, values
+
+
+def write_converted(path: Path, src: Path, values: dict) -> Path:
+    from kimi_audit.model.arch.deepseek_v3.gguf import gguf_metadata
+    from kimi_audit.numerics.ggml import encode
+
+    kv = {"general.architecture": "deepseek2", **gguf_metadata(json.loads((src / "config.json").read_text()))}
+    typed = [(name, "F32" if name == "token_embd.weight" else "Q8_0", x) for name, x in values.items()]
+    sparse_pair.write_gguf(path, kv, [(name, list(reversed(x.shape)), 0 if t == "F32" else 8, encode(x, t))
+                                      for name, t, x in typed])
+    return path
+
+
+@pytest.mark.parametrize("band", [4096, None])
+def test_bands_equal_the_whole(tmp_path: Path, fp8_pair: tuple[Path, dict], band: int | None,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bands of 128 rows (the experts' 160 rows: a band, then one of a partial scale block; kv_b's heads from
+    two bands) find the bytes of the whole-tensor encoding equal, and one value changed in the last band of the
+    last expert, different."""
+    from typer.testing import CliRunner
+
+    from kimi_audit.checks import against
+    from kimi_audit.cli import app
+
+    if band is not None:
+        monkeypatch.setattr(against, "BAND_BYTES", band)
+    src, values = fp8_pair
+
+    def run(path: Path) -> dict[str, list[dict]]:
+        result = CliRunner().invoke(app, ["audit", str(path), "--against", str(src), "--values", "--no-progress",
+                                          "--json"])
+        assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+        assert result.exit_code in (0, 1), result.output[-2000:]
+        return compared(json.loads(result.stdout))
+
+    found = run(write_converted(tmp_path / "same.gguf", src, values))
+    assert "AGAINST_VALUES" not in found and "AGAINST_UNREAD" not in found, found
+    assert found["AGAINST_CHECKED"][0]["actual"] == len(values)
+    other = dict(values)
+    other["blk.1.ffn_gate_exps.weight"] = values["blk.1.ffn_gate_exps.weight"].copy()
+    other["blk.1.ffn_gate_exps.weight"][-1, -1, -1] += 1
+    found = run(write_converted(tmp_path / "other.gguf", src, other))
+    assert [f["covers"] for f in found["AGAINST_VALUES"]] == [1]
+    assert found["AGAINST_VALUES"][0]["tensor"] == "blk.1.ffn_gate_exps.weight"
