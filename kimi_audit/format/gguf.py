@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kimi_audit.errors import SourceError
-from kimi_audit.findings import Finding, error, warning
+from kimi_audit.findings import Finding, error
 from kimi_audit.format.columns import TensorColumns, label
 from kimi_audit.format.gguf_types import GGML_TYPES
 from kimi_audit.format.header import ShardHeader
@@ -319,9 +319,11 @@ def _columns(infos: list[tuple[str, tuple[int, ...], int, int]], part: str, alig
         findings.append(_out_of_place(part, moved))
     end_of_data = data_offset + -(-pos // alignment) * alignment
     if not cut and file_size > end_of_data:
-        findings.append(warning("GGUF_TRAILING_BYTES", f"{part}: {file_size - end_of_data:,} bytes follow the last "
-                                "tensor, which llama.cpp never reads (parts joined with cat? llama-gguf-split --merge "
-                                "joins them)", shard=part, expected=end_of_data, actual=file_size))
+        findings.append(error("GGUF_TRAILING_BYTES", f"{part}: {file_size - end_of_data:,} bytes follow the last "
+                              "tensor, which llama.cpp never reads: the header does not describe the file (a tensor's "
+                              "type or shape changed so that it reads fewer bytes than were written? parts joined with "
+                              "cat? llama-gguf-split --merge joins them)", shard=part, expected=end_of_data,
+                              actual=file_size))
     return TensorColumns(names, dtypes, shapes, begins, ends), findings
 
 

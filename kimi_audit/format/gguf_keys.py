@@ -30,6 +30,8 @@ U32_OR_PER_LAYER: KeyType = ((UINT32, None), (ARRAY, UINT32), (ARRAY, INT32), (A
 
 LOADER_KEYS: Mapping[str, KeyType] = {
     "general.architecture": STR,
+    "general.name": STR,
+    "general.file_type": U32,
     "tokenizer.ggml.model": STR,
     "tokenizer.ggml.pre": STR,
     "tokenizer.ggml.tokens": STRINGS,
@@ -40,7 +42,21 @@ LOADER_KEYS: Mapping[str, KeyType] = {
                                                         "padding", "mask")},
     **{f"tokenizer.ggml.add_{t}_token": FLAG for t in ("bos", "eos", "sep")},
 }
-"""The keys llama.cpp reads for every model (llama-model-loader.cpp, llama-vocab.cpp) -> their types."""
+"""The keys llama.cpp reads for every model (llama-model-loader.cpp, llama-model.cpp:1313 general.name,
+llama-vocab.cpp) -> their types."""
+SPLIT_KEYS: Mapping[str, KeyType] = {"split.no": ((2, None),), "split.count": ((2, None),),
+                                     "split.tensors.count": ((INT32, None),)}
+"""A split part's keys: split.no and split.count read as uint16 (llama-model-loader.cpp:596-603, gguf.cpp's
+gguf_get_val_u16 asserts the type), split.tensors.count into an int (llama-model-loader.cpp:663): INT32."""
+NO_VOCAB = ("no_vocab", "none")
+"""tokenizer.ggml.model values with no token list (llama-vocab.cpp:1949)."""
+
+
+def loader_required(kv: Mapping[str, Any]) -> tuple[str, ...]:
+    """The container-wide keys llama.cpp cannot load a model without: its architecture, its tokenizer model
+    (llama-vocab.cpp:1944) and, unless that says there is no vocabulary, its token list (llama-vocab.cpp:2462)."""
+    vocab = () if kv.get("tokenizer.ggml.model") in NO_VOCAB else ("tokenizer.ggml.tokens",)
+    return ("general.architecture", "tokenizer.ggml.model", *vocab)
 
 
 def stored_type(value: Any, vtype: int) -> tuple[int, int | None]:

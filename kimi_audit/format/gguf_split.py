@@ -8,11 +8,13 @@ others' names from it, and fails when one is missing or when the tensors found a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from kimi_audit.constants import GGUF_SUFFIX
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.gguf import GgufPart
+from kimi_audit.format.gguf_keys import SPLIT_KEYS, mistyped
 from kimi_audit.sources.selected import SPLIT_NAME
 
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
@@ -25,12 +27,32 @@ def set_key(name: str) -> str:
 
 
 def gguf_sets(files: Iterable[str]) -> dict[str, list[str]]:
-    """Set key -> its files (natural order), for every .gguf file; `mmproj` projector files are not models."""
+    """Set key -> its files (natural order), for every .gguf file (what each holds is its metadata's to say:
+    `not_a_model`)."""
     out: dict[str, list[str]] = {}
     for f in sorted(files):
-        if f.endswith(GGUF_SUFFIX) and "mmproj" not in f.rsplit("/", 1)[-1].lower():
+        if f.endswith(GGUF_SUFFIX):
             out.setdefault(set_key(f), []).append(f)
     return out
+
+
+IMATRIX, MMPROJ = "imatrix", "mmproj"
+NOT_MODELS = {IMATRIX: "an importance matrix (llama-imatrix's output, read by llama-quantize --imatrix)",
+              MMPROJ: "a multimodal projector (mmproj, read by llama.cpp's mtmd beside its model)"}
+
+
+def not_a_model(kv: Mapping[str, Any]) -> str | None:
+    """IMATRIX or MMPROJ for llama.cpp's GGUF files that are not a model, by their metadata (not their name); None
+    for anything else. llama-imatrix writes `general.type` "imatrix" and `imatrix.*` keys, no architecture
+    (tools/imatrix/imatrix.cpp IMatrixCollector::save_imatrix, lines 603-608); the converter's `--mmproj`
+    writes `general.type` "mmproj", `general.architecture` "clip" and `clip.*` keys (conversion/base.py
+    MmprojModel.set_type and set_gguf_parameters; gguf-py constants MODEL_ARCH.MMPROJ)."""
+    kind = kv.get("general.type")
+    if kind == IMATRIX or any(k.startswith("imatrix.") for k in kv):
+        return IMATRIX
+    if kind == MMPROJ or kv.get("general.architecture") == "clip" or "clip.projector_type" in kv:
+        return MMPROJ
+    return None
 
 
 def part_number(name: str) -> tuple[int, int] | None:
@@ -51,6 +73,12 @@ def split_findings(parts: dict[str, GgufPart]) -> list[Finding]:
     declared: dict[str, int] = {}
     for name, part in readable.items():
         kv = part.kv
+        wrong = mistyped(kv, part.types, SPLIT_KEYS)
+        for key, have, want in wrong:
+            out.append(error("GGUF_KEY_TYPE", f"{name}: {key} is stored as {have}, but llama.cpp reads it as {want}: "
+                             "its loader stops at this key", tensor=key, shard=name, expected=want, actual=have))
+        if wrong:
+            continue
         no, count, total = kv.get(SPLIT_NO), kv.get(SPLIT_COUNT), kv.get(SPLIT_TENSORS)
         by_name = part_number(name)
         if count is None:

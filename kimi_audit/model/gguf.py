@@ -10,16 +10,16 @@ type llama.cpp keeps a weight in and its blocks divide the row.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kimi_audit.constants import GGUF_SUFFIX, SAFETENSORS_SUFFIX
-from kimi_audit.errors import GgufSetError
+from kimi_audit.errors import ConfigError, GgufSetError
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.columns import label
 from kimi_audit.format.gguf import GgufPart, read_gguf_part
-from kimi_audit.format.gguf_keys import LOADER_KEYS, mistyped
-from kimi_audit.format.gguf_split import SPLIT_NO, gguf_sets
+from kimi_audit.format.gguf_keys import LOADER_KEYS, loader_required, mistyped
+from kimi_audit.format.gguf_split import NOT_MODELS, SPLIT_NO, gguf_sets, not_a_model, part_number
 from kimi_audit.format.gguf_types import GGML_BY_NAME
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.model.arch.registry import gguf_architecture
@@ -42,18 +42,29 @@ def is_gguf(files: Iterable[str]) -> bool:
     return any(f.endswith(GGUF_SUFFIX) for f in files) and not any(f.endswith(SAFETENSORS_SUFFIX) for f in files)
 
 
-def choose_set(files: Iterable[str]) -> list[str]:
-    """The one GGUF set among `files`."""
+def choose_set(source: Source, files: Iterable[str]) -> tuple[list[str], dict[str, GgufPart]]:
+    """The one GGUF model set among `files`, and every unsplit GGUF file whose header was read to tell (the others
+    among them: an imatrix or an mmproj file, which are not models, by their metadata: format.gguf_split)."""
     sets = gguf_sets(files)
+    read: dict[str, GgufPart] = {}
+    others: list[str] = []
+    for key, names in list(sets.items()):
+        if len(names) == 1 and part_number(names[0]) is None:
+            read[names[0]] = read_gguf_part(source, names[0])
+            if not_a_model(read[names[0]].kv) is not None:
+                others.append(names[0])
+                del sets[key]
     if not sets:
-        raise GgufSetError("no GGUF model file here (projector files, mmproj, are not models)")
+        said = "; ".join(f"{n} is {NOT_MODELS[str(not_a_model(read[n].kv))]}" for n in others[:3])
+        raise GgufSetError(f"no GGUF model file here{': ' + said if said else ''}. Audit the folder that holds the "
+                           "model and these files beside it")
     if len(sets) > 1:
-        names = ", ".join(sorted(sets)[:6]) + (f" and {len(sets) - 6} more" if len(sets) > 6 else "")
+        listed = ", ".join(sorted(sets)[:6]) + (f" and {len(sets) - 6} more" if len(sets) > 6 else "")
         first = sorted(sets)[0]
         folder = first.rsplit("/", 1)[0] + "/*" if "/" in first else f"{first}*"
-        raise GgufSetError(f"{len(sets)} GGUF sets here ({names}): choose one, e.g. --include '{folder}', or name "
+        raise GgufSetError(f"{len(sets)} GGUF sets here ({listed}): choose one, e.g. --include '{folder}', or name "
                            "one of its files")
-    return next(iter(sets.values()))
+    return next(iter(sets.values())), read
 
 
 def with_stored_types(layout: ExpectedLayout, headers: dict[str, ShardHeader]) -> ExpectedLayout:
@@ -80,10 +91,12 @@ def with_stored_types(layout: ExpectedLayout, headers: dict[str, ShardHeader]) -
 ProgressFn = Callable[[str, int, int], None]
 
 
-def read_set(source: Source, names: list[str], progress: ProgressFn | None = None) -> dict[str, GgufPart]:
+def read_set(source: Source, names: list[str], progress: ProgressFn | None = None,
+             read: Mapping[str, GgufPart] | None = None) -> dict[str, GgufPart]:
+    """The set's parts (those in `read` already read)."""
     parts: dict[str, GgufPart] = {}
     for done, name in enumerate(names, 1):
-        parts[name] = read_gguf_part(source, name)
+        parts[name] = (read or {}).get(name) or read_gguf_part(source, name)
         if progress:
             progress(name, done, len(names))
     return parts
@@ -135,9 +148,21 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
         raw = {"model_type": None, GGUF_ARCHITECTURE: None if hyper else name}
         cfg = unsupported_config(raw)
         return raw, cfg, expected_layout(cfg), findings
-    kv = {k: v for k, v in kv.items() if k not in {w[0] for w in wrong}}
+    absent = [k for k in (*loader_required(kv), *(f"{name}.{k}" for k in arch.gguf.required)) if k not in kv]
+    kv = {k: v for k, v in kv.items() if k not in {w[0] for w in wrong}}  # (a mistyped key: its GGUF_KEY_TYPE)
+    if absent:
+        findings.append(error("GGUF_KEY_MISSING", f"{part}: no {', '.join(label(k) for k in absent)}: llama.cpp's "
+                              "loader requires it (\"key not found in model\") and cannot load the model",
+                              tensor=absent[0], shard=part, covers=len(absent)))
     stored = {n: s for h in headers.values() for n, s in zip(h.columns.names, h.columns.shapes)}
-    raw, meta = arch.gguf.config(kv, stored)
+    try:
+        raw, meta = arch.gguf.config(kv, stored)
+    except ConfigError:
+        if not absent:
+            raise
+        raw = {"model_type": None, GGUF_ARCHITECTURE: None}  # the missing key, said above, is what stops it
+        cfg = unsupported_config(raw)
+        return raw, cfg, expected_layout(cfg), findings
     findings += meta
     cfg = model_config_from_dict(raw)
     layout = with_stored_types(respelled(expected_layout(cfg), arch.gguf.rename), headers)

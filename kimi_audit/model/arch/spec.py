@@ -223,6 +223,25 @@ class ReleaseReader(Protocol):
 
 
 @dataclass(frozen=True)
+class GgufProjector:
+    """An architecture's vision tower and projector as llama.cpp's converter writes them with `--mmproj`
+    (conversion/base.py MmprojModel: general.architecture `clip`, general.type `mmproj`, the `clip.vision.*`
+    keys) and tools/mtmd/clip.cpp loads them: its projector type, its names, and how its keys read back into the
+    architecture's config.json."""
+
+    projector_types: tuple[str, ...]
+    """The `clip.projector_type` values it answers to."""
+    config: Callable[[GgufMetadata, Mapping[str, Any]], dict[str, Any]]
+    """(the mmproj file's metadata, the paired text model's config.json) -> the architecture's config.json."""
+    names: Callable[[str], str | None]
+    """A release tensor's name -> its name in the mmproj file; None for a tensor the projector does not hold."""
+    output: str
+    """The tensor whose rows are the projector's output width (clip.cpp clip_n_mmproj_embd: its ne[1])."""
+    key_types: Mapping[str, KeyType] = field(default_factory=dict)
+    """The `clip.` keys clip.cpp reads, and the GGUF types it reads them with."""
+
+
+@dataclass(frozen=True)
 class GgufDialect:
     """llama.cpp's GGUF spelling of an architecture: the `general.architecture` names its converter writes, how
     its metadata keys read back into config.json's (as llama.cpp's loader derives the hyperparameters from them),
@@ -251,6 +270,15 @@ class GgufDialect:
     key_types: Mapping[str, KeyType] = field(default_factory=dict)
     """The architecture's metadata keys (without the `ARCH.` prefix) -> the GGUF value types llama.cpp's loader
     reads each with (its typed getters refuse any other: format.gguf_keys)."""
+    required: tuple[str, ...] = ()
+    """The keys (without the prefix) llama.cpp's loader cannot load the model without ("key not found in model")."""
+
+    text_of: str = ""
+    """A wrapper's dialect (a multimodal model whose converter writes its text model alone): the model_type whose
+    own dialect reads such a file back. Reading a GGUF goes to that architecture; this dialect says how the
+    wrapper's release converts (`audit --against`)."""
+    projector: GgufProjector | None = None
+    """The architecture's vision tower as llama.cpp's `--mmproj` converter writes it (an `mmproj-*.gguf` file)."""
 
     def rename(self, name: str) -> str:
         """A tree name in GGUF's spelling (unchanged where the table has none)."""

@@ -37,9 +37,11 @@ GGUF_RULES: dict[str, Rule] = {
         "llama.cpp's loader reads each key with a typed getter (llama-model-loader.cpp GKV::get_kv: \"key %s "
         "has wrong type %s but expected type %s\"; tokenizer arrays through gguf_get_arr_str, which asserts): "
         "a key of another type stops the load. The key's value is not used.", GGUF_HELP),
-    "GGUF_TRAILING_BYTES": Rule("warning", 'bytes after the last tensor (split parts joined with `cat`?)',
-        'The part holds bytes after its last tensor that llama.cpp never reads: usually split parts '
-        "joined with cat, which loads only part 1's tensors. llama-gguf-split --merge joins parts.", GGUF_HELP),
+    "GGUF_TRAILING_BYTES": Rule("error", 'bytes after the last tensor: the header does not describe the file',
+        "The part holds bytes after its last tensor that llama.cpp never reads. llama.cpp's own writers leave "
+        "none: a tensor whose type or shape was changed to one that reads fewer bytes (the last tensor's Q8_0 bytes "
+        "read as Q6_K), or split parts joined with cat, which loads only part 1's tensors. llama-gguf-split "
+        "--merge joins parts.", GGUF_HELP),
     "GGUF_PART_MISSING": Rule("error", 'a part of a split set is not there',
         "The set's split.count names a part that is not in the folder (or the --include selection): "
         'llama.cpp cannot load the model. Its tensors are not reported missing one by one.', GGUF_HELP),
@@ -55,6 +57,16 @@ GGUF_RULES: dict[str, Rule] = {
         'A part with no general.architecture names no model: llama.cpp cannot load it, and no tensor can be '
         'checked against a layout. Or attn_k_b / attn_v_b are stored (the MLA layout of llama.cpp #12801) '
         'but the *_mla key and value lengths are not: llama.cpp reads the head dimensions wrong.', GGUF_HELP),
+    "GGUF_NOT_A_MODEL": Rule("info", "a GGUF file beside the model that is not a model (an imatrix, a projector not "
+        "laid out): named for what it is",
+        "llama-imatrix's output (general.type imatrix) or an mmproj projector kimi-audit does not lay out (a type it "
+        "does not describe, or one of several alternatives) sits beside the model: recognized by its metadata, "
+        "not audited as a model, never a second set to choose.", GGUF_HELP),
+    "GGUF_PROJECTOR_WIDTH": Rule("error", "the mmproj projector's output width is not the model's embedding width",
+        "The projector's output tensor (clip.cpp clip_n_mmproj_embd: mm.2's rows for kimik25) or its "
+        "clip.vision.projection_dim is not the text model's ARCH.embedding_length: llama.cpp's mtmd refuses the pair "
+        "(tools/mtmd/mtmd.cpp: \"mismatch between text model (n_embd = %d) and mmproj (n_embd = %d)\"). The projector "
+        "of another model.", "Download the mmproj file published with this model (the same repo and quantization)."),
     "GGUF_GATING": Rule("error", 'the experts carry `exp_probs_b` but `expert_gating_func` is not sigmoid',
         "The routers have DeepSeek's correction bias (sigmoid routing) but the metadata has no "
         'sigmoid expert_gating_func: llama.cpp then routes by softmax and computes other logits, '

@@ -73,6 +73,11 @@ KEY_TYPES = {
 """The `deepseek2.` keys and the types llama.cpp's loader reads them with (llama-model.cpp
 llama_model_base::load_hparams, src/models/deepseek2.cpp load_arch_hparams: get_key into uint32_t / float / bool /
 std::string, get_key_or_arr for the per-layer ones)."""
+LOADER_REQUIRED = ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon",
+                   "attention.kv_lora_rank", "expert_feed_forward_length", "expert_shared_count")
+"""What llama.cpp's loader requires of a deepseek2 file (get_key / get_key_or_arr without `required = false`:
+llama-model.cpp load_hparams, src/models/deepseek2.cpp load_arch_hparams; q_lora_rank too, but not of the lite
+variants, which this tool reads as q_proj models)."""
 REQUIRED = ("block_count", "embedding_length", "attention.head_count", "attention.kv_lora_rank",
             "rope.dimension_count", "attention.key_length", "attention.value_length")
 """What this tool cannot read the model without (llama.cpp requires most of them, and reads the rest into its
@@ -260,6 +265,6 @@ def _kv_b_half(read: ReleaseReader, kv_b: str, heads: int, rows: int, nope: int,
 
 
 GGUF_DIALECT = GgufDialect((GGUF_ARCH,), gguf_config, gguf_metadata, GGUF_TOP, GGUF_LAYER, converted,
-                           release_values, key_types=KEY_TYPES)
+                           release_values, key_types=KEY_TYPES, required=LOADER_REQUIRED)
 
 
