@@ -23,7 +23,7 @@ from kimi_audit.checks.audit import AuditReport
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error, info
 from kimi_audit.format.table import tensor_table
-from kimi_audit.model.arch.registry import architecture_of, gguf_architecture
+from kimi_audit.model.arch.registry import architecture_of, gguf_architecture, gguf_converts
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.model.kinds import PACKED, SCALE
 from kimi_audit.model.layout import scheme_of
@@ -57,13 +57,15 @@ def against_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_s
                      missing: frozenset[str] = frozenset()) -> list[Finding]:
     """`missing`: GGUF tensors the audit already reports missing (TENSOR_MISSING): not said again here, and the
     element totals, which cannot agree then, not compared."""
-    arch = gguf_architecture(gguf.metadata.get("general.architecture"))
-    if arch is None or arch.gguf is None or architecture_of(hf.config_raw) is not arch:
-        return [error("AGAINST_ARCHITECTURE", f"{hf.label} is model_type {hf.config_raw.get('model_type')!r}, which "
-                      f"llama.cpp does not convert to GGUF architecture "
-                      f"{gguf.metadata.get('general.architecture')!r}: not the source of this GGUF",
-                      actual=hf.config_raw.get("model_type"))]
-    dialect = arch.gguf
+    name = gguf.metadata.get("general.architecture")
+    converts = gguf_converts(hf.config_raw, name)  # the source's architecture's dialect, a wrapper's text model too
+    if gguf_architecture(name) is None or converts is None:
+        model_type = hf.config_raw.get("model_type")
+        why = (f"which llama.cpp does not convert to GGUF architecture {name!r}" if architecture_of(hf.config_raw)
+               else "an architecture kimi-audit does not describe: what llama.cpp converts it to is not known here")
+        return [error("AGAINST_ARCHITECTURE", f"{hf.label} is model_type {model_type!r}, {why}: not held to "
+                      "this GGUF", actual=model_type)]
+    dialect = converts
     out: list[Finding] = []
     for key, want in dialect.metadata(hf.config_raw).items():
         have = gguf.metadata.get(key)

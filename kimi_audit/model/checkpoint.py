@@ -32,6 +32,7 @@ from kimi_audit.model.config import parse_config_bytes
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.dialect import resolve_dialect
 from kimi_audit.model.gguf import choose_set, first_part, gguf_model, gguf_names, is_gguf, read_set
+from kimi_audit.model.gguf_beside import beside
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.model.mtp_stages import with_stored_stages
 from kimi_audit.sources.base import Source
@@ -87,7 +88,8 @@ def load_model(source: Source) -> tuple[dict[str, Any], ModelConfig, Callable[[s
     files = source.list_files()
     if not is_gguf(files):
         return (*load_config(source), str)
-    parts = read_set(source, choose_set(files))
+    names, read = choose_set(source, files)
+    parts = read_set(source, names, read=read)
     raw, cfg, _, _ = gguf_model(parts)
     return raw, cfg, gguf_names(parts)
 
@@ -204,15 +206,19 @@ def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Check
 
 
 def _load_gguf(source: Source, files: tuple[str, ...], progress: ProgressFn | None) -> Checkpoint:
-    names = choose_set(files)
-    parts = read_set(source, names, progress)
+    names, read = choose_set(source, files)
+    parts = read_set(source, names, progress, read)
     findings = split_findings(parts)
     raw, config, expected, meta = gguf_model(parts)
     first = first_part(parts)
+    kv = {} if first is None else first.kv
+    others = {n: p for n, p in read.items() if n not in parts}
+    expected, projector, beside_findings = beside(others, raw, config, expected, kv)
     headers = {n: p.header for n, p in parts.items() if p.header.tensor_count or p.header.ok}
     failed = [f for n, p in parts.items() if n not in headers for f in p.header.findings]
-    return Checkpoint(source.label, source.revision, tuple(names), raw, config, None, expected, headers,
-                      tuple(failed + findings + meta), container="gguf", metadata={} if first is None else first.kv)
+    headers.update(projector)
+    return Checkpoint(source.label, source.revision, (*names, *projector), raw, config, None, expected, headers,
+                      tuple(failed + findings + meta + beside_findings), container="gguf", metadata=kv)
 
 
 def _load(source: Source, files: tuple[str, ...], remote: bool, progress: ProgressFn | None) -> Checkpoint:

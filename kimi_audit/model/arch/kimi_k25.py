@@ -14,23 +14,28 @@ reverses those renames imperfectly: the TRANSFORMERS dialect below.
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 from kimi_audit.errors import ConfigError
+from kimi_audit.format.gguf_keys import F32, FLAG, STR, U32
 from kimi_audit.model.arch import deepseek_v3
+from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
 from kimi_audit.model.arch.spec import (
     DTYPE_KEYS,
     QUANT_KEYS,
     Architecture,
     Dialect,
     Factor,
+    GgufProjector,
     Group,
     Leaf,
     Linear,
     ModelTree,
     Node,
     Param,
+    ReleaseReader,
     prefixed,
     register,
 )
@@ -174,8 +179,104 @@ def projector(cfg: ModelConfig, v: VisionConfig) -> Group:
     ), role="mm_projector")
 
 
+def _text(name: str) -> str | None:
+    return name[len(TEXT_PREFIX):] if name.startswith(TEXT_PREFIX) else None
+
+
+PROJECTOR_NAMES = (
+    ("vision_tower.patch_embed.proj.", "v.patch_embd."), ("vision_tower.patch_embed.pos_emb.", "v.position_embd."),
+    ("vision_tower.encoder.final_layernorm.", "v.post_ln."), ("mm_projector.pre_norm.", "mm.input_norm."),
+    ("mm_projector.proj.0.", "mm.1."), ("mm_projector.proj.2.", "mm.2."))
+BLOCK_NAMES = (("norm0.", "ln1."), ("wqkv.", "attn_qkv."), ("wo.", "attn_out."), ("norm1.", "ln2."),
+               ("mlp.fc0.", "ffn_up."), ("mlp.fc1.", "ffn_down."))
+"""The release's vision and projector names -> the mmproj file's, as KimiK25Model (llama.cpp 0c1e5709
+conversion/kimivl.py) renames `proj.0/2` to `proj.linear_1/2` and gguf-py's tensor_mapping.py maps them
+(MODEL_ARCH.MMPROJ: `v.blk.N.*`, `mm.input_norm`, `mm.1`, `mm.2`; tests/test_gguf_k25.py holds them to the
+converter's own output). The wqkv rows are permuted for 2-D RoPE, not renamed."""
+
+
+def projector_name(name: str) -> str | None:
+    for release, gguf in PROJECTOR_NAMES:
+        if name.startswith(release):
+            return gguf + name[len(release):]
+    blocks = "vision_tower.encoder.blocks."
+    if name.startswith(blocks):
+        number, _, rest = name[len(blocks):].partition(".")
+        for release, gguf in BLOCK_NAMES:
+            if rest.startswith(release):
+                return f"v.blk.{number}.{gguf}{rest[len(release):]}"
+    return None
+
+
+def projector_config(kv: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, Any]:
+    """The kimi_k25 config.json an mmproj file's `clip.vision.*` keys imply (clip.cpp reads the same keys), beside
+    the paired text model's; the text width the projector's own `clip.vision.projection_dim` (MmprojModel writes
+    the text model's hidden_size there), `projection_hidden_size` the tower's width (mm.input_norm's)."""
+    v = "clip.vision."
+    merge = kv.get(v + "projector.scale_factor", 2)
+    width = kv.get(v + "embedding_length")
+    vision = {"hidden_size": width, "intermediate_size": kv.get(v + "feed_forward_length"),
+              "num_hidden_layers": kv.get(v + "block_count"), "patch_size": kv.get(v + "patch_size"),
+              "pos_emb_height": kv.get("vision.pos_emb_height", 64),
+              "pos_emb_width": kv.get("vision.pos_emb_width", 64),
+              "merge_kernel_size": [merge, merge]}
+    hidden = kv.get(v + "projection_dim", text.get("hidden_size"))
+    return {"model_type": MODEL_TYPES[0], "text_config": {**text, "hidden_size": hidden},
+            "vision_config": vision, "projection_hidden_size": width}
+
+
+PROJECTOR = GgufProjector(("kimik25",), projector_config, projector_name, "mm.2.weight", key_types={
+    **{f"clip.vision.{k}": U32 for k in ("embedding_length", "feed_forward_length", "block_count", "projection_dim",
+                                        "attention.head_count", "image_size", "patch_size",
+                                        "projector.scale_factor", "image_min_pixels", "image_max_pixels")},
+    "clip.vision.attention.layer_norm_epsilon": F32, "clip.has_vision_encoder": FLAG, "clip.use_gelu": FLAG,
+    "clip.projector_type": STR})
+"""Kimi-K2.5's mmproj (projector type `kimik25`): the keys clip.cpp (tools/mtmd/clip.cpp, llama.cpp 0c1e5709,
+clip_model_loader load_hparams, lines 1307-1316 and 1592-1600) reads with get_u32 / get_f32 / get_bool."""
+
+
+class _Prefixed:
+    """The wrapper's release read under the text model's names (ReleaseReader)."""
+
+    def __init__(self, read: ReleaseReader) -> None:
+        self.read = read
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.read.shape(TEXT_PREFIX + name)
+
+    def rows(self, name: str, start: int, stop: int) -> Any:
+        return self.read.rows(TEXT_PREFIX + name, start, stop)
+
+    def bands(self, name: str) -> Iterator[Any]:
+        return self.read.bands(TEXT_PREFIX + name)
+
+
+def _converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...]:
+    """The text model's tensors as deepseek2's converter writes them (DeepseekV2Model strips `language_model.`:
+    conversion/base.py ModelBase.modify_tensors); the vision tower's into the mmproj file where one is read beside
+    it, else nowhere in this GGUF."""
+    text = _text(name)
+    if text is not None:
+        return deepseek2.GGUF_DIALECT.converted(text, layers, stored)
+    mmproj = projector_name(name)
+    return (mmproj,) if mmproj is not None and mmproj in stored else ()
+
+
+def _release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int, nope: int) -> Any:
+    return deepseek2.GGUF_DIALECT.release_values(gguf_name, _Prefixed(read), experts, heads, nope)
+
+
+GGUF = replace(
+    deepseek2.GGUF_DIALECT, text_of=deepseek_v3.MODEL_TYPES[0], projector=PROJECTOR, converted=_converted,
+    release_values=_release_values,
+    metadata=lambda cfg: deepseek2.GGUF_DIALECT.metadata(nested_text(dict(cfg), MODEL_TYPES[0])))
+"""llama.cpp converts KimiK25ForConditionalGeneration twice (conversion/__init__.py: "deepseek" and "kimivl"): its
+text model as `deepseek2` (DeepseekV2Model's register list), which deepseek_v3's dialect reads back, and its
+vision tower as an mmproj file (KimiK25Model, `--mmproj`): PROJECTOR."""
+
+
 ARCHITECTURE = register(Architecture(
     name="Kimi-K2.5", model_types=MODEL_TYPES, read=read, describe=describe, dialects=dialects,
     class_names=("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"), nests_text=True,
     float32_routers=deepseek_v3.ROUTER_FP32, buffered=deepseek_v3.ARCHITECTURE.buffered,
-    value_roles=deepseek_v3.ARCHITECTURE.value_roles, quant=RELEASE))
+    value_roles=deepseek_v3.ARCHITECTURE.value_roles, quant=RELEASE, gguf=GGUF))

@@ -7,11 +7,12 @@ are derived here from the registered records, never written out.
 from __future__ import annotations
 
 import importlib
+import operator
 import pkgutil
 from pathlib import Path
 from typing import Any
 
-from kimi_audit.model.arch.spec import BY_CLASS, REGISTERED, Architecture, Dialect, ModelTree
+from kimi_audit.model.arch.spec import BY_CLASS, REGISTERED, Architecture, Dialect, GgufDialect, ModelTree
 from kimi_audit.model.config_fields import ModelConfig
 
 __all__ = ["architecture", "architecture_of", "block_titles", "buffered", "describe", "dialects", "float32_routers",
@@ -89,11 +90,27 @@ def undescribed(model_type: str) -> dict[str, str]:
     return {} if arch is None else dict(arch.undescribed)
 
 
+_unions: dict[str, tuple[Any, ...]] = {}
+_unions_of: list[tuple[Architecture, ...]] = [()]
+"""The registered architectures `_unions` was derived from: a registration or removal (a plug-in, a test's
+throwaway architecture) makes another tuple, and the unions are derived again at the next call."""
+
+
 def _union(attr: str) -> tuple[Any, ...]:
-    out: dict[Any, None] = {}
-    for arch in dict.fromkeys(REGISTERED.values()):
-        out.update(dict.fromkeys(getattr(arch, attr)))
-    return tuple(out)
+    """Every registered architecture's `attr` entries, in registration order, each once (derived once per state
+    of the registry: the layout check asks per class of tensors, the accounting per component)."""
+    archs = tuple(REGISTERED.values())
+    known = _unions_of[0]
+    if len(archs) != len(known) or not all(map(operator.is_, archs, known)):
+        _unions.clear()
+        _unions_of[0] = archs
+    out = _unions.get(attr)
+    if out is None:
+        union: dict[Any, None] = {}
+        for arch in dict.fromkeys(archs):
+            union.update(dict.fromkeys(getattr(arch, attr)))
+        out = _unions[attr] = tuple(union)
+    return out
 
 
 def float32_routers() -> tuple[str, ...]:
@@ -122,7 +139,23 @@ def value_roles() -> tuple[tuple[str, str], ...]:
 def gguf_architecture(name: object) -> Architecture | None:
     """The architecture whose GGUF dialect writes `general.architecture` `name` (None: none described)."""
     for arch in dict.fromkeys(REGISTERED.values()):
-        if arch.gguf is not None and name in arch.gguf.archs:
+        if arch.gguf is not None and not arch.gguf.text_of and name in arch.gguf.archs:
+            return arch
+    return None
+
+
+def gguf_converts(cfg: dict[str, Any], name: object) -> GgufDialect | None:
+    """The dialect a config.json's release is converted to GGUF architecture `name` by (its architecture's, a
+    wrapper's converting its text model included); None where its architecture is unknown or writes another."""
+    arch = architecture_of(cfg)
+    return arch.gguf if arch is not None and arch.gguf is not None and name in arch.gguf.archs else None
+
+
+def gguf_projector(projector_type: object) -> Architecture | None:
+    """The architecture whose vision tower llama.cpp writes as an mmproj of `clip.projector_type` (None: none)."""
+    for arch in dict.fromkeys(REGISTERED.values()):
+        p = None if arch.gguf is None else arch.gguf.projector
+        if p is not None and projector_type in p.projector_types:
             return arch
     return None
 
