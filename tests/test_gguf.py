@@ -93,9 +93,11 @@ def test_gguf_names_are_the_converters() -> None:
     """Each name of the llama.cpp tree, renamed by deepseek2's dialect, is what gguf-py's TensorNameMap (the table
     convert_hf_to_gguf renames with) makes of it."""
     dialect = architecture("kimi_k2").gguf  # type: ignore[union-attr]
-    assert dialect is not None and dialect.archs == (gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.DEEPSEEK2],)
+    assert dialect is not None and dialect.archs[0] == gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.DEEPSEEK2]
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, 4)
-    for tree, spelled in dialect.top + tuple((f"model.layers.3.{a}", f"blk.3.{b}") for a, b in dialect.layer):
+    # the indexer's names are deepseek32's (the same dialect's other arch: tests/test_gguf_archs.py)
+    for tree, spelled in dialect.top + tuple((f"model.layers.3.{a}", f"blk.3.{b}") for a, b in dialect.layer
+                                             if not a.startswith("self_attn.indexer.")):
         # conversion/base.py ModelBase.modify_tensors first respells the router bias `e_score_correction.bias`
         converted = tree.replace("e_score_correction_bias", "e_score_correction.bias")
         assert tmap.get_name(converted, try_suffixes=(".weight", ".bias")) == spelled, tree
@@ -542,3 +544,16 @@ def test_every_ggml_block_type_reads_as_gguf_py_dequantizes_it(tmp_path: Path) -
         ours, _, _ = fetch.read(t.name)
         assert np.array_equal(ours, want.astype(np.float32), equal_nan=True), t.name
     assert len(types) >= 20
+
+
+def test_sarif_of_a_gguf_set_points_at_its_parts(tmp_path: Path) -> None:
+    """A GGUF folder has no config.json: each result points at the part that holds its tensor, else the set's
+    first part (which carries the metadata)."""
+    out = tmp_path / "set"
+    shutil.copytree(SPLIT, out)
+    part = "tiny-Q8_0-00001-of-00004.gguf"
+    rewrite(out / part, out / part, lambda g: g.kv.pop("deepseek2.expert_gating_func"))  # GGUF_GATING: no part
+    r = runner.invoke(app, ["audit", str(out), "--format", "sarif", "--no-progress"])
+    results = json.loads(r.stdout)["runs"][0]["results"]
+    uris = {x["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for x in results}
+    assert r.exit_code == 1 and results and "config.json" not in uris and uris <= {p.name for p in SPLIT.iterdir()}

@@ -12,6 +12,7 @@ run's properties.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -38,13 +39,31 @@ def _safe_relative(name: str) -> bool:
         and ":" not in parts[0] and all(parts)
 
 
-def artifact(f: Finding) -> str:
-    """The file a finding is about, relative to the checkpoint root."""
+def artifact(f: Finding, home: Callable[[Finding], str] | None = None) -> str:
+    """The file a finding is about, relative to the checkpoint root: its shard; else the index for the index's
+    findings; else, in a GGUF set, the part holding the tensor or the set's first part (a GGUF folder has no
+    config.json: its metadata is in part 1); else config.json."""
     if f.shard and f.code != "INDEX_UNSAFE_PATH" and _safe_relative(f.shard):
         return f.shard
     if f.code.startswith(INDEX_CODES):
         return INDEX_FILE
-    return CONFIG_FILE
+    return home(f) if home is not None else CONFIG_FILE
+
+
+def gguf_home(report: AuditReport) -> Callable[[Finding], str] | None:
+    """For a GGUF set's report, where a finding without a part lives: the part that stores its tensor, else the
+    set's first part (which carries the metadata)."""
+    ckpt = report.checkpoint
+    if ckpt is None or ckpt.container != "gguf" or not ckpt.files:
+        return None
+    first = ckpt.files[0]
+    where = {n: part for part, h in ckpt.headers.items() for n in h.columns.names}
+
+    def home(f: Finding) -> str:
+        part = where.get(f.tensor or "", first)
+        return part if _safe_relative(part) else CONFIG_FILE
+
+    return home
 
 
 def subject(f: Finding) -> str:
@@ -77,8 +96,9 @@ def _rules(codes: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _result(f: Finding, index: int, fingerprint: str, suppressed_by: str | None) -> dict[str, Any]:
-    uri = artifact(f)
+def _result(f: Finding, index: int, fingerprint: str, suppressed_by: str | None,
+            home: Callable[[Finding], str] | None = None) -> dict[str, Any]:
+    uri = artifact(f, home)
     res: dict[str, Any] = {
         "ruleId": f.code,
         "ruleIndex": index,
@@ -113,12 +133,13 @@ def sarif_dict(report: AuditReport, fail_on: Severity = Severity.ERROR,
     index = {c: i for i, c in enumerate(codes)}
     seen: dict[str, int] = {}
     results: list[dict[str, Any]] = []
+    home = gguf_home(report)
     for f, by in entries:  # fingerprints over every finding, so the kept ones do not depend on the cap
-        key = hashlib.sha256("\0".join((f.code, subject(f), artifact(f))).encode("utf-8", "backslashreplace")
-                             ).hexdigest()
+        key = hashlib.sha256("\0".join((f.code, subject(f), artifact(f, home))).encode(
+            "utf-8", "backslashreplace")).hexdigest()
         n = seen[key] = seen.get(key, 0) + 1
         if len(results) < max_results:
-            results.append(_result(f, index[f.code], f"{key}:{n}", by))
+            results.append(_result(f, index[f.code], f"{key}:{n}", by, home))
     left_out = len(entries) - len(results)
     invocation: dict[str, Any] = {"executionSuccessful": True, "exitCode": report.exit_code(fail_on)}
     if left_out:
