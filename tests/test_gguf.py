@@ -557,3 +557,25 @@ def test_sarif_of_a_gguf_set_points_at_its_parts(tmp_path: Path) -> None:
     results = json.loads(r.stdout)["runs"][0]["results"]
     uris = {x["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for x in results}
     assert r.exit_code == 1 and results and "config.json" not in uris and uris <= {p.name for p in SPLIT.iterdir()}
+
+
+def test_a_missing_part_is_partial(tmp_path: Path) -> None:
+    """A split set with a part not (yet) downloaded is PARTIAL, as a checkpoint with an absent shard is."""
+    out = tmp_path / "set"
+    shutil.copytree(SPLIT, out)
+    (out / "tiny-Q8_0-00003-of-00004.gguf").unlink()
+    report = audit(out)
+    assert report.verdict() == "PARTIAL" and report.exit_code() == 1
+    assert (report.absent_shards, report.listed_shards) == (1, 4)
+    assert report.headline() == "PARTIAL: 1 of 4 shards absent"
+
+
+def test_the_include_hint_selects_one_set(tmp_path: Path) -> None:
+    """Two sets whose names share a prefix (m-Q2_K, m-Q2_K_XL): the hint's glob selects the first alone."""
+    shutil.copy(Q2K, tmp_path / "m-Q2_K.gguf")
+    shutil.copy(DATA / "noscoring-Q2_K.gguf", tmp_path / "m-Q2_K_XL.gguf")
+    r = runner.invoke(app, ["audit", str(tmp_path), "--no-progress"])
+    assert r.exit_code == 2
+    glob = r.output.split("--include '", 1)[1].split("'", 1)[0]
+    r = runner.invoke(app, ["audit", str(tmp_path), "--include", glob, "--no-progress"])
+    assert r.exit_code == 0, r.output

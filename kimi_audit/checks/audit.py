@@ -48,8 +48,9 @@ class ShardSummary:
     errors: int
 
 
-ABSENCE_CODES = frozenset(("INDEX_SHARD_ABSENT",))
-"""The findings that say a shard the index names is absent (what PARTIAL is)."""
+ABSENCE_CODES = frozenset(("INDEX_SHARD_ABSENT", "GGUF_PART_MISSING"))
+"""The findings that say a shard the index names, or a part a GGUF split set counts, is absent (what PARTIAL
+is)."""
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
     all_findings = fold_unindexed(fold_format_mismatch(fold_quantization(
         fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected), expected, aligned.positions))
     listed = ckpt.index.shards if ckpt.index is not None else []
+    if ckpt.container == "gguf":  # the parts split.count names: those here, and those GGUF_PART_MISSING names
+        listed = [*ckpt.files, *(str(f.shard) for f in all_findings if f.code == "GGUF_PART_MISSING")]
     stats = compute_stats(actual, expected, ckpt.headers, aligned)
     shards = tuple(
         ShardSummary(name, h.file_size, h.data_start, h.tensor_count,

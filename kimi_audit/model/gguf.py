@@ -30,6 +30,7 @@ from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.model.quant.gguf import GGML_ANY
 from kimi_audit.model.quant.scheme import fits
 from kimi_audit.sources.base import Source
+from kimi_audit.sources.selected import set_globs
 
 GENERAL_ARCHITECTURE = "general.architecture"
 GGUF_ARCHITECTURE = "gguf_architecture"
@@ -60,9 +61,8 @@ def choose_set(source: Source, files: Iterable[str]) -> tuple[list[str], dict[st
                            "model and these files beside it")
     if len(sets) > 1:
         listed = ", ".join(sorted(sets)[:6]) + (f" and {len(sets) - 6} more" if len(sets) > 6 else "")
-        first = sorted(sets)[0]
-        folder = first.rsplit("/", 1)[0] + "/*" if "/" in first else f"{first}*"
-        raise GgufSetError(f"{len(sets)} GGUF sets here ({listed}): choose one, e.g. --include '{folder}', or name "
+        glob = set_globs(sets[sorted(sets)[0]][0])[0]  # the first set's exact glob: it selects that set alone
+        raise GgufSetError(f"{len(sets)} GGUF sets here ({listed}): choose one, e.g. --include '{glob}', or name "
                            "one of its files")
     return next(iter(sets.values())), read
 
