@@ -14,12 +14,25 @@ layers are their own block kinds (`dense_shared`, `moe_shared`), the layer witho
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from kimi_audit.errors import ConfigError
+from kimi_audit.findings import Finding
+from kimi_audit.format.gguf import KEEP_ARRAY, GgufArray
+from kimi_audit.format.gguf_keys import BOOL
 from kimi_audit.model.arch import deepseek_v3
-from kimi_audit.model.arch.spec import DENSE, MOE, Architecture, Group, ModelTree, Node, register
+from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
+from kimi_audit.model.arch.deepseek_v3.gguf_dsa import (
+    DSA_KEY_TYPES,
+    DSA_LAYER,
+    dsa_config,
+    dsa_converted,
+    dsa_metadata,
+    dsa_release_values,
+)
+from kimi_audit.model.arch.spec import DENSE, MOE, Architecture, GgufDialect, Group, ModelTree, Node, register
 from kimi_audit.model.config_fields import ModelConfig
 
 MODEL_TYPES = ("glm_moe_dsa",)
@@ -84,9 +97,74 @@ def _without_indexer(node: Node) -> Node:
     return node
 
 
+GGUF_ARCH = "glm-dsa"
+GLM_5_2_CONTEXT = 1048576
+"""glm-dsa.cpp: a file whose context length is below it is GLM-5 / 5.1 (every indexer full) when it holds no
+`attention.indexer.types`."""
+
+
+def glm_5_2_indexers(n: int) -> list[bool]:
+    """glm-dsa.cpp GLM_5_2_DEFAULT_INDEXER_TYPES: layers 0 and 1 full, then every fourth from layer 2."""
+    return [i < 2 or (i - 2) % 4 == 0 for i in range(n)]
+
+
+def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Any], list[Finding]]:
+    """A `glm-dsa` GGUF's config.json, as llama.cpp's glm-dsa loader reads the metadata."""
+    a = GGUF_ARCH
+    kv = dict(kv)
+    if not kv.get(f"{a}.expert_gating_func"):  # LLAMA_EXPERT_GATING_FUNC_TYPE_NONE reads as sigmoid
+        kv[f"{a}.expert_gating_func"] = deepseek2.SIGMOID
+    cfg, findings = dsa_config(kv, stored, a)
+    key, kvl = kv.get(f"{a}.attention.key_length"), kv.get(f"{a}.attention.kv_lora_rank")
+    mla = kv.get(f"{a}.attention.key_length_mla")
+    if isinstance(key, int) and isinstance(kvl, int) and isinstance(mla, int):  # the whole rope dim, not the rotary
+        cfg.update(qk_rope_head_dim=key - kvl, qk_nope_head_dim=mla - (key - kvl))
+    n = cfg["num_hidden_layers"]
+    types = kv.get(f"{a}.attention.indexer.types")
+    if types is not None and getattr(types, "values", types) is None:
+        # an array longer than format.gguf keeps the values of (KEEP_ARRAY): the layers storing an indexer say
+        types = [f"blk.{i}.indexer.attn_k.weight" in stored for i in range(n)]
+    types = getattr(types, "values", types)  # an array (format.gguf.GgufArray) or one value for every layer
+    if types is None:
+        full = [True] * n if (kv.get(f"{a}.context_length") or 0) < GLM_5_2_CONTEXT else glm_5_2_indexers(n)
+    else:
+        full = [bool(t) for t in types] if isinstance(types, (list, tuple)) else [bool(types)] * n
+        if len(full) < n:
+            raise ConfigError(f"{a}.attention.indexer.types holds {len(full)} values for {n} layers: llama.cpp "
+                              "cannot load it")
+    cfg.update({"architectures": ["GlmMoeDsaForCausalLM"], "model_type": MODEL_TYPES[0],
+                "indexer_types": ["full" if f else "shared" for f in full]})
+    return cfg, findings
+
+
+def gguf_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The `glm-dsa.*` keys GlmMoeDsaModel.set_gguf_parameters writes from `config`."""
+    a = GGUF_ARCH
+    out = dsa_metadata(config, a)
+    rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+    factor = (rope or {}).get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if isinstance(config.get("qk_rope_head_dim"), int):
+        out[f"{a}.rope.dimension_count"] = int(config["qk_rope_head_dim"] * factor)
+    types = config.get("indexer_types")
+    if isinstance(types, list):  # a BOOL array, as format.gguf reads it back (values kept while short)
+        full = tuple(t == "full" for t in types)
+        out[f"{a}.attention.indexer.types"] = GgufArray(BOOL, len(full), full if len(full) <= KEEP_ARRAY else None)
+    return out
+
+
+def _gguf() -> GgufDialect:
+    return GGUF_DIALECT
+
+
+GGUF_DIALECT = replace(deepseek2.GGUF_DIALECT, archs=(GGUF_ARCH,), config=gguf_config, metadata=gguf_metadata,
+                       layer=DSA_LAYER, converted=dsa_converted(_gguf), release_values=dsa_release_values(_gguf),
+                       key_types=DSA_KEY_TYPES)
+"""deepseek2's dialect (its required keys included) with GLM-5's metadata and the indexer's names."""
+
+
 ARCHITECTURE = register(Architecture(
     name="GLM-5", model_types=MODEL_TYPES, read=read, describe=describe,
     class_names=("GlmMoeDsaForCausalLM",), float32_routers=deepseek_v3.ROUTER_FP32,
     buffered=deepseek_v3.ARCHITECTURE.buffered, value_roles=deepseek_v3.ARCHITECTURE.value_roles,
-    quant=deepseek_v3.V32_RELEASE,
+    quant=deepseek_v3.V32_RELEASE, writer_trees=deepseek_v3.WRITER_TREES, gguf=GGUF_DIALECT,
     block_titles={DENSE + SHARED: "dense (shared indexer)", MOE + SHARED: "MoE (shared indexer)"}))

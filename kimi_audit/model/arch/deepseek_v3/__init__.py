@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.arch.deepseek_v3.gguf import GGUF_DIALECT, GGUF_ROUTER_BIAS
+from kimi_audit.model.arch.deepseek_v3.gguf import GGUF_ROUTER_BIAS
+from kimi_audit.model.arch.deepseek_v3.gguf_dsa import GGUF_DIALECT
 from kimi_audit.model.arch.spec import (
     ATTENTION_BIAS_KEYS,
     BLOCK_KEYS,
