@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 from kimi_audit.checks.audit import AuditReport
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error, info
+from kimi_audit.format.gguf_types import GGML_BY_NAME
 from kimi_audit.format.table import tensor_table
 from kimi_audit.model.arch.registry import architecture_of, gguf_architecture, gguf_converts
+from kimi_audit.model.arch.spec import GgufDialect
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.model.kinds import PACKED, SCALE
 from kimi_audit.model.layout import scheme_of
@@ -97,8 +99,12 @@ def against_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_s
     if total != stored_total and not missing and not unaccounted:
         out.append(error("AGAINST_TOTAL", f"the GGUF holds {stored_total:,} elements, {hf.label}'s tensors (scales, "
                          f"buffers and MTP layers excepted) {total:,}", expected=total, actual=stored_total))
+    keys = len(dialect.metadata(hf.config_raw))
+    out.append(info("AGAINST_HELD", f"held against {hf.label}: {keys:,} metadata keys, {len(source.names):,} source "
+                    f"tensors accounted for in {len(stored.names):,} GGUF tensors, element totals"
+                    + ("" if values else "; values not compared: add --values"), actual=hf.label))
     if values:
-        out.extend(_value_findings(gguf, gguf_source, hf, hf_source, stored, progress))
+        out.extend(_value_findings(gguf, gguf_source, hf, hf_source, stored, dialect, progress))
     return out
 
 
@@ -111,29 +117,35 @@ except a tensor's last."""
 
 
 def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_source: Source, stored: Any,
-                    progress: Callable[[str, int, int], None] | None) -> list[Finding]:
+                    dialect: GgufDialect, progress: Callable[[str, int, int], None] | None) -> list[Finding]:
     from kimi_audit.numerics.ggml import ENCODED
+    from kimi_audit.numerics.ggml_quants import is_quantized
 
-    arch = gguf_architecture(gguf.metadata.get("general.architecture"))
-    assert arch is not None and arch.gguf is not None
     cfg = hf.config
     reader = SourceRows(hf, hf_source)
     differ: dict[str, list[str]] = {}
     compared, not_compared, unread = 0, [], []
+    worst: dict[str, tuple[float, str]] = {}  # ggml type -> (its largest relative error, the tensor)
     rows = list(zip(stored.names, stored.dtypes, stored.shapes, stored.shards, stored.begins, stored.ends))
     for done, (name, dtype, shape, part, begin, end) in enumerate(rows, 1):
         if progress:
             progress(name, done, len(rows))
-        if dtype not in ENCODED:
+        if dtype not in ENCODED and not is_quantized(dtype):
             not_compared.append(name)
             continue
         start = gguf.headers[part].data_start
         try:
-            want = arch.gguf.release_values(name, reader, cfg.n_routed_experts or 0, cfg.num_attention_heads,
-                                            cfg.qk_nope_head_dim)
+            want = dialect.release_values(name, reader, cfg.n_routed_experts or 0, cfg.num_attention_heads,
+                                          cfg.qk_nope_head_dim)
             if want is None:
                 continue
-            same = _same_bytes(want, shape, dtype, gguf_source, part, start + begin, start + end)
+            if dtype in ENCODED:
+                same = _same_bytes(want, shape, dtype, gguf_source, part, start + begin, start + end)
+            else:
+                rel = _relative_error(want, shape, dtype, gguf_source, part, start + begin, start + end)
+                same = rel is not None and rel <= error_bound(dtype)
+                if rel is not None and rel > worst.get(dtype, (-1.0, ""))[0]:
+                    worst[dtype] = (rel, name)
         except (KimiAuditError, MemoryError) as e:  # the source unreadable, or too large for this machine
             unread.append((name, str(e) or type(e).__name__))
             reader.drop()
@@ -148,13 +160,62 @@ def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_so
         out.append(error("AGAINST_UNREAD", f"{len(unread):,} tensors could not be compared with {hf.label}'s values "
                          f"({_listed([n for n, _ in unread])}): {unread[0][0]}: {unread[0][1]}",
                          tensor=unread[0][0], covers=len(unread)))
-    out.append(info("AGAINST_CHECKED", f"{compared:,} tensors compared byte for byte with what ggml writes for "
-                    f"{hf.label}'s values", actual=compared))
+    bounds = ", ".join(f"{t} {rel:.3g}/{error_bound(t):.3g}" for t, (rel, _) in sorted(worst.items()))
+    out.append(info("AGAINST_CHECKED", f"{compared:,} tensors compared with {hf.label}'s values: F32/F16/BF16/Q8_0 "
+                    "byte for byte, other types dequantized within their type's relative error bound"
+                    f"{' (worst/bound: ' + bounds + ')' if bounds else ''}", actual=compared,
+                    tensor=max(worst.values())[1] if worst else None))
     if not_compared:
-        out.append(info("AGAINST_NOT_COMPARED", f"{len(not_compared):,} tensors in types whose encoding kimi-audit "
-                        f"does not compute (K-quants, IQ types) were not compared ({_listed(not_compared)})",
-                        tensor=not_compared[0], covers=len(not_compared)))
+        out.append(info("AGAINST_NOT_COMPARED", f"{len(not_compared):,} tensors in types kimi-audit cannot decode "
+                        f"were not compared ({_listed(not_compared)})", tensor=not_compared[0],
+                        covers=len(not_compared)))
     return out
+
+
+def error_bound(dtype: str) -> float:
+    """The relative RMS error ||dequantized - source|| / ||source|| a ggml type's quantization of a release tensor
+    stays within. A block of b-bit codes scaled to its absolute maximum rounds each value by at most half a step,
+    amax / (2^b - 1), and the RMS of a rounding error spread evenly over that is step / (2 sqrt 3): relative to the
+    block's RMS, 0.58 (amax / rms) / (2^b - 1). The bound takes b as the type's bits per weight (its block's bytes x
+    8 / its values, scales included) and allows amax / rms up to 5.2 (heavy-tailed blocks; a Gaussian block of 32
+    to 256 values has about 2.5 to 3): 3 / (2^b - 1), at most 0.95. A tensor from another model, layer or expert
+    (uncorrelated values of the same scale) is off by about sqrt 2 = 1.41. tests/test_gguf.py measures the worst
+    tensor of each type llama-quantize wrote against it."""
+    t = GGML_BY_NAME[dtype]
+    bits = t.size * 8 / t.block
+    return float(min(0.95, 3.0 / (2.0 ** bits - 1)))
+
+
+def _relative_error(want: tuple[tuple[int, ...], Iterator[np.ndarray]], shape: tuple[int, ...], dtype: str,
+                    gguf_source: Source, part: str, begin: int, end: int) -> float | None:
+    """The relative RMS error of the GGUF tensor's bytes [begin, end) of `part`, dequantized (gguf-py), against
+    the expected values, piece by piece (each piece's whole rows read by range); None where the shapes or sizes
+    disagree (a tensor from another model)."""
+    import numpy as np
+
+    from kimi_audit.numerics.ggml_quants import dequantize
+    from kimi_audit.numerics.tensor_io import read_exact
+
+    expected, pieces = want
+    if tuple(expected) != tuple(shape) or not shape:
+        return None
+    row_bytes = GGML_BY_NAME[dtype].nbytes(shape[-1])
+    at, err, ref = begin, 0.0, 0.0
+    for piece in pieces:
+        values = np.asarray(piece, dtype=np.float32)
+        if values.ndim == 0 or values.shape[-1] != shape[-1]:
+            return None
+        rows = values.size // shape[-1]
+        if at + rows * row_bytes > end:
+            return None
+        got = dequantize(read_exact(gguf_source, part, at, rows * row_bytes), dtype, (rows, shape[-1]))
+        at += rows * row_bytes
+        diff = got.astype(np.float64) - values.reshape(rows, shape[-1])
+        err += float(np.sum(diff * diff))
+        ref += float(np.sum(values.astype(np.float64) ** 2))
+    if at != end:
+        return None
+    return math.sqrt(err / ref) if ref else (0.0 if err == 0 else math.inf)
 
 
 def _same_bytes(want: tuple[tuple[int, ...], Iterator[np.ndarray]], shape: tuple[int, ...], dtype: str,

@@ -106,11 +106,17 @@ GGUF_RULES: dict[str, Rule] = {
         "header-only copy, a shard cut short, a shape its format does not store, not enough memory): their bytes "
         "were not compared, and the comparison is no PASS. One finding, the first tensor and its reason named.",
         GGUF_HELP),
+    "AGAINST_HELD": Rule(
+        "info", '`--against`: what the GGUF set was held to (metadata, tensors accounted for, element totals)',
+        "Said on every --against run, a PASS included: the source, how many metadata keys and tensors were held "
+        "to it, and whether the values were compared (--values).", GGUF_HELP),
     "AGAINST_CHECKED": Rule(
-        "info", '`--against --values`: how many tensors were compared byte for byte',
-        "The tensors whose bytes were compared with what ggml writes for the source's values.", GGUF_HELP),
+        "info", '`--against --values`: how many tensors were compared, and the worst error per quantized type',
+        "The tensors compared with the source's values: F32, F16, BF16 and Q8_0 byte for byte with what ggml "
+        "writes; every other ggml type dequantized (gguf-py) and held to its type's relative error bound, the "
+        "worst tensor of each type named.", GGUF_HELP),
     "AGAINST_NOT_COMPARED": Rule(
-        "info", 'tensors in ggml types whose encoding is not computed (K-quants, IQ types)',
-        "These tensors' types are not encoded by kimi-audit (K-quants, IQ and ternary types): their "
-        'bytes were not compared with the source.', GGUF_HELP),
+        "info", 'tensors in ggml types kimi-audit cannot decode',
+        "These tensors' types are none the installed gguf-py dequantizes (a type newer than it): their values "
+        'were not compared with the source.', GGUF_HELP),
 }
