@@ -13,7 +13,9 @@ HTTP protocol for the real `huggingface_hub` client:
   EntryNotFound``, 401/403 + ``GatedRepo`` for a file of a gated repo without the right Bearer
   token (as on the Hub, a gated repo's info and file listing stay public).
 
-Branch names, the full commit and any prefix of it (>= 7 hex digits) resolve to the full commit.
+Branch names, the full commit and any prefix of it (>= 7 hex digits) resolve to the full commit. A pull request
+(:meth:`FakeHub.add_pr`) is a ref ``refs/pr/N`` naming a commit of its own whose files come from another folder,
+as the Hub serves a PR's head before it is merged (the client sends the ref URL-quoted: ``refs%2Fpr%2F1``).
 sha256 is computed lazily and only for files <= 64 MB (the full-scale replica's shards are 16 GB
 sparse files and are never read whole); bigger files are listed without LFS metadata.
 
@@ -62,6 +64,7 @@ class Repo:
     branches: dict[str, str]
     token: str | None = None  # gated: requests need `Authorization: Bearer <token>`
     hub_total: int | None = None  # model info safetensors.total served instead of the one computed
+    commits: dict[str, Path] = field(default_factory=dict)  # other commits (a PR's head) -> the folder of their files
 
 
 @dataclass
@@ -143,6 +146,17 @@ class FakeHub:
         repo = Repo(repo_id, Path(root), commit, {"main": commit, **(branches or {})}, token)
         self.repos[repo_id] = repo
         return repo
+
+    def add_pr(self, repo_id: str, root: str | os.PathLike[str], number: int = 1, commit: str | None = None) -> str:
+        """Pull request `number` on `repo_id`: `refs/pr/{number}` names a commit of its own (returned) whose files
+        are `root`'s; `main` still serves the repo's own."""
+        repo = self.repos[repo_id]
+        commit = commit or hashlib.sha1(f"kimi-audit fake hub:{repo_id} pr {number}".encode()).hexdigest()
+        if not _HEX40.match(commit):
+            raise ValueError(f"commit must be 40 lowercase hex digits: {commit!r}")
+        repo.branches[f"refs/pr/{number}"] = commit
+        repo.commits[commit] = Path(root)
+        return commit
 
     def add_fault(self, kind: str, times: int = 1, match: str | None = None, **params: object) -> Fault:
         if kind not in FAULT_KINDS:
@@ -261,9 +275,18 @@ class FakeHub:
     def resolve_revision(self, repo: Repo, rev: str) -> str | None:
         if rev in repo.branches:
             return repo.branches[rev]
-        if _HEX_PREFIX.match(rev) and repo.commit.startswith(rev):
-            return repo.commit
+        if _HEX_PREFIX.match(rev):
+            for commit in (repo.commit, *repo.commits):
+                if commit.startswith(rev):
+                    return commit
         return None
+
+    def at(self, repo: Repo, commit: str) -> Repo:
+        """The repo as of `commit`: its own files, or those of the PR head that commit is."""
+        if commit == repo.commit or commit not in repo.commits:
+            return repo
+        return Repo(repo.repo_id, repo.commits[commit], commit, repo.branches, repo.token, repo.hub_total,
+                    repo.commits)
 
     def file_path(self, repo: Repo, name: str) -> Path | None:
         parts = name.split("/")
@@ -561,6 +584,7 @@ class _Handler(BaseHTTPRequestHandler):
         commit = self._commit(repo, rev)
         if commit is None:
             return
+        repo = self.hub.at(repo, commit)
         blobs = self._query.get("blobs", ["false"])[0].lower() in ("1", "true")
         info = {
             "_id": commit[:24],
@@ -583,6 +607,7 @@ class _Handler(BaseHTTPRequestHandler):
         commit = self._commit(repo, rev)
         if commit is None:
             return
+        repo = self.hub.at(repo, commit)
         entries = []
         dirs: set[str] = set()
         recursive = self._query.get("recursive", ["false"])[0].lower() in ("1", "true")
@@ -617,6 +642,7 @@ class _Handler(BaseHTTPRequestHandler):
         commit = self._commit(repo, rev)
         if commit is None:
             return
+        repo = self.hub.at(repo, commit)
         path = self.hub.file_path(repo, name)
         if path is None:
             return self._error(404, "EntryNotFound", f"{name} does not exist on \"{rev}\"", commit)

@@ -7,7 +7,8 @@
   every option a line names, in or out of brackets, is one its command takes; the `demo --model` names it lists
   are the command's.
 - The other docs' `sh` blocks (ci.md, verify.md) run line by line in their own folder; usage.md's Python blocks
-  run as a script.
+  run as a script; ci.md's `yaml` blocks (a workflow using the Action, a .pre-commit-config.yaml) are validated and
+  run by tests/test_action.py and tests/test_precommit.py.
 - Each command's --help: every `kimi-audit ...` example it quotes, and every option value it gives as an
   example ("e.g. 4GiB"), runs.
 
@@ -199,12 +200,20 @@ def test_every_docs_block_is_run_or_named_as_not_run() -> None:
             assert page.name in run | set(NOT_RUN), page.name
 
 
-def test_ci_md_runs(tmp_path: Path) -> None:
-    where = scene(tmp_path / "ci", ["demo", "--tiny", "ckpt"])
-    (block,) = fenced(DOCS / "ci.md", "sh")
-    for command, _ in command_lines(block):
-        code, out = invoke(shlex.split(command)[1:], where)
-        assert code == 0 and json.loads((where / "kimi-audit.sarif").read_text())["runs"], (command, out[-2000:])
+def test_ci_md_runs(hub: FakeHub, tiny_dir: Path, tmp_path: Path) -> None:
+    """Its `your-org/your-model` is the tiny checkpoint at the loopback Hub, with a pull request (`refs/pr/1`) of its
+    own commit. (Its `yaml` blocks, a workflow and a .pre-commit-config.yaml, are checked and run by
+    tests/test_action.py and tests/test_precommit.py.)"""
+    hub.add_repo("your-org/your-model", tiny_dir)
+    try:
+        hub.add_pr("your-org/your-model", tiny_dir, 1)
+        where = scene(tmp_path / "ci", ["demo", "--tiny", "ckpt"])
+        (block,) = fenced(DOCS / "ci.md", "sh")
+        for command, _ in command_lines(block):
+            code, out = invoke(shlex.split(command)[1:], where)
+            assert code == 0 and json.loads((where / "kimi-audit.sarif").read_text())["runs"], (command, out[-2000:])
+    finally:
+        hub.repos.pop("your-org/your-model", None)
 
 
 def test_verify_md_runs(hub_with: FakeHub, tiny_dir: Path, tmp_path: Path) -> None:

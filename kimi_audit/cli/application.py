@@ -317,6 +317,7 @@ def root(
 COMMAND_MODULES = {
     "audit": "audit", "demo": "audit", "rmsnorm": "numerics", "tensor": "numerics", "download": "hub",
     "params": "params", "explain": "params", "diff": "diff", "verify": "verify", "layout": "layout",
+    "precommit": "precommit",
 }
 """The module (kimi_audit.cli.*) that registers each command; tests/test_cli.py holds it to the registrations."""
 

@@ -50,8 +50,10 @@ def audit(
     fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json, junit, markdown, "
                                    "sarif (SARIF 2.1.0 for GitHub code scanning) or html (one self-contained page "
                                    "with the model drawn)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout (the "
-                                       "format follows its extension: .json, .html, .sarif, .xml, .md, .txt)."),
+    output: list[Path] | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout "
+                                             "(the format follows its extension: .json, .html, .sarif, .xml, .md, "
+                                             ".txt; a file without one takes --format). Repeatable: one run, every "
+                                             "report; the verdict goes to stderr in one line."),
     plain: bool = typer.Option(False, "--plain", help="Table format: one line per finding group, names never "
                                "wrapped (the default off a terminal, as in CI logs)."),
     fail_on: str = typer.Option("error", "--fail-on", help="Exit 1 on findings of this severity or worse: "
@@ -93,18 +95,21 @@ def audit(
         resolve_fail_on,
         resolve_format,
         resolve_ignores,
+        resolve_outputs,
+        verdict_line,
     )
 
-    out_format, severity = resolve_format(fmt, as_json, output), resolve_fail_on(fail_on)
+    out_format, severity = resolve_format(fmt, as_json), resolve_fail_on(fail_on)
+    outputs = resolve_outputs(fmt, as_json, output)
     ignore_rules = resolve_ignores(ignore)
     for validate, value in ((parse_count, expect_params), (check_sha, expect_revision)):
         if value is not None:
             validate(value)  # refuse a malformed gate before reading anything
     started = time.monotonic()
-    with errors_reported(out_format, output, source):  # exit 2 still leaves a JSON, SARIF or JUnit report
+    with errors_reported(out_format, outputs, source):  # exit 2 still leaves a JSON, SARIF or JUnit report
         src = open_source(source, revision, tuple(include or ()))
-    refuse_output_over_input(output, src)  # (outside: nothing is written over an input)
-    with errors_reported(out_format, output, source), shard_progress("reading headers", progress) as update:
+    refuse_output_over_input(outputs, src)  # (outside: nothing is written over an input)
+    with errors_reported(out_format, outputs, source), shard_progress("reading headers", progress) as update:
         if values:
             from kimi_audit.checks.values import audit_with_values
             report = audit_with_values(src, update, update)
@@ -113,12 +118,19 @@ def audit(
     if against is not None:
         from kimi_audit.checks.against import apply_against
 
-        with errors_reported(out_format, output, source):
+        with errors_reported(out_format, outputs, source):
             reference = open_source(against)
-        with errors_reported(out_format, output, source), shard_progress("comparing", progress) as update:
+        with errors_reported(out_format, outputs, source), shard_progress("comparing", progress) as update:
             report = apply_against(report, src, reference, values, update)
-    report = apply_ignores(apply_gates(report, expect_params, expect_revision), ignore_rules)
-    deliver(report, out_format, output, severity, time.monotonic() - started, stdout, all_findings, plain)
+    head = None
+    if expect_revision is not None and report.revision is None and src.root is not None:
+        from kimi_audit.sources.git import git_head
+
+        head = git_head(src.root)  # a local git clone of the repo: the commit its HEAD names
+    report = apply_ignores(apply_gates(report, expect_params, expect_revision, head), ignore_rules)
+    deliver(report, out_format, outputs, severity, time.monotonic() - started, stdout, all_findings, plain)
+    if outputs:
+        stderr.print(Text(verdict_line(report, severity, outputs)), soft_wrap=True)
     _one_shard_hint(source)
     raise typer.Exit(report.exit_code(severity))
 

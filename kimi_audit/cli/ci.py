@@ -18,7 +18,7 @@ from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Severity
 from kimi_audit.outputs import refuse_input, write_atomic
 from kimi_audit.sources.base import Source
-from kimi_audit.text import clip
+from kimi_audit.text import clip, printable
 
 FORMATS = ("table", "json", "junit", "markdown", "sarif", "html")
 FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING}
@@ -43,6 +43,9 @@ def choose_format(fmt: str | None, as_json: bool, formats: tuple[str, ...], outp
         raise KimiAuditError(f"--json is --format json; it contradicts --format {fmt}")
     chosen = "json" if as_json else fmt
     named = BY_EXTENSION.get(output.suffix.lower()) if output is not None else None
+    if output is not None and named is None and output.suffix and chosen is None:
+        raise KimiAuditError(f"--output {output.name}: no format writes {output.suffix} files (this command writes "
+                             f"{', '.join(_extensions(formats))}); name the format with --format")
     if output is not None and named is not None and named not in formats:
         raise KimiAuditError(f"--output {output.name} names the {named} format, which this command does not write "
                              f"(it writes {', '.join(formats)}: .txt for the table)")
@@ -52,6 +55,24 @@ def choose_format(fmt: str | None, as_json: bool, formats: tuple[str, ...], outp
                                  f"{'--json' if as_json else '--format ' + chosen}")
         return named
     return chosen or "table"
+
+
+def _extensions(formats: tuple[str, ...]) -> list[str]:
+    return [f"{ext} ({name})" for ext, name in BY_EXTENSION.items() if name in formats and ext != ".htm"]
+
+
+def resolve_outputs(fmt: str | None, as_json: bool, outputs: list[Path] | None) -> tuple[tuple[Path, str], ...]:
+    """Each --output FILE (repeatable) with the format it is written in: its extension's (a --format or --json
+    naming another is exit 2), or --format's for a file with no extension. The same file twice is exit 2. All
+    decided before anything is read or written."""
+    chosen = tuple((path, resolve_format(fmt, as_json, path)) for path in outputs or ())
+    seen: set[Path] = set()
+    for path, _ in chosen:
+        key = Path(os.path.abspath(path))
+        if key in seen:
+            raise KimiAuditError(f"--output {path} is given twice")
+        seen.add(key)
+    return chosen
 
 
 def resolve_fail_on(value: str) -> Severity:
@@ -100,38 +121,49 @@ def emit(text: str, output: Path | None) -> None:
         _write(output, text, "w")
 
 
-def deliver(report: AuditReport, fmt: str, output: Path | None, fail_on: Severity, elapsed: float,
-            console: Console, all_findings: bool = False, plain: bool = False) -> None:
-    """Write the report (stdout, or --output FILE), and a markdown summary to $GITHUB_STEP_SUMMARY if set."""
-    if output is None:
+def deliver(report: AuditReport, fmt: str, outputs: tuple[tuple[Path, str], ...], fail_on: Severity,
+            elapsed: float, console: Console, all_findings: bool = False, plain: bool = False) -> None:
+    """Write the report: on stdout in `fmt` when there is no --output, else into each --output FILE in its
+    format (and then its one-line verdict on stderr, for the log); a markdown summary to $GITHUB_STEP_SUMMARY
+    if set."""
+    if not outputs:
         if fmt == "table":
             from kimi_audit.report.table import render_table
             render_table(report, console, fail_on, plain=True if plain else None)
         else:
             sys.stdout.write(render(report, fmt, fail_on, elapsed, all_findings=all_findings))
-    else:
-        _write(output, render(report, fmt, fail_on, elapsed, all_findings=all_findings), "w")
+    for path, out_format in outputs:
+        _write(path, render(report, out_format, fail_on, elapsed, all_findings=all_findings), "w")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         from kimi_audit.report.markdown import render_markdown
         _write(Path(summary), render_markdown(report, fail_on), "a")
 
 
+def verdict_line(report: AuditReport, fail_on: Severity, outputs: tuple[tuple[Path, str], ...]) -> str:
+    """The one line a run with --output prints on stderr: the verdict, the counts, the files written."""
+    from kimi_audit.report.markdown import counted
+
+    written = ", ".join(f"{path} ({fmt})" for path, fmt in outputs)
+    return printable(f"{report.headline(fail_on)}  {counted(report)}: {report.source} (report in {written})")
+
+
 @contextmanager
-def errors_reported(fmt: str, output: Path | None, source: str) -> Iterator[None]:
+def errors_reported(fmt: str, outputs: tuple[tuple[Path, str], ...], source: str) -> Iterator[None]:
     """An error that leaves the input unusable (exit 2) inside the block still leaves a report where the
-    report would have gone, so a CI step that uploads it finds a file: with --output, a JSON, SARIF or JUnit
-    document holding the error; on stdout, a SARIF or JUnit one (JSON's error object is user_errors').
-    Never written over the checkpoint: not when --output lies in SOURCE's directory (the block's error may be
-    that the source could not be listed, so its files are unknown)."""
+    report would have gone, so a CI step that uploads it finds a file: in each --output FILE of the JSON, SARIF
+    or JUnit format, a document holding the error; on stdout (no --output), a SARIF or JUnit one (JSON's error
+    object is user_errors'). Never written over the checkpoint: not when an --output lies in SOURCE's directory
+    (the block's error may be that the source could not be listed, so its files are unknown)."""
     try:
         yield
     except KimiAuditError as e:
-        text = error_document(e, fmt, source)
-        if text is not None and output is not None and not _within(output, source):
-            with suppress(KimiAuditError):  # the error the user sees is the one that made the input unusable
-                _write(output, text, "w")
-        elif text is not None and output is None and fmt != "json":
+        for output, out_format in outputs:
+            text = error_document(e, out_format, source)
+            if text is not None and not _within(output, source):
+                with suppress(KimiAuditError):  # the error the user sees is the one that made the input unusable
+                    _write(output, text, "w")
+        if not outputs and fmt != "json" and (text := error_document(e, fmt, source)) is not None:
             sys.stdout.write(text)
         raise
 
@@ -162,10 +194,12 @@ def _within(output: Path, source: str) -> bool:
     return out == root or root in out.parents
 
 
-def refuse_output_over_input(output: Path | None, source: Source) -> None:
-    """Before the audit: --output must not name a file the audit reads (exit 2, nothing read or written)."""
-    if output is not None and source.root is not None:
-        refuse_input(output, (source.root / name for name in source.list_files()), "--output")
+def refuse_output_over_input(outputs: tuple[tuple[Path, str], ...], source: Source) -> None:
+    """Before the audit: no --output may name a file the audit reads (exit 2, nothing read or written)."""
+    if outputs and source.root is not None:
+        files = [source.root / name for name in source.list_files()]
+        for output, _ in outputs:
+            refuse_input(output, files, "--output")
 
 
 def _write(path: Path, text: str, mode: str) -> None:

@@ -121,6 +121,10 @@ def _lines(findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def _summary(findings: list[Finding]) -> str:
     counts: dict[str, int] = {}
     for f in findings:
@@ -183,7 +187,7 @@ def junit_tree(report: AuditReport, *, fail_on: Severity = Severity.ERROR, elaps
         cases.append(case)
     suite.extend(cases)
     summary = (f"{s.tensors:,} tensors, {s.parameters:,} parameters (scales and buffers excluded), "
-               f"{report.errors} errors, {report.warnings} warnings")
+               f"{_count(report.errors, 'error')}, {_count(report.warnings, 'warning')}")
     if suite_findings:
         summary += "\n" + _lines(suite_findings)
     ignored = ignored_line(report)

@@ -35,6 +35,12 @@ def code(text: object) -> str:
     return f"`{printable(s).replace('|', chr(92) + '|')}`"
 
 
+def counted(report: AuditReport) -> str:
+    """"1 error, 2 warnings": each noun as its count reads."""
+    return ", ".join(f"{n:,} {word}{'' if n == 1 else 's'}"
+                     for n, word in ((report.errors, "error"), (report.warnings, "warning")))
+
+
 def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> str:
     m, s, qa = report.model, report.stats, report.q_a_layernorm
     headline = report.headline(fail_on)
@@ -49,7 +55,7 @@ def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> 
             f"| shards | {s.shards:,} ({s.file_bytes:,} bytes; headers {s.header_bytes:,} bytes) |",
             f"| tensors | {s.tensors:,} |",
             f"| parameters | **{s.parameters:,}** (logical; quantization metadata and stored buffers excluded) |",
-            f"| findings | {report.errors} errors, {report.warnings} warnings (fail on {fail_on.value}) |",
+            f"| findings | {counted(report)} (fail on {fail_on.value}) |",
             f"| checked | {cell(report.coverage())} |", ""]
     out += ["### Tensors by class and dtype", "",
             "| class | dtype | tensors | stored elements | bytes | parameters |", "|---|---|---:|---:|---:|---:|"]
@@ -65,7 +71,7 @@ def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> 
         out += [""]
     groups = group_findings(report.findings)
     if groups:
-        out += [f"### Findings ({report.errors} errors, {report.warnings} warnings)", "",
+        out += [f"### Findings ({counted(report)})", "",
                 "| severity | code | count | tensor / shard | detail (first) |", "|---|---|---:|---|---|"]
         for g in groups[:MAX_GROUPS]:
             out.append(f"| {g.severity} | {code(g.code)} | {g.count:,} | {code(g.pattern)} "
