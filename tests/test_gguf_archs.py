@@ -242,3 +242,14 @@ def test_against_another_arch_source(arch: str, sources: dict[str, Path]) -> Non
     doc = json.loads(result.stdout)
     assert result.exit_code != 0
     assert any(f["code"].startswith("AGAINST_") and f["severity"] == "error" for f in doc["findings"])
+
+
+def test_against_an_array_key_that_differs(sources: dict[str, Path], tmp_path: Path) -> None:
+    """glm-dsa.attention.indexer.types, an array, changed in the GGUF: one AGAINST_METADATA whose values are plain
+    lists in the JSON report (the reader's GgufArray once made --json a TypeError)."""
+    out = tmp_path / FILE
+    rewrite(DATA / "glm-dsa" / FILE, out, lambda g: g.set("glm-dsa.attention.indexer.types", 9, [0, 0, 0], 5))
+    result = runner.invoke(app, ["audit", str(out), "--against", str(sources["glm-dsa"]), "--no-progress", "--json"])
+    doc = json.loads(result.stdout)
+    meta = [f for f in doc["findings"] if f["code"] == "AGAINST_METADATA"]
+    assert result.exit_code == 1 and meta and isinstance(meta[0]["actual"], list), result.output

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from kimi_audit.checks.audit import AuditReport
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error, info
+from kimi_audit.format.gguf import GgufArray
 from kimi_audit.format.gguf_types import GGML_BY_NAME
 from kimi_audit.format.table import tensor_table
 from kimi_audit.model.arch.registry import architecture_of, gguf_architecture, gguf_converts
@@ -50,6 +51,14 @@ def _same(expected: Any, actual: Any) -> bool:
     return bool(expected == actual)
 
 
+def _plain(value: Any) -> Any:
+    """A metadata value as a report holds it: an array as its values (or, where format.gguf keeps only its length,
+    a description of it), never the reader's GgufArray."""
+    if isinstance(value, GgufArray):
+        return list(value.values) if value.values is not None else f"an array of {value.count:,} values"
+    return value
+
+
 def _listed(names: list[str]) -> str:
     return ", ".join(names[:FIRST]) + (f" and {len(names) - FIRST:,} more" if len(names) > FIRST else "")
 
@@ -72,6 +81,7 @@ def against_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_s
     for key, want in dialect.metadata(hf.config_raw).items():
         have = gguf.metadata.get(key)
         if not _same(want, have):
+            want, have = _plain(want), _plain(have)
             out.append(error("AGAINST_METADATA", f"{key} is {have!r}; the converter writes {want!r} from "
                              f"{hf.label}'s config.json", tensor=key, expected=want, actual=have))
     stored, _ = tensor_table(gguf.headers)

@@ -45,8 +45,9 @@ MAX_TENSORS = 1 << 21
 MAX_STRINGS = 1 << 22
 """Strings in one metadata array (Kimi-K2's tokenizer: 163,840 tokens and as many merges), each walked in Python:
 a bound on the time a hostile count can cost."""
-KEEP_ARRAY = 64
-"""Arrays up to this length keep their values (split sizes, per-layer schedules); longer ones their length only."""
+KEEP_ARRAY = 512
+"""Arrays up to this length keep their values (split sizes, per-layer schedules: LLAMA_MAX_LAYERS is 512, GLM-5's
+78-layer indexer types among them); longer ones (a tokenizer's) their length only."""
 FIRST_READ = 1 << 18
 """The first ranged read of a part (a Hub request): a part after the first holds a few KB of header; part 1 of
 Kimi-K2 ~7 MB, read in doubling steps (6 requests)."""
