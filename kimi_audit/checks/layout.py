@@ -76,7 +76,11 @@ def layout_findings(
     if (len(actual) != len(expected) or None in positions) and not none_missing:
         out.extend(_missing(expected, positions, covered))
 
-    variance: list[tuple[int, Finding]] = []  # (row, WRITER_DTYPE / ROUTER_DTYPE): judged against siblings below
+    # One decision per class of tensors: rows of one Spec stored in one dtype and shape get the same findings
+    # whatever their names (compressed-tensors' I64 weight_shape: 69,120 tensors, one class). A class whose one
+    # finding is a writer's dtype (folded below into one info) is kept as its rows and its first row's finding.
+    variance: list[Variance] = []  # WRITER_DTYPE / ROUTER_DTYPE: judged against siblings below
+    shared: dict[tuple[int, str, tuple[int, ...]], Variance] = {}
     for row in aligned.odd:
         name, shard, p = actual.names[row], actual.shards[row], positions[row]
         if p is None:
@@ -84,11 +88,19 @@ def layout_findings(
                 continue
             out.extend(_unexpected(name, actual.dtypes[row], shard, actual, expected))
         elif p not in covered:  # (a payload size alone that differs is the format's SIZE_MISMATCH)
+            key = (aligned.specs[row], actual.dtypes[row], actual.shapes[row])
+            if key in shared:
+                shared[key].rows.append(row)
+                continue
             found = mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, expected.entry(p),
                                       config_dtype, dtype_recorded)
-            variance.extend((row, f) for f in found if f.code in VARIANCE_CODES)
+            if len(found) == 1 and found[0].code == "WRITER_DTYPE":
+                variance.append(shared.setdefault(key, Variance([row], found[0])))
+                continue
+            variance.extend(Variance([row], f) for f in found if f.code in VARIANCE_CODES)
             out.extend(f for f in found if f.code not in VARIANCE_CODES)
-    out.extend(fold_writer_dtype(exporters_dtype(uniform_variance(variance, actual, aligned, expected))))
+    folded = fold_writer_dtype(exporters_dtype(uniform_variance(variance, actual, aligned, expected)))
+    out.extend(f for f, _ in folded)
     out.extend(_scale_shard_findings(actual, expected, positions))
     return fold_kv_scales(fold_orphans(out))
 
@@ -104,41 +116,45 @@ def fold_kv_scales(findings: list[Finding]) -> list[Finding]:
     return [one, *(f for f in findings if f.code != "KV_SCALE_UNDECLARED")]
 
 
-def exporters_dtype(findings: list[Finding]) -> list[Finding]:
+def exporters_dtype(findings: list[Counted]) -> list[Counted]:
     """The WRITER_DTYPE infos of a config whose dtype is its exporter's (QuantPlan.dtype_recorded false) as one:
-    one cause, whatever the number of tensors."""
-    mine = [f for f in findings if f.code == "WRITER_DTYPE" and "exporter's" in f.message]
-    if len(mine) < 2:
+    one cause, whatever the number of tensors. (`findings`: each with the number of tensors it stands for.)"""
+    mine = [(f, n) for f, n in findings if f.code == "WRITER_DTYPE" and "exporter's" in f.message]
+    total = sum(n for _, n in mine)
+    if total < 2:
         return findings
-    first = mine[0]
-    dtypes = sorted({str(f.actual) for f in mine})
-    one = info("WRITER_DTYPE", f"{len(mine):,} unquantized tensors stored {', '.join(dtypes)}; config.json's "
+    first = mine[0][0]
+    dtypes = sorted({str(f.actual) for f, _ in mine})
+    one = info("WRITER_DTYPE", f"{total:,} unquantized tensors stored {', '.join(dtypes)}; config.json's "
                f"{first.expected} is its exporter's, not the model's (the format records float16 and keeps "
                f"unquantized tensors as they were; first: {first.tensor})", tensor=first.tensor, shard=first.shard,
-               expected=first.expected, actual=first.actual, covers=len(mine))
-    return [one, *(f for f in findings if f not in mine)]
+               expected=first.expected, actual=first.actual, covers=total)
+    gone = {id(f) for f, _ in mine}
+    return [(one, 1), *((f, n) for f, n in findings if id(f) not in gone)]
 
 
-def fold_writer_dtype(findings: list[Finding]) -> list[Finding]:
+def fold_writer_dtype(findings: list[Counted]) -> list[Counted]:
     """A writer's float dtype for norms and biases (WRITER_DTYPE, uniform per component) is one convention: one
-    info per pair of dtypes, whatever the number of tensors (transformers' DeepSeek-V4 save keeps every gain F32)."""
-    groups: dict[tuple[str, str, str], list[Finding]] = {}
-    for f in findings:
+    info per pair of dtypes, whatever the number of tensors (transformers' DeepSeek-V4 save keeps every gain F32).
+    (`findings`: each with the number of tensors it stands for; one that stands for several is always folded.)"""
+    groups: dict[tuple[str, str, str], list[Counted]] = {}
+    for f, n in findings:
         if f.code == "WRITER_DTYPE" and not f.covers:
             whose = f.message.partition(": as ")[2]  # a format's writer (writer_of), else a gain's or bias's
-            groups.setdefault((str(f.expected), str(f.actual), whose), []).append(f)
-    folded = {id(f) for fs in groups.values() if len(fs) > 1 for f in fs}
+            groups.setdefault((str(f.expected), str(f.actual), whose), []).append((f, n))
+    folded = {id(f) for fs in groups.values() if sum(n for _, n in fs) > 1 for f, _ in fs}
     if not folded:
         return findings
-    out = [f for f in findings if id(f) not in folded]
+    out = [(f, n) for f, n in findings if id(f) not in folded]
     for (want, got, whose), fs in groups.items():
-        if len(fs) > 1:
-            first = fs[0]
+        total = sum(n for _, n in fs)
+        if total > 1:
+            first = fs[0][0]
             what = (f"quantization tensors stored {got}, the release stores {want} (first: {first.tensor}): as "
                     f"{whose}" if whose else f"norm gains or biases stored {got}, the release stores {want} (first: "
                     f"{first.tensor}): a writer that keeps the config's dtype or float32 for them; loaders cast them")
-            out.append(info("WRITER_DTYPE", f"{len(fs):,} {what}", tensor=first.tensor, shard=first.shard,
-                            expected=want, actual=got, covers=len(fs)))
+            out.append((info("WRITER_DTYPE", f"{total:,} {what}", tensor=first.tensor, shard=first.shard,
+                             expected=want, actual=got, covers=total), 1))
     return out
 
 
@@ -166,32 +182,49 @@ def fold_orphans(findings: list[Finding]) -> list[Finding]:
 
 VARIANCE_CODES = frozenset(("WRITER_DTYPE", "ROUTER_DTYPE"))
 
+Counted = tuple[Finding, int]
+"""A finding and the number of tensors it stands for (a class of tensors decided once: layout_findings)."""
 
-def uniform_variance(variance: list[tuple[int, Finding]], actual: TensorTable, aligned: Alignment,
-                     expected: ExpectedLayout) -> list[Finding]:
+
+class Variance(NamedTuple):
+    """A writer's dtype (WRITER_DTYPE / ROUTER_DTYPE) found on these rows alike: the finding is the first row's."""
+
+    rows: list[int]
+    finding: Finding
+
+
+def uniform_variance(variance: list[Variance], actual: TensorTable, aligned: Alignment,
+                     expected: ExpectedLayout) -> list[Counted]:
     """A writer's float dtype is variance (info) only where it is uniform: every stored tensor of that component
     (a norm's gain in every layer) in the one other dtype. One tensor that differs from its siblings (one
     layer's gain in F32 where the other 60 are BF16) was cast on its own: an error (DTYPE_MISMATCH)."""
     if not variance:
         return []
     specs = expected.specs
-    present = Counter(specs[i].component for i in aligned.specs if i >= 0)
+    present: Counter[str] = Counter()
+    for i, n in Counter(aligned.specs).items():  # rows per Spec at builtin speed, then per component
+        if i >= 0:
+            present[specs[i].component] += n
     dtypes: dict[str, set[str]] = {}
-    for row, _ in variance:
-        dtypes.setdefault(specs[aligned.specs[row]].component, set()).add(actual.dtypes[row])
-    varied = Counter(specs[aligned.specs[row]].component for row, _ in variance)
-    out: list[Finding] = []
-    for row, f in variance:
-        component = specs[aligned.specs[row]].component
+    varied: Counter[str] = Counter()
+    for rows, _ in variance:
+        component = specs[aligned.specs[rows[0]]].component
+        dtypes.setdefault(component, set()).add(actual.dtypes[rows[0]])
+        varied[component] += len(rows)
+    out: list[Counted] = []
+    for rows, f in variance:
+        component = specs[aligned.specs[rows[0]]].component
         if varied[component] == present[component] and len(dtypes[component]) == 1:
-            out.append(f)
+            out.append((f, len(rows)))
             continue
         kept = present[component] - varied[component]
         others = f"{kept:,} of {present[component]:,} stored {f.expected}" if kept else \
             f"stored in {', '.join(sorted(dtypes[component] - {str(f.actual)}))}"
-        out.append(error("DTYPE_MISMATCH", f"{f.tensor}: stored {f.actual}, unlike its siblings ({others}): a "
-                         "tensor cast on its own, not a writer's convention", tensor=f.tensor, shard=f.shard,
-                         expected=f.expected, actual=f.actual))
+        for row in rows:
+            name = actual.names[row]
+            out.append((error("DTYPE_MISMATCH", f"{name}: stored {f.actual}, unlike its siblings ({others}): a "
+                              "tensor cast on its own, not a writer's convention", tensor=name,
+                              shard=actual.shards[row], expected=f.expected, actual=f.actual), 1))
     return out
 
 

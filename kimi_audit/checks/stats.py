@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from math import prod
+from operator import sub
 
 from kimi_audit.checks.layout import Alignment, align
 from kimi_audit.format.header import ShardHeader
@@ -93,13 +94,23 @@ def compute_stats(
             s = expected.specs[i]
             assert s.nbytes is not None  # a row of unknown width differs from its Spec: it is odd
             add(s.kind, s.dtype, n, n * prod(s.shape), n * s.nbytes, n * s.logical, i)
-    for row in odd:
-        i = spec_rows[row]
-        kind = expected.specs[i].kind if i >= 0 else kind_of(actual.names[row])
-        elements = prod(actual.shapes[row])
+    # the odd rows the layout knows, by class (Spec, dtype, shape, payload): one add per class (69,120 I64
+    # weight_shapes are one); the names it lacks one by one, their kind from their names
+    known = [row for row in odd if spec_rows[row] >= 0]
+    classes = Counter(zip(map(spec_rows.__getitem__, known), map(actual.dtypes.__getitem__, known),
+                          map(actual.shapes.__getitem__, known),
+                          map(sub, map(actual.ends.__getitem__, known), map(actual.begins.__getitem__, known))))
+    for (i, dtype, shape, nbytes), n in classes.items():
+        s = expected.specs[i]
+        elements = prod(shape)
         # packed words of the wrong shape still stand for their module (reported as SHAPE_MISMATCH)
-        logical = elements if kind == PARAMETER else expected.specs[i].logical if kind == PACKED and i >= 0 else 0
-        add(kind, actual.dtypes[row], 1, elements, actual.ends[row] - actual.begins[row], logical, i)
+        logical = elements if s.kind == PARAMETER else s.logical if s.kind == PACKED else 0
+        add(s.kind, dtype, n, n * elements, n * nbytes, n * logical, i)
+    for row in odd:
+        if spec_rows[row] < 0:
+            kind, elements = kind_of(actual.names[row]), prod(actual.shapes[row])
+            add(kind, actual.dtypes[row], 1, elements, actual.ends[row] - actual.begins[row],
+                elements if kind == PARAMETER else 0, -1)
     return _stats(acc, headers, _components(expected, found))
 
 

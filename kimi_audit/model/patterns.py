@@ -28,6 +28,10 @@ def _options() -> Any:
     options = re2.Options()
     options.max_mem = MAX_PATTERN_MEMORY
     options.log_errors = False
+    # Only whether a name matches is asked, never a group: parentheses are parsed as non-capturing, so that RE2
+    # tracks no submatch (half the time of a match: `.*mlp\.(gate|up)_proj.*` over Kimi-K2-Thinking's 70,776
+    # modules, 0.15 s against 0.32 s).
+    options.never_capture = True
     return options
 
 

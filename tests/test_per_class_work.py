@@ -1,0 +1,64 @@
+"""Work per class of tensors, not per tensor (issue "Speed, round three").
+
+A deviation a whole class of tensors shares (compressed-tensors' own compressor writes every `weight_shape` I64
+where the releases store I32) is one decision: the audit of a checkpoint where every weight_shape is I64 builds as
+many findings and asks the registries as often as the audit of one where none is, within a constant, whatever
+the number of tensors. Counted, not timed: on the full-scale Kimi-K2-Thinking replica the per-tensor path built
+69,120 findings and looked the float32 routers up 69,120 times (1.4 s of a 2.2 s audit) to report one info.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kimi_audit.checks.layout as layout_check
+import kimi_audit.model.arch.registry as registry
+from kimi_audit import audit
+from kimi_audit.findings import Finding
+
+CONSTANT = 4
+"""How many more counted calls the I64 audit may make: the class's one decision and its one folded info."""
+
+
+def counting(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Counts every Finding made, every registry union looked up, every writer asked and every stored tensor
+    compared with its layout entry."""
+    calls: Counter[str] = Counter()
+
+    def counted(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[key] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    post_init = Finding.__post_init__
+    monkeypatch.setattr(Finding, "__post_init__", counted("findings", post_init))
+    monkeypatch.setattr(registry, "_union", counted("registry unions", registry._union))
+    monkeypatch.setattr(layout_check, "writer_of", counted("writer_of", layout_check.writer_of))
+    monkeypatch.setattr(layout_check, "role_of", counted("role_of", layout_check.role_of))
+    monkeypatch.setattr(layout_check, "mismatch_findings", counted("mismatch_findings",
+                                                                   layout_check.mismatch_findings))
+    return calls
+
+
+def test_a_writers_width_is_one_decision_not_one_per_tensor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_int4 import build_int4
+
+    released = build_int4(tmp_path / "i32")  # weight_shape I32, as Moonshot's releases store it
+    compressor = build_int4(tmp_path / "i64", writers_widths=True)  # I64, as compressed-tensors writes it
+    calls = counting(monkeypatch)
+    plain = audit(released)
+    at_release = Counter(calls)
+    calls.clear()
+    widths = audit(compressor)
+    at_writer = Counter(calls)
+    (f,) = [f for f in widths.findings if f.code == "WRITER_DTYPE"]
+    assert (f.covers, f.expected, f.actual) == (72, "I32", "I64")  # 72 weight_shapes, one info
+    assert widths.verdict() == plain.verdict() == "PASS"
+    for key in ("findings", "registry unions", "writer_of", "role_of", "mismatch_findings"):
+        assert at_writer[key] <= at_release[key] + CONSTANT, (key, at_writer[key], at_release[key])
