@@ -60,6 +60,7 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 STRING, ARRAY = 8, 9
 UINT32 = 4
 ALIGNMENT = "general.alignment"
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -149,20 +150,25 @@ class _Cursor:
             raise _Invalid(f"{what} is not UTF-8") from None
 
     def skip_strings(self, count: int) -> None:
-        """Past `count` strings, keeping none (a tokenizer's tokens and merges)."""
+        """Past `count` strings, keeping none (a tokenizer's tokens and merges): a loop on locals, 327,680 strings in
+        Kimi-K2's part 1."""
         buf, start = self.buf, self.pos
+        pos, end = start, len(buf)
+        length = _U64.unpack_from
         for i in range(count):
-            if self.pos + 8 > len(buf):
+            if pos + 8 > end:
+                self.pos = pos
                 self.need(8, self._rest(start, i, count))
-                buf = self.buf
-            (n,) = struct.unpack_from("<Q", buf, self.pos)
-            self.pos += 8
+                buf, end = self.buf, len(self.buf)
+            (n,) = length(buf, pos)
             if n > MAX_STRING_BYTES:
                 raise _Invalid(f"an array string is {n:,} bytes long")
-            if self.pos + n > len(buf):
+            pos += 8 + n
+            if pos > end:
+                self.pos = pos - n
                 self.need(n, self._rest(start, i, count))
-                buf = self.buf
-            self.pos += n
+                buf, end = self.buf, len(self.buf)
+        self.pos = pos
 
     def _rest(self, start: int, done: int, count: int) -> int:
         """The bytes the array's strings after the `done` read since `start` will take, at their average so far;
