@@ -11,11 +11,13 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from typing import TYPE_CHECKING, Any
 
 from kimi_audit.constants import VERSION
 
+TYPE_CHECKING = False  # typing is not imported before main() answers Ctrl-C (kimi_audit/__main__.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     from kimi_audit.cli.commands import app
 
 __all__ = ["app", "main"]
