@@ -28,7 +28,8 @@ from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header
 from kimi_audit.format.gguf_split import split_findings
 from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
-from kimi_audit.model.config import parse_config_bytes
+from kimi_audit.model.arch.mistral_params import PARAMS_FILE
+from kimi_audit.model.config import parse_config_bytes, parse_params_bytes
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.dialect import resolve_dialect
 from kimi_audit.model.gguf import choose_set, first_part, gguf_model, gguf_names, is_gguf, read_set
@@ -73,10 +74,17 @@ ProgressFn = Callable[[str, int, int], None]
 
 
 def load_config(source: Source) -> tuple[dict[str, Any], ModelConfig]:
+    """config.json; where there is none, Mistral's params.json through its adapter (one path after it)."""
     try:
         raw = source.read_file(CONFIG_FILE, MAX_CONFIG_BYTES)
     except FileMissingError:
-        raise ConfigError(f"no {CONFIG_FILE} in {source.label}: the expected layout is derived from it") from None
+        try:
+            return parse_params_bytes(source.read_file(PARAMS_FILE, MAX_CONFIG_BYTES))
+        except FileMissingError:
+            raise ConfigError(f"no {CONFIG_FILE} (nor Mistral's {PARAMS_FILE}) in {source.label}: the expected "
+                              "layout is derived from it") from None
+        except FileTooLargeError as e:
+            raise ConfigError(str(e)) from None
     except FileTooLargeError as e:
         raise ConfigError(str(e)) from None
     return parse_config_bytes(raw)

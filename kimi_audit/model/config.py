@@ -10,10 +10,11 @@ from importlib import resources
 from typing import Any
 
 from kimi_audit.errors import ConfigError
+from kimi_audit.model.arch.mistral_params import parse_params
 from kimi_audit.model.arch.registry import architecture_of
 from kimi_audit.model.config_fields import ModelConfig, unsupported_config
 
-__all__ = ["in_family", "model_config_from_dict", "parse_config_bytes", "pinned_config_bytes"]
+__all__ = ["in_family", "model_config_from_dict", "parse_config_bytes", "parse_params_bytes", "pinned_config_bytes"]
 
 
 def in_family(cfg: dict[str, Any]) -> bool:
@@ -51,6 +52,13 @@ def parse_config_bytes(raw: bytes) -> tuple[dict[str, Any], ModelConfig]:
             json.dumps(cfg, ensure_ascii=False).encode("utf-8")
         except (UnicodeEncodeError, RecursionError, ValueError):
             raise ConfigError("config.json is not valid JSON: it holds a lone UTF-16 surrogate escape") from None
+    return cfg, model_config_from_dict(cfg)
+
+
+def parse_params_bytes(raw: bytes) -> tuple[dict[str, Any], ModelConfig]:
+    """Mistral's params.json (a folder of consolidated shards with no config.json): the config dict its one
+    adapter makes of it (model.arch.mistral_params), read as any config.json is."""
+    cfg = parse_params(raw)
     return cfg, model_config_from_dict(cfg)
 
 
