@@ -341,14 +341,15 @@ def test_endless_200_body_is_not_read(endless: str) -> None:
 
 
 def test_endless_bodies_in_a_remote_audit(endless: str) -> None:
-    """Every file of this repo streams without end: config.json is taken at its listed size, the shard
-    (a terabyte of zeros: header length 0) at its first read; the audit ends with findings."""
+    """Every file of this repo streams without end, each ranged answer claiming a terabyte: config.json's listed
+    size and its Content-Range total disagree, which is itself the error (SIZE_DISAGREES, exit 2: neither size is
+    taken over the other), said after one bounded read."""
+    from kimi_audit.errors import SizeDisagreesError
     from kimi_audit.sources.hub import HubSource
 
     src = HubSource(REPO, "main", endpoint=endless, retry_wait=0.01, timeout=5)
-    report = audit_source(src)
-    assert any(f.code == "HEADER_INVALID_JSON" and f.shard == "model.safetensors" for f in report.findings)
-    assert report.exit_code() == 1
+    with pytest.raises(SizeDisagreesError, match="config.json: the repository lists"):
+        audit_source(src)
     assert _EndlessHandler.sent < 64 << 20
 
 
