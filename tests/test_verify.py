@@ -9,12 +9,15 @@ local Ray instance (`ray.init(num_cpus=2)`) and must give the local pool's resul
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import os
 import shutil
 import struct
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -383,15 +386,70 @@ def test_audit_and_verify_open_a_source_alike(tiny_dir: Path) -> None:
 # ------------------------------------------------------------------ Ray
 
 
+@contextlib.contextmanager
+def _own_ray_dir() -> Iterator[str]:
+    """A Ray temp folder of this test's own, short (its socket paths must fit in 107 bytes), removed after."""
+    path = tempfile.mkdtemp(prefix="kr-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("raised", ["LocalRayletDiedError", "RaySystemError", "ConnectionError"])
+def test_ray_that_cannot_start_is_unusable_input_exit_2(pristine, monkeypatch, raised) -> None:
+    """`verify --ray` beside another Ray on the host got LocalRayletDiedError from ray.init (a RayError, not
+    the ConnectionError/RuntimeError/ValueError caught): a traceback, exit 1. Whatever Ray raises, one line,
+    exit 2, naming the tool's options."""
+    ray = pytest.importorskip("ray", reason="Ray is in the test extra: pip install -e '.[test]'")
+    error = {"LocalRayletDiedError": ray.exceptions.LocalRayletDiedError(),
+             "RaySystemError": ray.exceptions.RaySystemError("GCS went away. Retry later."),
+             "ConnectionError": ConnectionError("Could not find any running Ray instance. Please ...")}[raised]
+
+    def init(*args: object, **kw: object) -> None:
+        raise error
+
+    monkeypatch.setattr(ray, "init", init)
+    d, _ = pristine
+    r = run("verify", str(d), "--ray", "--no-progress")
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--ray-address" in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert "--address" not in lines[0].replace("--ray-address", "")
+
+
+def test_ray_without_a_cluster_is_exit_2_whatever_runs_on_the_host(pristine, monkeypatch, tmp_path) -> None:
+    """`verify --ray` (Ray's "auto") on a host where no cluster runs: exit 2, one line. Ray's "auto" connects to
+    any Ray it finds on the host (its processes, /tmp/ray): the test hides both (no process found, its own
+    RAY_TMPDIR), so that another Ray running beside the suite does not decide the answer."""
+    ray = pytest.importorskip("ray", reason="Ray is in the test extra: pip install -e '.[test]'")
+    import ray._private.services as services
+
+    def no_ray_processes() -> list[str]:
+        return []
+
+    no_ray_processes.cache_clear = lambda: None  # type: ignore[attr-defined]  # as Ray's own has
+    monkeypatch.setattr(services, "find_gcs_addresses", no_ray_processes)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    d, _ = pristine
+    r = run("verify", str(d), "--ray", "--no-progress")
+    assert r.exit_code == 2 and not ray.is_initialized(), r.output
+    assert "cannot connect to a Ray cluster at auto (Could not find any running Ray instance)" in r.stderr
+    assert "--ray-address local" in r.stderr
+
+
 def test_ray_gives_the_local_pools_results(pristine: tuple[Path, Path]) -> None:
     ray = pytest.importorskip("ray", reason="Ray is in the test extra: pip install -e '.[test]'")
     d, m = pristine
     local, _ = verify(d, manifest=m, workers=2)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        remote, _ = verify(d, manifest=m, ray="local")
-    finally:
-        ray.shutdown()
+    with _own_ray_dir() as temp_dir:  # its own session folder and sockets: never another Ray's on this host
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False, _temp_dir=temp_dir)
+        try:
+            remote, _ = verify(d, manifest=m, ray="local")
+        finally:
+            ray.shutdown()
     assert remote.workers.startswith("Ray")
     assert [(f.name, f.sha256, f.status) for f in remote.files] == [(f.name, f.sha256, f.status) for f in local.files]
     assert remote.findings == local.findings and remote.tensors_scanned == local.tensors_scanned

@@ -149,29 +149,39 @@ def first_sentence(text: str) -> str:
     return (line[:cut] if cut > 0 else line)[:300]
 
 
+def _ray_unusable(address: str | None, e: BaseException) -> KimiAuditError:
+    # Ray's own advice names its API's `address=`: the tool's options are --ray-address ADDRESS, or `local`
+    why = first_sentence(str(e)) or type(e).__name__
+    return KimiAuditError(f"cannot connect to a Ray cluster at {address or 'auto'} ({why}): start one with "
+                          "`ray start --head`, name it with --ray-address ADDRESS, or run one inside this "
+                          "process with --ray-address local")
+
+
 def run_ray(tasks: list[FileTask], address: str | None = None,
             progress: ProgressFn | None = None) -> Generator[FileResult, None, None]:
     """The same tasks as Ray tasks (one CPU each) on the cluster at `address` ("auto": the one RAY_ADDRESS or
-    a local `ray start` names; "local": a new local instance, shut down at the end); an already initialized
-    Ray is used as it is."""
+    a local `ray start` names; "local": a new local instance, even beside a running one, shut down at the end);
+    an already initialized Ray is used as it is.
+
+    Whatever Ray raises while connecting (ConnectionError, or a LocalRayletDiedError when the instance it found
+    on this host went away: an exception of its own, not a RuntimeError) is unusable input, a KimiAuditError
+    (exit 2); a task Ray could not run is that file's error, as a worker the local pool lost is."""
     try:
         import ray
     except ImportError:
         raise KimiAuditError("--ray needs Ray, an optional extra: pip install 'kimi-audit[ray]'") from None
     started_here = not ray.is_initialized()
-    if started_here:
-        try:
-            ray.init(address=None if address == "local" else (address or "auto"), include_dashboard=False,
-                     logging_level=logging.ERROR, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            # Ray's own advice names its API's `address=`: the tool's options are --ray-address ADDRESS, or `local`
-            why = first_sentence(str(e))
-            raise KimiAuditError(f"cannot connect to a Ray cluster at {address or 'auto'} ({why}): start one with "
-                                 "`ray start --head`, name it with --ray-address ADDRESS, or run one inside this "
-                                 "process with --ray-address local") from None
+    try:
+        if started_here:
+            ray.init(address=address or "auto", include_dashboard=False, logging_level=logging.ERROR,
+                     log_to_driver=False)
+        cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
+    except Exception as e:  # Ray's exceptions are its own classes: every one is "no usable cluster"
+        if started_here and ray.is_initialized():
+            ray.shutdown()
+        raise _ray_unusable(address, e) from None
     remote = ray.remote(num_cpus=1, max_retries=0)(verify_file)
     queued = iter(sorted(tasks, key=lambda t: -t.size))
-    cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
     limit = max(1, int(cpus)) * IN_FLIGHT_PER_WORKER
     pending: dict[Any, FileTask] = {}
     try:
@@ -180,10 +190,17 @@ def run_ray(tasks: list[FileTask], address: str | None = None,
                 pending[remote.remote(t)] = t
             if not pending:
                 break
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            try:
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            except ray.exceptions.RayError as e:
+                raise KimiAuditError(f"the Ray cluster failed while verifying ({first_sentence(str(e))})") from None
             for ref in done:
                 task = pending.pop(ref)
-                result: FileResult = ray.get(ref)
+                try:
+                    result: FileResult = ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    result = FileResult(task.name, task.size, None, 0, 0.0, error="not read whole: Ray did not "
+                                        f"run its task ({type(e).__name__}: {first_sentence(str(e))[:120]})")
                 if progress:
                     progress(task.name, task.size)
                 yield result
