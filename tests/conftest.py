@@ -76,8 +76,59 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     before = len(BUILDS)
-    yield
+    made = _temp_folders(item.config)
+    try:
+        yield
+    finally:
+        CALL_FOLDERS[item.nodeid] = _temp_folders(item.config) - made
     _fail_unmarked_builds(item, before)
+
+
+# --- temporary folders: a red run keeps the failed tests' own, not the session's replicas -------------------------
+
+SESSION_FOLDERS: set[Path] = set()
+"""Folders the session fixtures made (replicas, the tiny checkpoint): never kept, a red run or not."""
+
+CALL_FOLDERS: dict[str, set[Path]] = {}
+"""nodeid -> the folders of pytest's base temporary folder its call made (its own tmp_path_factory.mktemp)."""
+
+KEEP: set[Path] = set()
+"""A failed test's tmp_path and the folders its call made: what a red run leaves behind."""
+
+
+def _temp_folders(config: pytest.Config) -> set[Path]:
+    basetemp = config._tmp_path_factory._basetemp  # type: ignore[attr-defined]
+    return set(basetemp.iterdir()) if basetemp is not None and basetemp.is_dir() else set()
+
+
+def session_folder(factory: pytest.TempPathFactory, name: str) -> Path:
+    """factory.mktemp(name), removed at the end of the session whatever its result."""
+    path = factory.mktemp(name)
+    SESSION_FOLDERS.add(path)
+    return path
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.failed:
+        tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+        KEEP.update([tmp_path] if isinstance(tmp_path, Path) else [])
+        KEEP.update(CALL_FOLDERS.get(item.nodeid, ()))
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """pytest's `tmp_path_retention_policy = "failed"` keeps the whole base folder of a red run: every session
+    and module fixture's folder beside the failed test's (the full-scale replicas: 2.7 GB). Keep only what a
+    failed test made itself (its tmp_path, its own mktemp folders); with --basetemp, pytest's rules alone."""
+    factory = session.config._tmp_path_factory  # type: ignore[attr-defined]
+    if factory._given_basetemp is not None or factory._retention_policy != "failed":
+        return
+    for path in _temp_folders(session.config):
+        if path.is_dir() and not path.is_symlink() and (path not in KEEP or path in SESSION_FOLDERS):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -87,7 +138,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture(scope="session")
 def replica_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The full-scale sparse header replica of Kimi-K2-Instruct. Do not modify: use `replica_copy`."""
-    return replica_build.build_replica(tmp_path_factory.mktemp("replica") / "kimi-k2")
+    return replica_build.build_replica(session_folder(tmp_path_factory, "replica") / "kimi-k2")
 
 
 @pytest.fixture
@@ -105,7 +156,8 @@ def family_replica(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], 
 
     def get(model: str) -> Path:
         if model not in built:
-            built[model] = replica_build.build_replica(tmp_path_factory.mktemp("family") / model, model=model)
+            built[model] = replica_build.build_replica(session_folder(tmp_path_factory, "family") / model,
+                                                       model=model)
         return built[model]
 
     return get
@@ -117,7 +169,7 @@ def family_replica(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pristine tiny real checkpoint. Do not modify: use `tiny_copy`."""
-    return build_tiny(tmp_path_factory.mktemp("tiny") / "ckpt")
+    return build_tiny(session_folder(tmp_path_factory, "tiny") / "ckpt")
 
 
 @pytest.fixture
