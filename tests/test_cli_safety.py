@@ -125,6 +125,60 @@ def test_a_signal_during_demo_removes_its_temporary_directory(tmp_path, sig, cod
     assert list(tmp.iterdir()) == []
 
 
+@pytest.mark.slow  # starts a full-scale build (in a subprocess)
+@pytest.mark.parametrize(("sig", "code", "existed"), [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, True)])
+def test_an_interrupted_demo_dir_leaves_none_of_its_files(tmp_path, sig, code, existed):
+    """`kimi-audit demo DIR` interrupted while it built left a partial replica in DIR, and the next run refused
+    DIR (not empty) without --force. The build takes back what it wrote: a DIR it made is gone, one that was
+    there (empty) is empty again, and the same command then runs."""
+    target = tmp_path / "replica"
+    if existed:
+        target.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen(kimi_audit("demo", str(target)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         preexec_fn=_no_sigint_ignored)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(target.glob("model-*.safetensors"))) < 3:
+            assert p.poll() is None, p.stderr.read() if p.stderr else ""
+            assert time.monotonic() < deadline, "demo never wrote its shards"
+            time.sleep(0.005)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == code and b"Traceback" not in err, err
+    assert (list(target.iterdir()) == []) if existed else not target.exists()
+    r = cli("demo", str(target))
+    assert r.exit_code == 0, r.output
+
+
+def test_an_interrupted_tiny_build_takes_back_only_its_own_files(tmp_path, monkeypatch):
+    """The tiny checkpoint interrupted after its first file (Ctrl-C): none of its files stay; a file that was
+    in the folder before stays, byte for byte."""
+    import kimi_audit.replica.tiny as tiny
+
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    written = []
+
+    def interrupted(path, data, *args, **kw):
+        if written:
+            raise KeyboardInterrupt
+        written.append(path)
+        return write_atomic(path, data, *args, **kw)
+
+    write_atomic = tiny.write_atomic
+    monkeypatch.setattr(tiny, "write_atomic", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tiny.build_tiny(target)
+    assert written and [p.name for p in target.iterdir()] == ["notes.txt"]
+    assert (target / "notes.txt").read_text() == "mine"
+
+
 # --- unusable input under --json: the error as JSON on stdout -------------------------------------------------
 
 

@@ -35,7 +35,7 @@ from kimi_audit.model.kinds import (
 )
 from kimi_audit.model.layout import expected_layout
 from kimi_audit.model.roles import role_of
-from kimi_audit.replica.files import new_file
+from kimi_audit.replica.files import new_file, undone_unless_finished
 from kimi_audit.replica.models import DEFAULT_MODEL, plain_name, replica_model
 
 if TYPE_CHECKING:
@@ -181,8 +181,14 @@ def build_replica(
     """Write the replica of `model` (a REPLICA_MODELS name) into `directory` (created if needed). Returns the
     directory. Each file is written new (`new_file`): what stood under its name is replaced, never written
     through."""
-    m = replica_model(model)
     out = Path(directory)
+    with undone_unless_finished(out):  # an interrupted build leaves none of its files (demo DIR, Ctrl-C)
+        _build_replica(out, model, fill_small, progress)
+    return out
+
+
+def _build_replica(out: Path, model: str, fill_small: bool, progress: Callable[[str], None] | None) -> None:
+    m = replica_model(model)
     out.mkdir(parents=True, exist_ok=True)
     raw_cfg = m.config_bytes()
     config_raw, cfg = parse_config_bytes(raw_cfg)
@@ -192,7 +198,7 @@ def build_replica(
         folder = out / m.gguf_stem.rpartition("/")[0]
         folder.mkdir(parents=True, exist_ok=True)
         build_gguf_replica(folder, config_raw, m.gguf_stem.rpartition("/")[2], m.shards, progress)
-        return out
+        return
     with new_file(out / CONFIG_FILE) as f:
         f.write(raw_cfg)
     weight_map: dict[str, str] = {}
@@ -205,4 +211,3 @@ def build_replica(
     if cfg.quant is not None and cfg.quant.index_counts_files:  # the writer's habit (AMD Quark): whole files
         total = sum((out / shard).stat().st_size for shard in dict.fromkeys(weight_map.values()))
     write_index(out, weight_map, total)
-    return out

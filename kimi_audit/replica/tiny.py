@@ -23,6 +23,7 @@ from kimi_audit.model.layout import expected_layout
 from kimi_audit.model.quant.deepseek import SCALE_SUFFIX
 from kimi_audit.model.quant.scheme import FP8_DTYPE
 from kimi_audit.outputs import write_atomic
+from kimi_audit.replica.files import undone_unless_finished
 
 if TYPE_CHECKING:
     import numpy as np
@@ -131,7 +132,8 @@ def build_tiny(directory: Path, seed: int = 0, fault: str | None = None) -> Path
     shards = tiny_shards(seed)
     if fault is not None:
         FAULTS[fault][1](shards)
-    return write_tiny(directory, shards)
+    with undone_unless_finished(directory):  # an interrupted build leaves none of its files
+        return write_tiny(directory, shards)
 
 
 def _nan_gain(shards: Shards) -> None:
