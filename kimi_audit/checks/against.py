@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kimi_audit.checks.audit import AuditReport
+from kimi_audit.checks.rows import BAND_BYTES, SourceRows
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error, info
 from kimi_audit.format.gguf import GgufArray
@@ -29,9 +30,7 @@ from kimi_audit.model.arch.registry import architecture_of, gguf_architecture, g
 from kimi_audit.model.arch.spec import GgufDialect
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.model.kinds import PACKED, SCALE
-from kimi_audit.model.layout import scheme_of
-from kimi_audit.model.quant.deepseek import Fp8Block
-from kimi_audit.model.quant.scheme import FP8_DTYPE, Scheme, Unquantized, fp8_block
+from kimi_audit.model.quant import bounds
 from kimi_audit.sources.base import Source
 
 if TYPE_CHECKING:
@@ -118,21 +117,13 @@ def against_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_s
     return out
 
 
-BAND_BYTES = 1 << 24
-"""The float32 values one piece of a comparison holds at most (16 MiB: the source's band, its encoding and the
-GGUF's bytes for it stay under ~150 MB whatever the tensor's size; bench/against_memory.py measures it)."""
-ROW_GRAIN = 128
-"""Bands are whole multiples of this many rows (a quantized source's scale blocks: DeepSeek's FP8 is 128 x 128),
-except a tensor's last."""
-
-
 def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_source: Source, stored: Any,
                     dialect: GgufDialect, progress: Callable[[str, int, int], None] | None) -> list[Finding]:
     from kimi_audit.numerics.ggml import ENCODED
     from kimi_audit.numerics.ggml_quants import is_quantized
 
     cfg = hf.config
-    reader = SourceRows(hf, hf_source)
+    reader = SourceRows(hf, hf_source, BAND_BYTES)
     differ: dict[str, list[str]] = {}
     compared, not_compared, unread = 0, [], []
     worst: dict[str, tuple[float, str]] = {}  # ggml type -> (its largest relative error, the tensor)
@@ -184,16 +175,12 @@ def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_so
 
 def error_bound(dtype: str) -> float:
     """The relative RMS error ||dequantized - source|| / ||source|| a ggml type's quantization of a release tensor
-    stays within. A block of b-bit codes scaled to its absolute maximum rounds each value by at most half a step,
-    amax / (2^b - 1), and the RMS of a rounding error spread evenly over that is step / (2 sqrt 3): relative to the
-    block's RMS, 0.58 (amax / rms) / (2^b - 1). The bound takes b as the type's bits per weight (its block's bytes x
-    8 / its values, scales included) and allows amax / rms up to 5.2 (heavy-tailed blocks; a Gaussian block of 32
-    to 256 values has about 2.5 to 3): 3 / (2^b - 1), at most 0.95. A tensor from another model, layer or expert
-    (uncorrelated values of the same scale) is off by about sqrt 2 = 1.41. tests/test_gguf.py measures the worst
-    tensor of each type llama-quantize wrote against it."""
+    stays within: a uniform grid (model.quant.bounds.uniform_grid, derived there) with b the type's bits per weight
+    (its block's bytes x 8 / its values, scales included): 3 / (2^b - 1), at most 0.95. A tensor from another
+    model, layer or expert is off by about sqrt 2 = 1.41. tests/test_gguf.py measures the worst tensor of each type
+    llama-quantize wrote against it."""
     t = GGML_BY_NAME[dtype]
-    bits = t.size * 8 / t.block
-    return float(min(0.95, 3.0 / (2.0 ** bits - 1)))
+    return bounds.uniform_grid(t.size * 8 / t.block)
 
 
 def _relative_error(want: tuple[tuple[int, ...], Iterator[np.ndarray]], shape: tuple[int, ...], dtype: str,
@@ -264,111 +251,6 @@ def _same_bytes(want: tuple[tuple[int, ...], Iterator[np.ndarray]], shape: tuple
     return at == end and elements == math.prod(shape)
 
 
-class SourceRows:
-    """The release's tensors as the converter reads them (float32, a quantized Linear module's weight dequantized
-    as its format says), by row ranges: each band read by byte range and dequantized alone (an FP8 weight with
-    its scales' rows for those rows), so memory stays bounded whatever the tensor's size. One code path: a
-    format whose stored tensors do not split by rows (GPTQ's [in/8, out]) is one band, the whole module."""
-
-    def __init__(self, hf: Checkpoint, source: Source) -> None:
-        from kimi_audit.numerics.tensor_io import TensorFetcher
-
-        self.hf, self.cfg = hf, hf.config
-        self.fetch = TensorFetcher(source)
-        self._last: tuple[str, int, int, np.ndarray] | None = None
-
-    def drop(self) -> None:
-        self._last = None
-
-    def _module(self, name: str) -> tuple[str, Scheme, int, int] | None:
-        """A quantized Linear module's (name, scheme, out, in); None for any other tensor (read as stored)."""
-        if not name.endswith(".weight"):
-            return None
-        module = name[: -len(".weight")]
-        scheme = scheme_of(self.cfg, module)
-        if isinstance(scheme, Unquantized):
-            return None
-        e = self.hf.expected.get(module + scheme.stored(1, 4096)[0].suffix)
-        shape = None if e is None or not e.scheme else scheme.module_shape(e.shape, e.logical)
-        if shape is None:
-            return None
-        main = scheme.stored(*shape)[0]
-        if self.fetch.locate(module + main.suffix)[1].dtype == FP8_DTYPE and main.dtype != FP8_DTYPE:
-            scheme = Fp8Block(fp8_block(self.cfg.quant))  # FP8 weights the config does not describe as such
-        return module, scheme, *shape
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        m = self._module(name)
-        return (m[2], m[3]) if m is not None else tuple(self.fetch.locate(name)[1].shape)
-
-    def _band(self, name: str) -> int:
-        shape = self.shape(name) or (1,)
-        row = 4 * math.prod(shape[1:])
-        band = max(ROW_GRAIN, BAND_BYTES // max(row, 1) // ROW_GRAIN * ROW_GRAIN)
-        m = self._module(name)
-        return band if m is None or _splits(m[1], m[2], m[3], band) else max(shape[0], 1)
-
-    def _rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) (start a multiple of the band), float32; the last band kept for the next call."""
-        import numpy as np
-
-        if self._last is not None and self._last[:3] == (name, start, stop):
-            return self._last[3]
-        self._last = None
-        m = self._module(name)
-        if m is None:
-            values = np.asarray(self.fetch.read_slice(name, start, stop), dtype=np.float32)
-        else:
-            module, scheme, out, inp = m
-            full, part, before = scheme.stored(out, inp), scheme.stored(stop - start, inp), scheme.stored(start, inp)
-            tensors = {}
-            for f, p, b in zip(full, part, before):
-                have = tuple(self.fetch.locate(module + f.suffix)[1].shape)
-                if have != f.shape:
-                    raise KimiAuditError(f"{module}{f.suffix} has shape {list(have)}, {scheme.describe()} stores "
-                                         f"{list(f.shape)} for a [{out}, {inp}] weight")
-                if f.shape == p.shape or not f.shape:  # not by rows (weight_shape, a global scale): whole
-                    t = self.fetch.read_slice(module + f.suffix, 0, f.shape[0] if f.shape else 1)
-                    if t.size == 2 and t.dtype.kind in "iu" and [int(v) for v in t.reshape(-1)] == [out, inp]:
-                        t = np.asarray([stop - start, inp], dtype=t.dtype).reshape(t.shape)  # the band's [out, in]
-                    tensors[f.suffix] = t
-                else:
-                    first = b.shape[0] if start else 0
-                    tensors[f.suffix] = self.fetch.read_slice(module + f.suffix, first, first + p.shape[0])
-            values = np.asarray(scheme.dequantize(tensors, stop - start, inp), dtype=np.float32)
-        self._last = (name, start, stop, values)
-        return values
-
-    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        import numpy as np
-
-        band, n = self._band(name), (self.shape(name) or (1,))[0]
-        out = [self._rows(name, a, min(a + band, n))[max(start, a) - a: min(stop, a + band) - a]
-               for a in range(start // band * band, stop, band)]
-        return out[0] if len(out) == 1 else np.concatenate(out)
-
-    def bands(self, name: str) -> Iterator[np.ndarray]:
-        band, n = self._band(name), (self.shape(name) or (1,))[0]
-        for a in range(0, n, band):
-            yield self._rows(name, a, min(a + band, n))
-
-
-def _splits(scheme: Scheme, out: int, inp: int, band: int) -> bool:
-    """Whether every tensor the scheme stores for [out, in] is either the same whatever the rows (read whole) or
-    the rows of its own first dimension, bands of `band` rows taking whole rows of it at regular steps."""
-    n = -(-out // band)
-    last = out - (n - 1) * band
-    full, one, lead, tail = (scheme.stored(r, inp) for r in (out, band, (n - 1) * band, last))
-    for f, o, ld, t in zip(full, one, lead, tail):
-        if f.shape == o.shape or not f.shape:
-            continue
-        if f.shape[1:] != o.shape[1:] or (n > 1 and ld.shape[0] != (n - 1) * o.shape[0]):
-            return False
-        if (ld.shape[0] if n > 1 else 0) + t.shape[0] != f.shape[0]:
-            return False
-    return True
-
-
 def encode_bf16(values: np.ndarray) -> np.ndarray:
     """The values rounded through BF16 (a converter run with `--outtype bf16`, quantized after)."""
     import ml_dtypes
@@ -379,13 +261,22 @@ def encode_bf16(values: np.ndarray) -> np.ndarray:
 
 def apply_against(report: AuditReport, gguf_source: Source, hf_source: Source, values: bool = False,
                   progress: Callable[[str, int, int], None] | None = None) -> AuditReport:
-    """The audit of a GGUF set with its findings against the checkpoint it was converted from added."""
+    """The audit of a GGUF set with its findings against the checkpoint it was converted from added; of a
+    safetensors release, against the checkpoint it was quantized from (checks.same_model)."""
     from kimi_audit.model.checkpoint import load_checkpoint
 
     gguf = report.checkpoint
-    if gguf is None or gguf.container != "gguf":
-        raise KimiAuditError("--against compares a GGUF set with its source: audit a GGUF file or folder")
+    if gguf is None:
+        raise KimiAuditError("--against: the checkpoint audited could not be read")
     hf = load_checkpoint(hf_source)
+    if gguf.container != "gguf":
+        from kimi_audit.checks.same_model import same_model_findings
+
+        if hf.container == "gguf":
+            raise KimiAuditError(f"--against {hf_source.label}: a GGUF set; a safetensors release is held to the "
+                                 "safetensors checkpoint it was quantized from")
+        found = same_model_findings(gguf, gguf_source, hf, hf_source, values, progress)
+        return replace(report, findings=report.findings + tuple(found), against=hf.label)
     if hf.container == "gguf":
         raise KimiAuditError(f"--against {hf_source.label}: a GGUF set; give the safetensors checkpoint it was "
                              "converted from")

@@ -31,7 +31,7 @@ from kimi_audit.checks.diff import (
 )
 from kimi_audit.cli.application import app, byte_progress, shard_progress, stderr, stdout, user_errors
 from kimi_audit.errors import KimiAuditError
-from kimi_audit.model.checkpoint import load_checkpoint
+from kimi_audit.model.checkpoint import Checkpoint, load_checkpoint
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
 from kimi_audit.text import clip, json_dumps, printable
@@ -88,7 +88,22 @@ def _list(title: str, changes: tuple[Change, ...], show: Any) -> None:
         stdout.print(Text(printable(f"  {c.name}: {show(c)}")))
 
 
-def render_diff(d: HeaderDiff, c: ContentDiff | None) -> None:
+def same_model(a: Checkpoint, b: Checkpoint) -> str | None:
+    """`same model (ARCH, N parameters); quantization differs: BF16 → NVFP4` where one checkpoint is the other
+    quantized, as `audit --against` holds them from the headers (checks.same_model); None otherwise."""
+    from dataclasses import replace
+
+    from kimi_audit.checks.same_model import held, same_model_line
+
+    model_type = a.config_raw.get("model_type")
+    line = same_model_line(held(b, a), model_type)
+    if line is None:
+        h = held(a, b)
+        line = same_model_line(replace(h, quantization=h.quantization[::-1]), model_type)
+    return line
+
+
+def render_diff(d: HeaderDiff, c: ContentDiff | None, same: str | None = None) -> None:
     t = Table.grid(padding=(0, 2))
     t.add_row("A", Text(printable(d.a + (f" @ {d.a_revision}" if d.a_revision else ""))),
               f"{d.tensors[0]:,} tensors", f"{d.parameters[0]:,} parameters")
@@ -97,9 +112,12 @@ def render_diff(d: HeaderDiff, c: ContentDiff | None) -> None:
     stdout.print(t)
     stdout.print(f"added {len(d.added):,} · removed {len(d.removed):,} · changed dtype/shape {len(d.changed):,} · "
                  f"moved between shards {len(d.moved):,} · config keys changed {len(d.config):,}", highlight=False)
-    _list("added", d.added, lambda x: x.b.text())
-    _list("removed", d.removed, lambda x: x.a.text())
-    _list("changed", d.changed, lambda x: f"{x.a.dtype} {list(x.a.shape)} → {x.b.dtype} {list(x.b.shape)}")
+    if same is not None:  # the tensors the quantization added, removed and changed: one line (--json lists them)
+        stdout.print(Text(printable(same), style="bold"))
+    else:
+        _list("added", d.added, lambda x: x.b.text())
+        _list("removed", d.removed, lambda x: x.a.text())
+        _list("changed", d.changed, lambda x: f"{x.a.dtype} {list(x.a.shape)} → {x.b.dtype} {list(x.b.shape)}")
     _list("moved", d.moved, lambda x: f"{x.a.shard} → {x.b.shard}")
     for side, only in zip("AB", d.shards_only):
         if only:
@@ -129,6 +147,9 @@ def render_diff(d: HeaderDiff, c: ContentDiff | None) -> None:
             stdout.print(Text(printable(f"  bytes differ: {name}  {x[:12]} → {y[:12]}"), style="red"))
         for note in c.notes:
             stdout.print(Text(printable(f"  {note}"), style="yellow"))
+        if same is not None:
+            stdout.print(Text(f"  {len(d.changed):,} quantized weights are not compared byte for byte: `kimi-audit "
+                              "audit B --against A --values` holds them to their format's error bound", style="yellow"))
     headline = verdict(d, c)
     unchecked = len(c.unchecked) if c is not None else 0
     if headline == IDENTICAL:
@@ -184,8 +205,9 @@ def diff(
                              fingerprints_a=file_fingerprints(src_a, list(ckpt_a.headers)),
                              fingerprints_b=file_fingerprints(src_b, list(ckpt_b.headers)),
                              max_read=budget, include=tensors or (), progress=update)
+    same = same_model(ckpt_a, ckpt_b)
     if as_json:
-        sys.stdout.write(json_dumps(diff_dict(d, c), indent=2) + "\n")
+        sys.stdout.write(json_dumps({**diff_dict(d, c), "same_model": same}, indent=2) + "\n")
     else:
-        render_diff(d, c)
+        render_diff(d, c, same)
     raise typer.Exit(0 if verdict(d, c) == IDENTICAL else 1)

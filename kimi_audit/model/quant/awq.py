@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import AFFINE_SCALE, PACKED, PACKED_WEIGHT, SCALE, ZERO_POINT
+from kimi_audit.model.quant import bounds
 from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Stored, Unquantized, UnsupportedQuantization
 
 if TYPE_CHECKING:
@@ -87,6 +88,10 @@ class AwqGemm(Scheme):
     def describe(self) -> str:
         return (f"AWQ GEMM INT4, eight interleaved codes per I32 word, a {self.dtype} scale and packed zero point "
                 f"per {self.group_size} inputs")
+
+    def error_bound(self) -> float:
+        """4-bit integer codes per group with a zero point, scaled to its range: bounds.uniform_grid."""
+        return bounds.uniform_grid(4)
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """``(q - z) * scales`` (numerics.gptq.dequantize_awq)."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import BLOCK_SCALE, PACKED, PARAMETER, SCALE, V4_SCALE
 from kimi_audit.model.patterns import NamePatterns, compile_patterns
+from kimi_audit.model.quant import bounds
 from kimi_audit.model.quant.scheme import (
     DEEPSEEK_SCALE_SUFFIX,
     FP8_DTYPE,
@@ -112,6 +113,10 @@ class Fp8Block(Scheme):
         fmt = f", {self.scale_fmt} scales" if self.scale_fmt else ""
         return f"FP8 e4m3, one {self.scale_dtype} scale per {self.block[0]}x{self.block[1]} block{fmt}"
 
+    def error_bound(self) -> float:
+        """FP8 E4M3 codes (3 mantissa bits), each block's scale its absmax / 448: bounds.float_grid."""
+        return bounds.float_grid(3)
+
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """BF16 ``(w.float() * s_expanded).to(torch.bfloat16)`` (DeepSeek's weight_dequant; an E8M0 scale is a
         power of two, so transformers' ``w.to(bf16) * s.to(bf16)`` gives the same bits)."""
@@ -155,6 +160,10 @@ class Fp4Experts(Scheme):
 
     def describe(self) -> str:
         return f"FP4 e2m1, two per I8 byte, one F8_E8M0 scale per {self.group} inputs (DeepSeek-V4 experts)"
+
+    def error_bound(self) -> float:
+        """FP4 E2M1 codes, a power-of-two (E8M0) scale per `group` inputs: bounds.power_of_two_fp4."""
+        return bounds.power_of_two_fp4(self.group)
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """``fp4 * 2**(e - 127)`` per 32 inputs, rounded to bf16: transformers' Fp8Dequantize (numerics.fp4)."""

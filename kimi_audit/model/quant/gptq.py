@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import AFFINE_SCALE, GROUP_INDEX, PACKED, PACKED_WEIGHT, SCALE, ZERO_POINT
+from kimi_audit.model.quant import bounds
 from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Stored, Unquantized, UnsupportedQuantization
 
 if TYPE_CHECKING:
@@ -93,6 +94,10 @@ class Gptq(Scheme):
         group = "per output channel" if self.group_size == -1 else f"per {self.group_size} inputs"
         return (f"GPTQ INT{self.bits} ({'gptq' if self.v1 else 'gptq_v2'}), {32 // self.bits} codes per I32 word, "
                 f"an F16 scale and packed zero point {group}, g_idx")
+
+    def error_bound(self) -> float:
+        """`bits`-bit integer codes per group, scaled to its range: bounds.uniform_grid."""
+        return bounds.uniform_grid(self.bits)
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """``scales[g_idx] * (q - z[g_idx])`` in the model's dtype (numerics.gptq)."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import AFFINE_BIAS, AFFINE_SCALE, PACKED, SCALE
+from kimi_audit.model.quant import bounds
 from kimi_audit.model.quant.scheme import (
     QuantPlan,
     ReleaseQuant,
@@ -146,6 +147,15 @@ class Mlx(Scheme):
                     f"{self.group_size} inputs")
         return (f"MLX affine {self.bits}-bit, packed in U32 words, one {self.dtype} scale and bias per "
                 f"{self.group_size} inputs")
+
+    def error_bound(self) -> float:
+        """affine: `bits`-bit codes with a scale and a bias per group (bounds.uniform_grid); mxfp4 / nvfp4: FP4
+        E2M1 codes under an E8M0 / E4M3 scale; mxfp8: E4M3 codes."""
+        if self.mode == "affine":
+            return bounds.uniform_grid(self.bits)
+        if self.mode == "mxfp8":
+            return bounds.float_grid(3)
+        return bounds.nvfp4(self.group_size) if self.mode == "nvfp4" else bounds.power_of_two_fp4(self.group_size)
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """``scales * q + biases``, rounded as mx.dequantize (numerics.affine); the FP modes' codes times their

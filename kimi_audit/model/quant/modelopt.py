@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import GLOBAL_SCALE, GROUP_SCALE, INPUT_SCALE, KV_SCALE, PACKED, PARAMETER, SCALE
 from kimi_audit.model.patterns import NamePatterns, compile_patterns
+from kimi_audit.model.quant import bounds
 from kimi_audit.model.quant.scheme import (
     FP8_DTYPE,
     QuantPlan,
@@ -81,6 +82,10 @@ class ModeloptFp8(Scheme):
     def describe(self) -> str:
         return "FP8 e4m3, one F32 scale per tensor (NVIDIA ModelOpt FP8)"
 
+    def error_bound(self) -> float:
+        """FP8 E4M3 codes, one scale amax / 448 (rounded to BF16 when dequantized, as the result): bounds.float_grid."""
+        return bounds.float_grid(3)
+
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """FP8QTensor.dequantize: ``weight.to(bf16) * weight_scale.to(bf16)``."""
         import ml_dtypes
@@ -129,6 +134,10 @@ class ModeloptNvfp4(ModeloptFp8):
     def describe(self) -> str:
         return (f"NVFP4: FP4 e2m1 two per U8 byte, one F8_E4M3 scale per {self.group_size} inputs and an F32 "
                 "weight_scale_2 (NVIDIA ModelOpt)")
+
+    def error_bound(self) -> float:
+        """FP4 E2M1 codes, an E4M3 scale per `group_size` inputs: bounds.nvfp4."""
+        return bounds.nvfp4(self.group_size)
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         from kimi_audit.numerics.fp4 import dequantize_modelopt_nvfp4

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import GROUP_SCALE, PACKED, PARAMETER, SCALE
 from kimi_audit.model.patterns import NamePatterns, compile_patterns
+from kimi_audit.model.quant import bounds
 from kimi_audit.model.quant.scheme import (
     FP8_DTYPE,
     QuantPlan,
@@ -76,6 +77,10 @@ class QuarkFp8(Scheme):
         per = "per output channel, F32" if self.per_channel else f"per tensor, {self.scale_dtype}"
         return f"FP8 e4m3, one scale {per} (AMD Quark)"
 
+    def error_bound(self) -> float:
+        """FP8 E4M3 codes, a scale per channel or tensor (its absmax / 448): bounds.float_grid."""
+        return bounds.float_grid(3)
+
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """Quark's importer: ``weight.float() * scale`` in float32 (per channel: one scale per row)."""
         import numpy as np
@@ -116,6 +121,10 @@ class QuarkMxfp4(QuarkFp8):
 
     def describe(self) -> str:
         return f"OCP MXFP4: FP4 e2m1 two per U8 byte, one E8M0 exponent (U8) per {self.group_size} inputs (AMD Quark)"
+
+    def error_bound(self) -> float:
+        """OCP MXFP4: FP4 E2M1 codes, an E8M0 scale per `group_size` inputs: bounds.power_of_two_fp4."""
+        return bounds.power_of_two_fp4(self.group_size)
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """Quark's importer: ``e2m1 * 2 ** (e - 127)`` in float32."""

@@ -36,19 +36,8 @@ from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = [
-    "ANY_LENGTH",
-    "FP8_DTYPE",
-    "QuantPlan",
-    "ReleaseQuant",
-    "Scheme",
-    "Stored",
-    "Unquantized",
-    "UnsupportedQuantization",
-    "fits",
-    "fp8_block",
-    "stored_weight",
-]
+__all__ = ["ANY_LENGTH", "FP8_DTYPE", "QuantPlan", "ReleaseQuant", "Scheme", "Stored",
+           "Unquantized", "UnsupportedQuantization", "fits", "fp8_block", "stored_weight"]
 
 FP8_DTYPE = "F8_E4M3"
 ANY_LENGTH = -1
@@ -228,6 +217,11 @@ class Scheme:
         """The module's weight [out, in] from its stored tensors (decoded, keyed by the suffixes of
         `stored`), computed as the scheme's reference code does (kimi_audit.numerics, imported here)."""
         raise NotImplementedError
+
+    def error_bound(self) -> float | None:
+        """The relative RMS error ||dequantized - original|| / ||original|| a weight this scheme quantized stays
+        within (model.quant.bounds derives each grid's); None: none derived, its weights are not compared."""
+        return None
 
 
 def fits(expected: str, stored: str, shape: tuple[int, ...]) -> bool:

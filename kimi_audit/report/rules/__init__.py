@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kimi_audit.report.rules.gguf import GGUF_RULES
 from kimi_audit.report.rules.rule import Rule
+from kimi_audit.report.rules.same_model import SAME_MODEL_RULES
 
 __all__ = ["RULES", "Rule", "rule"]
 
@@ -348,6 +349,7 @@ RULES: dict[str, Rule] = {
                         "glob is wrong.", "Remove the stale --ignore rule, or fix its glob."),
 }
 RULES.update(GGUF_RULES)
+RULES.update(SAME_MODEL_RULES)
 
 
 def rule(code: str) -> Rule:

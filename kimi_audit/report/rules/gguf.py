@@ -102,7 +102,8 @@ GGUF_RULES: dict[str, Rule] = {
         'which llama.cpp loads without a word.', GGUF_HELP),
     "AGAINST_UNREAD": Rule(
         "error", "`--against --values`: tensors whose values could not be read to compare",
-        "The source's values for these GGUF tensors could not be read or dequantized (a sparse hole in a "
+        "The source's values for these tensors (a GGUF set's, or a quantized release's) could not be read or "
+        "dequantized (a sparse hole in a "
         "header-only copy, a shard cut short, a shape its format does not store, not enough memory): their bytes "
         "were not compared, and the comparison is no PASS. One finding, the first tensor and its reason named.",
         GGUF_HELP),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.model.kinds import GLOBAL_SCALE, PACKED, PACKED_WEIGHT, SCALE
+from kimi_audit.model.quant import bounds
 from kimi_audit.model.quant.compressed.base import (
     METHOD,
     CompressedTensors,
@@ -83,6 +84,10 @@ class Nvfp4PackQuantized(CompressedTensors):
         return (f"FP4 e2m1, two per U8 byte, one F8_E4M3 scale per {self.group_size} inputs and an F32 global "
                 f"scale (compressed-tensors {self.format_name})")
 
+    def error_bound(self) -> float:
+        """FP4 E2M1 codes, an E4M3 scale per `group_size` inputs under a global scale: bounds.nvfp4."""
+        return bounds.nvfp4(self.group_size)
+
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """NVFP4PackedCompressor.decompress: ``fp4 * (bf16(scale) / global_scale)`` in float32, to bf16."""
         from kimi_audit.numerics.fp4 import dequantize_nvfp4
@@ -110,6 +115,10 @@ class Mxfp4PackQuantized(Nvfp4PackQuantized):
     def describe(self) -> str:
         return (f"FP4 e2m1, two per U8 byte, one E8M0 exponent (U8) per {self.group_size} inputs "
                 f"(compressed-tensors {self.format_name})")
+
+    def error_bound(self) -> float:
+        """MXFP4: FP4 E2M1 codes, an E8M0 scale per `group_size` inputs: bounds.power_of_two_fp4."""
+        return bounds.power_of_two_fp4(self.group_size)
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """MXFP4PackedCompressor.decompress: ``fp4 * bf16(2 ** (e - 127))``, to bf16."""

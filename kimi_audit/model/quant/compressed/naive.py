@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import PARAMETER, SCALE
+from kimi_audit.model.quant import bounds
 from kimi_audit.model.quant.compressed.base import (
     METHOD,
     CompressedTensors,
@@ -97,6 +98,10 @@ class FloatQuantized(CompressedTensors):
         what = "FP8 e4m3" if self.weight_type == "float" else "INT8"
         return f"{what}, one {self.scale_dtype} scale {per} (compressed-tensors {self.format_name})"
 
+    def error_bound(self) -> float:
+        """FP8 E4M3 codes, a scale per block, channel or tensor (its absmax / 448): bounds.float_grid."""
+        return bounds.float_grid(3)
+
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """compressed-tensors' decompression: ``w.to(scale.dtype) * scale`` (the product in float32, rounded once
         to the scale's dtype), the scale broadcast over its block, channel or tensor."""
@@ -123,6 +128,10 @@ class IntQuantized(FloatQuantized):
     weight_type: ClassVar[str] = "int"
     weight_dtype: ClassVar[str] = "I8"
     format_name: ClassVar[str] = "int-quantized"
+
+    def error_bound(self) -> float:
+        """INT8 codes, a scale per channel, group or tensor: bounds.uniform_grid."""
+        return bounds.uniform_grid(8)
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         from kimi_audit.numerics.dtypes import NumericsError

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.model.kinds import PACKED, PACKED_WEIGHT, SCALE, WEIGHT_SHAPE
+from kimi_audit.model.quant import bounds
 from kimi_audit.model.quant.compressed.base import (
     METHOD,
     CompressedTensors,
@@ -100,6 +101,11 @@ class PackQuantized(CompressedTensors):
         per = {"group": f"per {self.group_size} inputs", "channel": "per output channel", "tensor": "per tensor"}
         return (f"INT{self.bits} {kind}, {32 // self.bits} per I32 word, one {self.scale_dtype} scale "
                 f"{per[self.strategy]} (compressed-tensors pack-quantized)")
+
+    def error_bound(self) -> float:
+        """`bits`-bit integer codes (with zero points where asymmetric), a scale per group or channel:
+        bounds.uniform_grid."""
+        return bounds.uniform_grid(self.bits)
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """compressed-tensors' decompression: unpack the codes (and an asymmetric scheme's zero points),
