@@ -125,15 +125,20 @@ def test_a_verify_page_of_data_not_present_claims_no_health(tmp_path: Path) -> N
     assert "No value was scanned" in html or "not scanned" in html
 
 
-def test_auditing_one_shard_says_to_audit_the_directory(tmp_path: Path) -> None:
-    """`audit DIR/model-1-of-61.safetensors` exited 1 with every other shard's tensors missing, and nothing
-    suggested passing the directory."""
+def test_one_shard_beside_its_index_names_its_checkpoint(tmp_path: Path) -> None:
+    """`audit DIR/model-2-of-3.safetensors` reported 53 TENSOR_MISSING lines (every other shard's tensors) and a
+    note to pass the directory, while a GGUF part names its set. A shard beside its index names its checkpoint,
+    as config.json and the index do: the same report as the directory's."""
     d = tmp_path / "t"
     runner.invoke(app, ["demo", "--tiny", str(d)])
-    r = runner.invoke(app, ["audit", str(d / "model-1-of-3.safetensors"), "--no-progress"])
-    assert r.exit_code == 1 and "one shard of 3" in r.output and f"audit the directory {d}" in r.output
-    r = runner.invoke(app, ["audit", str(d), "--no-progress"])
-    assert r.exit_code == 0 and "one shard of" not in r.output
+    whole = runner.invoke(app, ["audit", str(d), "--json", "--no-progress"])
+    r = runner.invoke(app, ["audit", str(d / "model-2-of-3.safetensors"), "--json", "--no-progress"])
+    assert r.exit_code == 0 and "TENSOR_MISSING" not in r.stdout, r.output
+    one, all_ = json.loads(r.stdout), json.loads(whole.stdout)
+    assert one["result"] == all_["result"] and one["findings"] == all_["findings"]
+    assert one["source"] == str(d / "model-2-of-3.safetensors")
+    r = runner.invoke(app, ["audit", str(d / "model-2-of-3.safetensors"), "--no-progress"])
+    assert r.exit_code == 0 and "one shard of" not in r.output and "TENSOR_MISSING" not in r.output
 
 
 def test_grouped_names_keep_their_zero_padding() -> None:

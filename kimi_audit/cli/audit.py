@@ -15,7 +15,7 @@ from rich.text import Text
 
 from kimi_audit.checks.audit import AuditReport, audit_source
 from kimi_audit.cli.application import app, shard_progress, sigterm_exits, stderr, stdout, user_errors
-from kimi_audit.constants import INDEX_FILE, MAX_INDEX_BYTES, PINNED_REPO_ID, SAFETENSORS_SUFFIX
+from kimi_audit.constants import PINNED_REPO_ID
 from kimi_audit.errors import DirectoryNotEmptyError, KimiAuditError
 from kimi_audit.replica.models import DEFAULT_MODEL, REPLICA_MODELS
 from kimi_audit.replica.tiny import FAULTS as TINY_FAULTS
@@ -23,7 +23,6 @@ from kimi_audit.replica.tiny import build_tiny
 from kimi_audit.report.json_report import render_json
 from kimi_audit.report.table import render_table
 from kimi_audit.sources import LocalSource, open_source
-from kimi_audit.text import printable
 
 
 def emit_report(report: AuditReport, as_json: bool) -> None:
@@ -132,29 +131,7 @@ def audit(
     deliver(report, out_format, outputs, severity, time.monotonic() - started, stdout, all_findings, plain)
     if outputs:
         stderr.print(Text(verdict_line(report, severity, outputs)), soft_wrap=True)
-    _one_shard_hint(source)
     raise typer.Exit(report.exit_code(severity))
-
-
-def _one_shard_hint(source: str) -> None:
-    """A .safetensors file of a checkpoint whose index lists other shards: the tensors of those are reported
-    missing; say on stderr that the directory is what to audit."""
-    path = Path(source)
-    index = path.parent / INDEX_FILE
-    if path.suffix != SAFETENSORS_SUFFIX or not path.is_file() or not index.is_file():
-        return
-    from kimi_audit.format.index import parse_index
-    from kimi_audit.sources.files import read_small_file
-
-    try:
-        shards = parse_index(read_small_file(index, MAX_INDEX_BYTES)).shards
-    except KimiAuditError:
-        return
-    others = [s for s in shards if s != path.name]
-    if others:
-        stderr.print(Text(printable(f"note: {path.name} is one shard of {len(shards):,} that {INDEX_FILE} lists: "
-                                    f"the tensors of the others are reported missing; audit the directory "
-                                    f"{path.parent} for the whole checkpoint")), soft_wrap=True)
 
 
 @app.command()

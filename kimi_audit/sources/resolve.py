@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from kimi_audit.constants import GGUF_SUFFIX
+from kimi_audit.constants import GGUF_SUFFIX, INDEX_FILE, SAFETENSORS_SUFFIX
 from kimi_audit.errors import FileMissingError, KimiAuditError
 from kimi_audit.sources.base import Source
 from kimi_audit.sources.cache import find_snapshot, is_offline
@@ -43,7 +43,8 @@ def open_source(spec: str, revision: str | None = None, include: tuple[str, ...]
 
     With huggingface_hub's offline mode on (HF_HUB_OFFLINE=1), a repo id is read from its snapshot in
     the HF cache (cache.py): a LocalSource whose revision is the snapshot's commit. `include`: only the files
-    these globs match (one GGUF set of several); a `.gguf` file stands for its folder's split set.
+    these globs match (one GGUF set of several); a `.gguf` file stands for its folder's split set, and a
+    `.safetensors` shard beside an index for its checkpoint (the folder), as config.json and the index do.
     """
     return resolve_source(spec, revision, include=include).source
 
@@ -56,6 +57,9 @@ def resolve_source(spec: str, revision: str | None = None, *, mode: Mode = "auto
     if mode != "stream" and path.suffix == GGUF_SUFFIX and path.is_file() and not include:
         folder = LocalSource(path.parent)
         return Opened(Selected(folder, set_globs(path.name), label=spec))
+    if mode != "stream" and path.suffix == SAFETENSORS_SUFFIX and not include and path.is_file() \
+            and (path.parent / INDEX_FILE).is_file():  # one shard is not a checkpoint: it names its own
+        return Opened(LocalSource(path.parent, label=spec))
     opened = _resolve(spec, revision, mode=mode, local_dir=local_dir)
     if not include:
         return opened
