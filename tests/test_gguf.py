@@ -635,3 +635,13 @@ def test_the_include_hint_selects_one_set(tmp_path: Path) -> None:
     glob = r.output.split("--include '", 1)[1].split("'", 1)[0]
     r = runner.invoke(app, ["audit", str(tmp_path), "--include", glob, "--no-progress"])
     assert r.exit_code == 0, r.output
+
+
+def test_expert_count_disagreeing_with_the_tensors_is_one_cause(tmp_path: Path) -> None:
+    """deepseek2.expert_count 8 over 4 stacked experts: one CONFIG_DISAGREES naming the key, the routers, their
+    biases and the stacked experts it sizes counted beneath, not ten shape errors."""
+    out = tmp_path / "e.gguf"
+    rewrite(Q2K, out, lambda g: g.set("deepseek2.expert_count", 4, 8))
+    report = audit(out)
+    assert codes(report) == ["CONFIG_DISAGREES"] and report.findings[0].tensor == "deepseek2.expert_count"
+    assert report.findings[0].covers == 10 and (report.findings[0].expected, report.findings[0].actual) == (8, 4)

@@ -170,12 +170,14 @@ def test_a_missing_tensor(arch: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_expert_count_changed(arch: str, tmp_path: Path) -> None:
-    """(e) expert_count 8 over 4 stacked experts: each stacked tensor and router the wrong shape, an error."""
+    """(e) expert_count 8 over 4 stacked experts: one root cause, the key named, the stacked tensors and routers it
+    sizes counted beneath (CONFIG_DISAGREES), not an error per tensor."""
     out = tmp_path / FILE
     rewrite(DATA / arch / FILE, out, lambda g: g.set(f"{arch}.expert_count", 4, 8))
     report = audit(out)
-    assert report.verdict() == "FAIL"
-    assert any(f.severity.value == "error" and (f.tensor or "").startswith("blk.1.ffn_") for f in report.findings)
+    assert report.verdict() == "FAIL" and codes(report) == ["CONFIG_DISAGREES"]
+    one = report.findings[0]
+    assert one.tensor == f"{arch}.expert_count" and (one.expected, one.actual) == (8, 4) and one.covers >= 4
 
 
 def test_glm_shared_layer_has_no_indexer() -> None:

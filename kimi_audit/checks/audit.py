@@ -21,7 +21,9 @@ from kimi_audit.checks.respelled import fold_respelled
 from kimi_audit.checks.root_causes import (
     attribute,
     covered,
+    fold_config_dimension,
     fold_format_mismatch,
+    fold_missing_experts,
     fold_quantization,
     fold_undescribed,
     fold_unindexed,
@@ -241,8 +243,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
                                                                 (stored_buffers, stored_buffers + buffers)))
         if count_hub:
             all_findings.extend(hub_parameters_findings(ckpt, actual, parameters))
-    all_findings = fold_unindexed(fold_format_mismatch(fold_quantization(
-        fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected), expected, aligned.positions))
+    all_findings = fold_missing_experts(fold_config_dimension(fold_unindexed(fold_format_mismatch(fold_quantization(
+        fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected), expected, aligned.positions)), ckpt))
     listed = ckpt.index.shards if ckpt.index is not None else []
     if ckpt.container == "gguf":  # the parts split.count names: those here, and those GGUF_PART_MISSING names
         listed = [*ckpt.files, *(str(f.shard) for f in all_findings if f.code == "GGUF_PART_MISSING")]

@@ -261,3 +261,84 @@ def fold_quantization(findings: list[Finding], expected: ExpectedLayout) -> list
         kept[kept.index(root)] = replace(root, covers=folded, message=f"{root.message}; it explains {folded:,} "
                                          "per-tensor dtype and scale findings, not listed one by one")
     return kept
+
+
+CONFIG_DIMENSIONS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "q_lora_rank", "kv_lora_rank",
+                     "n_routed_experts", "vocab_size")
+"""The config fields that are a tensor dimension as they are: a value that disagrees with the tensors shows as the
+same one dimension off in each tensor it sizes."""
+SHAPE_CODES = ("SHAPE_MISMATCH", "SCALE_SHAPE")
+
+
+def fold_config_dimension(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]:
+    """A config value the stored tensors contradict (an expert count, an intermediate size, the vocabulary) is one
+    CONFIG_DISAGREES error naming the key, covering the shape findings it explains: two or more tensors off in
+    one dimension only, each storing the same value where the layout put that key's value."""
+    groups: dict[tuple[int, int], list[Finding]] = {}
+    for f in findings:
+        if f.code in SHAPE_CODES and isinstance(f.expected, list) and isinstance(f.actual, list) \
+                and len(f.expected) == len(f.actual):
+            diffs = {(e, a) for e, a in zip(f.expected, f.actual) if e != a}
+            if len(diffs) == 1:
+                groups.setdefault(diffs.pop(), []).append(f)
+    folded: set[int] = set()
+    out: list[Finding] = []
+    for (want, got), fs in groups.items():
+        keys = [k for k in CONFIG_DIMENSIONS if getattr(ckpt.config, k, None) == want]
+        if len(fs) < 2 or not keys:
+            continue
+        named = ", ".join(config_key(ckpt, k, want) for k in keys)
+        first = fs[0]
+        out.append(error("CONFIG_DISAGREES", f"{named} is {want:,}, but {len(fs):,} tensors it sizes store {got:,} "
+                         f"there (first: {first.tensor}, shape {first.actual}): the config and the tensors disagree",
+                         tensor=config_key(ckpt, keys[0], want), shard=first.shard, expected=want, actual=got,
+                         covers=len(fs)))
+        folded.update(id(f) for f in fs)
+    if not out:
+        return findings
+    return out + [f for f in findings if id(f) not in folded]
+
+
+def config_key(ckpt: Checkpoint, field_name: str, value: int) -> str:
+    """Where a config field is written: config.json's key, or (a GGUF set) the metadata key its dialect writes it
+    to with that value."""
+    if ckpt.container != "gguf":
+        from kimi_audit.constants import CONFIG_FILE
+        from kimi_audit.model.arch.mistral_params import PARAMS_FILE
+
+        if CONFIG_FILE not in ckpt.files and PARAMS_FILE in ckpt.files:
+            return f"{PARAMS_FILE} (read as {field_name})"
+        return f"{CONFIG_FILE} {field_name}"
+    from kimi_audit.model.arch.registry import gguf_architecture
+
+    arch = gguf_architecture(ckpt.metadata.get("general.architecture"))
+    if arch is None or arch.gguf is None:
+        return field_name
+    raw = dict(ckpt.config_raw)
+    with_value = arch.gguf.metadata({**raw, field_name: value})
+    moved = arch.gguf.metadata({**raw, field_name: value + 1})  # the key that follows the field is the field's
+    keys = [k for k, v in with_value.items() if v == value and moved.get(k) == value + 1]
+    return keys[0] if keys else field_name
+
+
+EXPERT = re.compile(r"^(.*\.experts\.\d+)\.")
+
+
+def fold_missing_experts(findings: list[Finding]) -> list[Finding]:
+    """The tensors of one routed expert missing together (its gate, up and down weights) are one TENSOR_MISSING for
+    the expert, naming what it lacks: one cause, a hole in the expert list, whatever the number of its tensors."""
+    groups: dict[str, list[Finding]] = {}
+    for f in findings:
+        m = EXPERT.match(f.tensor or "") if f.code == "TENSOR_MISSING" else None
+        if m is not None:
+            groups.setdefault(m.group(1), []).append(f)
+    folded = {id(f) for fs in groups.values() if len(fs) > 1 for f in fs}
+    if not folded:
+        return findings
+    out = [f for f in findings if id(f) not in folded]
+    for expert, fs in groups.items():
+        if len(fs) > 1:
+            parts = ", ".join(str(f.tensor)[len(expert) + 1:] for f in fs)
+            out.append(error("TENSOR_MISSING", f"{expert}: expert missing, {len(fs)} tensors in no shard ({parts})",
+                             tensor=fs[0].tensor, expected=fs[0].expected, covers=len(fs)))
+    return out

@@ -186,6 +186,11 @@ RULES: dict[str, Rule] = {
     "TENSOR_MISSING": Rule("error", "a tensor the config implies is in no shard",
                          "modeling_deepseek.py creates this parameter; no shard holds it, so it loads "
                          "uninitialised.", LAYOUT_HELP),
+    "CONFIG_DISAGREES": Rule("error", "a config value the stored tensors contradict",
+                           "Two or more tensors are off in one dimension only, each storing the same value where "
+                           "the config's key (an expert count, an intermediate size, the vocabulary; a GGUF's "
+                           "metadata key) puts its own: one cause, the key named, the shape findings counted "
+                           "beneath.", LAYOUT_HELP),
     "TENSOR_UNEXPECTED": Rule("error", "a tensor the config does not account for",
                             "No module the config builds has this tensor; loaders warn and drop it.", LAYOUT_HELP),
     "DTYPE_MISMATCH": Rule("error", "a parameter with the wrong dtype",
