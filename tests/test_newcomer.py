@@ -355,3 +355,30 @@ def test_a_page_claims_no_layout_or_index_check_it_did_not_make(tmp_path: Path, 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
     save_file({"model.embed_tokens.weight": np.zeros((8, 4), np.float32)}, str(tmp_path / "model.safetensors"))
     assert kimi_audit.audit(tmp_path).audit.coverage().startswith("headers; values not read")
+
+
+@pytest.mark.parametrize(("torch_dtype", "dtype", "version", "mismatches"), [
+    ("float16", "bfloat16", "4.51.3", False),   # AutoAWQ under transformers 4.51 over a config transformers 5 wrote
+    ("bfloat16", "float16", "5.0.0", False),    # transformers 5 wrote last: its `dtype` decides
+    ("float16", "bfloat16", "5.1.0", True),     # ... and a stale `torch_dtype` does not
+])
+def test_a_config_with_both_dtype_keys_is_read_as_its_last_writer_wrote_it(tmp_path: Path, torch_dtype: str,
+                                                                           dtype: str, version: str,
+                                                                           mismatches: bool) -> None:
+    """config.json with `torch_dtype: float16` and `dtype: bfloat16` (AutoAWQ under transformers 4.51 saving a
+    model whose config transformers 5 wrote; its tensors F16): 17 DTYPE_MISMATCH errors on a clean checkpoint.
+    The key the last writer wrote decides: transformers >= 5 writes `dtype`, older ones `torch_dtype`."""
+    import ml_dtypes
+    import numpy as np
+
+    from kimi_audit.replica.tiny import TINY_CONFIG, tiny_shards, write_tiny
+
+    shards = {shard: {k: (v.astype(np.float16) if v.dtype == ml_dtypes.bfloat16 else v) for k, v in members.items()}
+              for shard, members in tiny_shards().items()}
+    config = {**TINY_CONFIG, "torch_dtype": torch_dtype, "dtype": dtype, "transformers_version": version}
+    d = write_tiny(tmp_path / "f16", shards, config)
+    doc = json.loads(runner.invoke(app, ["audit", str(d), "--json", "--no-progress"]).stdout)
+    codes = [f["code"] for f in doc["findings"]]
+    assert ("DTYPE_MISMATCH" in codes) is mismatches, codes
+    if not mismatches:
+        assert doc["result"]["verdict"] == "PASS", codes

@@ -157,9 +157,28 @@ def _within_int64(key: str, v: int) -> None:
         raise ConfigError(f"config.json {key!r} is a {v.bit_length():,}-bit integer, over 2^63 - 1")
 
 
+def _writer_major(cfg: dict[str, Any]) -> int | None:
+    """The major version of the transformers that last wrote config.json (`transformers_version`), if it says."""
+    version = cfg.get("transformers_version")
+    head = version.split(".", 1)[0] if isinstance(version, str) else ""
+    return int(head) if head.isascii() and head.isdigit() and len(head) <= 4 else None
+
+
+def dtype_keys(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """The dtype keys in the order they decide: `dtype` first (transformers 5 writes only it), then `torch_dtype`;
+    where both are recorded and the last writer was a transformers before 5 (its `transformers_version`), its
+    `torch_dtype` first. Such a writer (AutoAWQ under transformers 4.51) keeps a `dtype` it does not know as an
+    extra attribute, from the transformers 5 that wrote the config before it: `torch_dtype: float16` is what it
+    saved the tensors in, `dtype: bfloat16` stale (an error per unquantized tensor, read the other way)."""
+    major = _writer_major(cfg)
+    if major is not None and major < 5 and all(cfg.get(k) is not None for k in DTYPE_KEYS):
+        return tuple(reversed(DTYPE_KEYS))
+    return DTYPE_KEYS
+
+
 def weights_dtype(cfg: dict[str, Any]) -> str:
-    """`dtype` first (transformers 5 writes only it), then `torch_dtype`; neither recorded means bfloat16."""
-    for key in DTYPE_KEYS:
+    """The weights' dtype from the key that decides (dtype_keys); neither recorded means bfloat16."""
+    for key in dtype_keys(cfg):
         value = cfg.get(key)
         if value is None:
             continue
