@@ -267,7 +267,8 @@ class _Describe:
         if c.index_n_heads and c.index_head_dim:
             last: tuple[Node, ...] = (self.indexer(),)
         else:
-            rotary = Buffer("self_attn.rotary_emb.inv_freq", (c.qk_rope_head_dim // 2,), c.dtype)
+            stored = KIMI_K2_INV_FREQ if (c.model_type, c.qk_rope_head_dim) == ("kimi_k2", 64) else None
+            rotary = Buffer("self_attn.rotary_emb.inv_freq", stored or (c.qk_rope_head_dim // 2,), c.dtype)
             last = () if self.stacked else (rotary,)
         return Group("attention", "Latent attention", (q, kv, o, *last))
 
@@ -368,6 +369,12 @@ class _Describe:
 ROUTER_FP32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
 """DeepseekV3's router, kept in float32 by transformers (_keep_in_fp32_modules_strict)."""
 ROUTER_BIAS_SUFFIX = ".e_score_correction_bias"
+
+KIMI_K2_INV_FREQ = (56,)
+"""What Kimi-K2's releases (model_type kimi_k2, qk_rope_head_dim 64: Instruct, Base, 0905, Thinking) store as
+each layer's `rotary_emb.inv_freq`: BF16 [56], not qk_rope_head_dim / 2 = [32] (the published shard headers:
+docs/family.md). A buffer no loader reads (recomputed), expected as the release stores it: the official release
+showed an info BUFFER_SHAPE on every layer. Any other kimi_k2 config expects the derived [qk_rope_head_dim / 2]."""
 
 V32_RELEASE = ReleaseQuant(plain_suffixes=(".indexer.weights_proj",))
 """DeepSeek's own FP8 (DeepSeek-V3.2) keeps the indexer's weights_proj in BF16, no scale."""
