@@ -326,6 +326,15 @@ def test_values_pass_clean_tiny(tiny_dir: Path) -> None:
     assert f"({gains} gains, {biases} router biases, {scales} FP8 scales)" in doc["findings"][0]["message"]
 
 
+def test_values_pass_on_a_gguf_counts_no_fp8_scales_and_says_1_read() -> None:
+    """A GGUF's values pass said `0 FP8 scales` (a GGUF holds none) and `fetched in 1 reads`."""
+    gguf = Path(__file__).parent / "data" / "gguf" / "tiny-Q2_K.gguf"
+    doc = run_json("audit", str(gguf), "--values", "--no-progress")
+    checked = next(f["message"] for f in doc["findings"] if f["code"] == "VALUES_CHECKED")
+    assert "FP8" not in checked and "router biases, the block scales of" in checked, checked
+    assert checked.endswith(" bytes fetched in 1 read"), checked
+
+
 def test_values_pass_reports_each_fault_by_name(tiny_copy: Path) -> None:
     scale = "model.layers.1.mlp.experts.5.gate_proj.weight_scale_inv"
     scale2 = "model.layers.3.self_attn.o_proj.weight_scale_inv"

@@ -44,6 +44,7 @@ from kimi_audit.checks.value_rules import (
     check_values,
     value_kind,
 )
+from kimi_audit.constants import GGUF_SUFFIX
 from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding, Severity, error, info, warning
 from kimi_audit.format.gguf_types import GGML_BY_NAME
@@ -238,25 +239,33 @@ def value_findings(
     if absent:
         findings.append(not_present_finding(absent))
     counts = checked_kinds
+    gguf = any(shard.endswith(GGUF_SUFFIX) for shard in headers)
     findings.append(info(
         "VALUES_CHECKED",
-        f"values pass: {checked:,} small tensors checked ({counts[GAIN]:,} gains, "
-        f"{counts[ROUTER_BIAS]:,} router biases, {counts[SCALE]:,} FP8 scales"
-        + (f", {counts[GROUP_SCALE]:,} weight scales, {counts[WEIGHT_SHAPE]:,} weight_shapes"
+        f"values pass: {_n(checked, 'small tensor')} checked ({_n(counts[GAIN], 'gain')}, "
+        f"{_n(counts[ROUTER_BIAS], 'router bias', 'router biases')}"
+        + (f", {_n(counts[SCALE], 'FP8 scale')}" if counts[SCALE] or not gguf else "")  # a GGUF holds none
+        + (f", {_n(counts[GROUP_SCALE], 'weight scale')}, {_n(counts[WEIGHT_SHAPE], 'weight_shape')}"
            if counts[GROUP_SCALE] or counts[WEIGHT_SHAPE] else "")
-        + (f", {counts[GLOBAL_SCALE]:,} global scales" if counts[GLOBAL_SCALE] else "")
-        + (f", {counts[ACTIVATION_SCALE]:,} input and KV-cache scales" if counts[ACTIVATION_SCALE] else "")
-        + (f", the block scales of {counts[GGML_SCALES]:,} quantized GGUF tensors, each read whole"
+        + (f", {_n(counts[GLOBAL_SCALE], 'global scale')}" if counts[GLOBAL_SCALE] else "")
+        + (f", {_n(counts[ACTIVATION_SCALE], 'input or KV-cache scale', 'input and KV-cache scales')}"
+           if counts[ACTIVATION_SCALE] else "")
+        + (f", the block scales of {_n(counts[GGML_SCALES], 'quantized GGUF tensor')}, each read whole"
            if counts[GGML_SCALES] else "")
-        + (f", {counts[AFFINE_SCALE]:,} group scales (MLX, GPTQ, AWQ)" if counts[AFFINE_SCALE] else "")
-        + (f", {counts[AFFINE_BIAS]:,} affine biases" if counts[AFFINE_BIAS] else "")
-        + (f", {counts[BNB_ABSMAX]:,} absmax/SCB, {counts[BNB_QUANT_MAP]:,} quant maps, "
-           f"{counts[QUANT_STATE]:,} quant states" if counts[BNB_ABSMAX] or counts[QUANT_STATE] else "") + "), "
-        f"{fetched_bytes:,} bytes fetched in {len(jobs):,} reads"
+        + (f", {_n(counts[AFFINE_SCALE], 'group scale')} (MLX, GPTQ, AWQ)" if counts[AFFINE_SCALE] else "")
+        + (f", {_n(counts[AFFINE_BIAS], 'affine bias', 'affine biases')}" if counts[AFFINE_BIAS] else "")
+        + (f", {counts[BNB_ABSMAX]:,} absmax/SCB, {_n(counts[BNB_QUANT_MAP], 'quant map')}, "
+           f"{_n(counts[QUANT_STATE], 'quant state')}" if counts[BNB_ABSMAX] or counts[QUANT_STATE] else "") + "), "
+        f"{fetched_bytes:,} bytes fetched in {_n(len(jobs), 'read')}"
         + (f"; {len(absent):,} not present (sparse holes)" if absent else ""),
         actual=checked,
     ))
     return findings + skipped
+
+
+def _n(count: int, one: str, many: str = "") -> str:
+    """`1 read`, `2 reads` (a message never says `1 reads`)."""
+    return f"{count:,} {one if count == 1 else many or one + 's'}"
 
 
 def skipped_finding(t: TensorInfo, shard: str, why: str) -> Finding:
