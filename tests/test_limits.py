@@ -348,7 +348,7 @@ def test_endless_bodies_in_a_remote_audit(endless: str) -> None:
     from kimi_audit.sources.hub import HubSource
 
     src = HubSource(REPO, "main", endpoint=endless, retry_wait=0.01, timeout=5)
-    with pytest.raises(SizeDisagreesError, match="config.json: the repository lists"):
+    with pytest.raises(SizeDisagreesError, match=r"config\.json: the repository lists"):
         audit_source(src)
     assert _EndlessHandler.sent < 64 << 20
 
