@@ -200,8 +200,10 @@ class HubSource:
 
         def fetch() -> None:
             # A failure (any Hub or HTTP error as _translate_errors maps it; a token huggingface_hub cannot
-            # find; an endpoint httpx refuses): read_file asks again, and says what is wrong.
-            with suppress(KimiAuditError, OSError, httpx2.InvalidURL):
+            # find; an endpoint httpx refuses; huggingface_hub's client torn down under this daemon thread when
+            # the command exits first, an AttributeError on None): read_file asks again, and says what is
+            # wrong. A prefetch says nothing of its own.
+            with suppress(KimiAuditError, OSError, httpx2.InvalidURL, AttributeError, RuntimeError):
                 self._early[CONFIG_FILE] = self._ranged_get(
                     CONFIG_FILE, 0, EARLY_CONFIG_BYTES - 1, commit=commit, retry=False)[0]
 
