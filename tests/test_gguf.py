@@ -645,3 +645,30 @@ def test_expert_count_disagreeing_with_the_tensors_is_one_cause(tmp_path: Path) 
     report = audit(out)
     assert codes(report) == ["CONFIG_DISAGREES"] and report.findings[0].tensor == "deepseek2.expert_count"
     assert report.findings[0].covers == 10 and (report.findings[0].expected, report.findings[0].actual) == (8, 4)
+
+
+def test_a_part_from_another_quant_of_the_same_model(tmp_path: Path, source: Path) -> None:
+    """Part 3 of the Q8_0 set replaced by the same tensors from llama-quantize's Q2_K file (same model, same
+    names, other types): a warning naming the part (dynamic quants vary types on purpose); held to the source with
+    --values, its values are the source's within their bounds, and the mixed upload is an error."""
+    d = copy_split(tmp_path)
+    part = d / "tiny-Q8_0-00003-of-00004.gguf"
+    q2k = {t.name: t for t in gb.read(Q2K).tensors}
+
+    def from_q2k(g: gb.Gguf) -> None:
+        for i, t in enumerate(g.tensors):
+            g.tensors[i] = gb.Tensor(t.name, q2k[t.name].ne, q2k[t.name].type_id, q2k[t.name].data)
+
+    rewrite(part, part, from_q2k)
+    report = audit(d)
+    assert codes(report) == ["GGUF_QUANT_MIXED"] and report.findings[0].shard == part.name
+    assert report.verdict() == "PASS"  # a warning: a dynamic quant may do this on purpose
+    code, doc = against(d, source, "--values")
+    assert code == 1 and [f["shard"] for f in doc["findings"] if f["code"] == "AGAINST_QUANT_MIXED"] == [part.name]
+    assert "AGAINST_VALUES" not in found(doc)
+
+
+def test_the_demo_sets_dynamic_quant_is_no_mixed_part() -> None:
+    """The files llama-quantize wrote vary types by role and layer (Q2_K with Q3_K, Q4_0 and Q6_K): no part of a
+    set written whole is called out."""
+    assert "GGUF_QUANT_MIXED" not in codes(audit(SPLIT)) and "GGUF_QUANT_MIXED" not in codes(audit(Q2K))

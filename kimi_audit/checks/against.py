@@ -282,4 +282,10 @@ def apply_against(report: AuditReport, gguf_source: Source, hf_source: Source, v
                              "converted from")
     missing = frozenset(str(f.tensor) for f in report.findings if f.code == "TENSOR_MISSING")
     found = against_findings(gguf, gguf_source, hf, hf_source, values, progress, missing)
+    if values:  # held to one source, a part in another quant's types is no longer a dynamic quant's choice
+        found += [error("AGAINST_QUANT_MIXED", f"{f.shard}: stored in another quant's types than the set's other parts "
+                        f"({f.actual} where they use {f.expected}), its values {hf.label}'s within their bounds: a "
+                        "part from another upload of the same model, not this set's", shard=f.shard,
+                        expected=f.expected, actual=f.actual)
+                  for f in report.findings if f.code == "GGUF_QUANT_MIXED"]
     return replace(report, findings=report.findings + tuple(found), against=hf.label)

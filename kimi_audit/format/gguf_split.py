@@ -8,11 +8,12 @@ others' names from it, and fails when one is missing or when the tensors found a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kimi_audit.constants import GGUF_SUFFIX
-from kimi_audit.findings import Finding, error
+from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format.gguf import GgufPart
 from kimi_audit.format.gguf_keys import SPLIT_KEYS, mistyped
 from kimi_audit.sources.selected import SPLIT_NAME
@@ -119,4 +120,39 @@ def split_findings(parts: dict[str, GgufPart]) -> list[Finding]:
                              f"{count} parts hold {found:,} (a stale count after a repack: llama.cpp refuses it)",
                              shard=name, expected=total, actual=found))
             break
+    return out
+
+
+LAYER = re.compile(r"^blk\.\d+\.")
+
+
+def mixed_quant_findings(parts: dict[str, GgufPart]) -> list[Finding]:
+    """A part whose tensors are stored in other ggml types than the same roles in every other part (each layer's
+    `ffn_gate_exps.weight`, `attn_q_b.weight`, ...): a part taken from another quant of the same model (part 2 of
+    an IQ2_XXS set from the Q2_K set). One warning naming the part: dynamic quants (unsloth's UD, llama-quantize's
+    own mixes) vary types by layer on purpose, so a type that differs is not wrong in itself; only a part none of
+    whose shared roles keeps any type the other parts use is called out."""
+    roles: dict[str, dict[str, set[str]]] = {}  # part -> role -> ggml types
+    for name, part in parts.items():
+        cols = part.header.columns
+        for tensor, dtype in zip(cols.names, cols.dtypes):
+            roles.setdefault(name, {}).setdefault(LAYER.sub("", tensor), set()).add(dtype)
+    if len(roles) < 2:
+        return []
+    out: list[Finding] = []
+    for name, mine in roles.items():
+        others: dict[str, set[str]] = {}
+        for other, theirs in roles.items():
+            if other != name:
+                for role, types in theirs.items():
+                    others.setdefault(role, set()).update(types)
+        shared = [r for r in mine if r in others and not (mine[r] <= {"F32", "F16", "BF16"})]
+        if len(shared) >= 2 and all(not (mine[r] & others[r]) for r in shared):
+            ours = sorted({t for r in shared for t in mine[r]})
+            theirs = sorted({t for r in shared for t in others[r]})
+            out.append(warning("GGUF_QUANT_MIXED", f"{name} stores its {len(shared)} weight roles it shares with the "
+                               f"other parts as {'/'.join(ours)}, none in the types the other parts use for them "
+                               f"({'/'.join(theirs)}): a part from another quant of the model? (dynamic quants vary "
+                               "types by layer on purpose; re-download this part from the set it belongs to)",
+                               shard=name, expected="/".join(theirs), actual="/".join(ours), covers=len(shared)))
     return out

@@ -25,7 +25,7 @@ from kimi_audit.errors import ConfigError, FileMissingError, FileTooLargeError, 
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format.estimate import first_read_bytes
 from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header, parse_fetched
-from kimi_audit.format.gguf_split import split_findings
+from kimi_audit.format.gguf_split import mixed_quant_findings, split_findings
 from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
 from kimi_audit.model.arch.mistral_params import PARAMS_FILE
@@ -216,7 +216,7 @@ def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Check
 def _load_gguf(source: Source, files: tuple[str, ...], progress: ProgressFn | None) -> Checkpoint:
     names, read = choose_set(source, files)
     parts = read_set(source, names, progress, read)
-    findings = split_findings(parts)
+    findings = split_findings(parts) + mixed_quant_findings(parts)
     raw, config, expected, meta = gguf_model(parts)
     first = first_part(parts)
     kv = {} if first is None else first.kv

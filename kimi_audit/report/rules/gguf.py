@@ -42,6 +42,11 @@ GGUF_RULES: dict[str, Rule] = {
         "none: a tensor whose type or shape was changed to one that reads fewer bytes (the last tensor's Q8_0 bytes "
         "read as Q6_K), or split parts joined with cat, which loads only part 1's tensors. llama-gguf-split "
         "--merge joins parts.", GGUF_HELP),
+    "GGUF_QUANT_MIXED": Rule("warning", "a part stored in other ggml types than the set's other parts use",
+        "Every weight role the part shares with the other parts (each layer's ffn_gate_exps, attn_q_b, ...) is "
+        "in a type none of them uses for it: a part from another quant of the same model (part 2 of an IQ2_XXS "
+        "set taken from the Q2_K set). Dynamic quants vary types by layer on purpose, hence a warning; held "
+        "to the source with --against --values it is AGAINST_QUANT_MIXED, an error.", GGUF_HELP),
     "GGUF_PART_MISSING": Rule("error", 'a part of a split set is not there',
         "The set's split.count names a part that is not in the folder (or the --include selection): "
         'llama.cpp cannot load the model. Its tensors are not reported missing one by one.', GGUF_HELP),
@@ -116,6 +121,10 @@ GGUF_RULES: dict[str, Rule] = {
         "The tensors compared with the source's values: F32, F16, BF16 and Q8_0 byte for byte with what ggml "
         "writes; every other ggml type dequantized (gguf-py) and held to its type's relative error bound, the "
         "worst tensor of each type named.", GGUF_HELP),
+    "AGAINST_QUANT_MIXED": Rule(
+        "error", '`--against --values`: a part in another quant\'s types than the rest of the set',
+        "The part's values are the source's, within their types' bounds, but in types none of the other parts "
+        "uses for the same roles (GGUF_QUANT_MIXED): a part from another upload of the same model.", GGUF_HELP),
     "AGAINST_NOT_COMPARED": Rule(
         "info", 'tensors in ggml types kimi-audit cannot decode',
         "These tensors' types are none the installed gguf-py dequantizes (a type newer than it): their values "
