@@ -672,3 +672,14 @@ def test_the_demo_sets_dynamic_quant_is_no_mixed_part() -> None:
     """The files llama-quantize wrote vary types by role and layer (Q2_K with Q3_K, Q4_0 and Q6_K): no part of a
     set written whole is called out."""
     assert "GGUF_QUANT_MIXED" not in codes(audit(SPLIT)) and "GGUF_QUANT_MIXED" not in codes(audit(Q2K))
+
+
+def test_params_shows_the_ggml_types_stored() -> None:
+    """params names each GGUF weight's ggml type as stored (Q2_K, Q3_K, ...), in its tree and its parameters by
+    dtype, never the layout's placeholder for "whatever type the quantizer chose"."""
+    from kimi_audit.model.quant.gguf import GGML_ANY
+
+    text = runner.invoke(app, ["params", str(Q2K)], env={"COLUMNS": "200"})
+    doc = json.loads(runner.invoke(app, ["params", str(Q2K), "--json"]).stdout)
+    assert text.exit_code == 0 and GGML_ANY not in text.stdout.split() and "Q3_K" in text.stdout
+    assert {r["dtype"] for r in doc["by_dtype"]} == {"Q2_K", "Q3_K", "Q4_0", "Q6_K", "F32"}

@@ -27,13 +27,21 @@ def _plural(count: int, noun: str) -> str:
     return f"{count:,} {noun}" + ("" if count == 1 else "s")
 
 
+def dtypes_of(n: Node) -> list[str]:
+    """A leaf's dtypes as its layout names them, or, where the format leaves the dtype to the writer (a GGUF
+    weight's ggml type), as each was stored (its by_dtype rows, derived as found)."""
+    named = list(dict.fromkeys(p.logical_dtype for p in n.parts))
+    stored = [r.dtype for r in n.by_dtype if r.dtype not in named or r.derived]
+    return stored if stored and not set(stored) & set(named) else named
+
+
 def node_label(n: Node) -> Text:
     label = Text(n.title, style="bold" if not n.is_leaf else "")
     if n.is_leaf and n.name != n.title:
         label += Text(f" ({n.name})", style="dim")
     label += Text("  ") + _status(n) + Text(f"  {n.derived:,}")
     if n.is_leaf and n.parts:
-        label += Text("  " + "/".join(dict.fromkeys(p.logical_dtype for p in n.parts)), style="dim")
+        label += Text("  " + "/".join(dtypes_of(n)), style="dim")
     label += Text("\n" + n.formula, style="dim")
     if n.is_leaf and any(s.kind != PARAMETER for s in n.stored_parts):
         # a quantized Linear module: how one instance is stored, its metadata apart

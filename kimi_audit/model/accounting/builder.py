@@ -132,7 +132,14 @@ class Builder:
             uniform = variance and len({t.dtype for t in mine}) == 1  # variance is one dtype for every sibling
             explained = (self.cfg.dtype, "F32") if uniform else ()
             dtype_ok = dtype_ok and all(fits(p.dtype, t.dtype, t.shape) or t.dtype in explained for t in mine)
-            params.add(p.logical_dtype, p.numel * n_inst)
+            # a dtype the format leaves to the writer (a GGUF weight's ggml type): derived as each was stored
+            chose = {id(t) for t in mine if t.dtype != p.dtype and fits(p.dtype, t.dtype, t.shape)}
+            for t in mine:
+                if id(t) in chose:
+                    params.add(t.dtype, t.parameters)
+            rest = p.numel * n_inst - sum(t.parameters for t in mine if id(t) in chose)
+            if rest:
+                params.add(p.logical_dtype, rest)
             written = {t.dtype for t in mine}
             as_written = written.pop() if variance and len(written) == 1 else None  # the writer's one dtype
             for s in p.stored():
@@ -145,7 +152,7 @@ class Builder:
                     stored.add(as_written or self.writers_width(block, s) or s.dtype, rest)
             for t in mine:
                 same = fits(p.dtype, t.dtype, t.shape) or t.dtype in explained
-                params.add(p.logical_dtype if same else t.dtype, found=t.parameters)
+                params.add(t.dtype if id(t) in chose or not same else p.logical_dtype, found=t.parameters)
                 stored.add(t.dtype, found=t.numel)
             if p.scheme:
                 modules[module_of(p.component)] = None
