@@ -683,3 +683,14 @@ def test_params_shows_the_ggml_types_stored() -> None:
     doc = json.loads(runner.invoke(app, ["params", str(Q2K), "--json"]).stdout)
     assert text.exit_code == 0 and GGML_ANY not in text.stdout.split() and "Q3_K" in text.stdout
     assert {r["dtype"] for r in doc["by_dtype"]} == {"Q2_K", "Q3_K", "Q4_0", "Q6_K", "F32"}
+
+
+def test_grouped_part_names_keep_their_zero_padding() -> None:
+    """Findings on several parts of a split set group as `-{00001-00003}-of-00004.gguf`, the names as written."""
+    from kimi_audit.findings import error
+    from kimi_audit.report.grouping import group_findings
+
+    parts = [error("DATA_PAST_EOF", "cut", shard=f"m-{i:05d}-of-00004.gguf") for i in (1, 2, 3)]
+    assert group_findings(parts)[0].pattern == "m-{00001-00003}-of-00004.gguf"
+    layers = [error("TENSOR_MISSING", "x", tensor=f"model.layers.{i}.mlp.weight") for i in (1, 2, 10)]
+    assert group_findings(layers)[0].pattern == "model.layers.{1-2,10}.mlp.weight"

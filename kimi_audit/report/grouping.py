@@ -53,13 +53,20 @@ def _pattern(shape: str, members: list[Finding]) -> str:
     if len(members) == 1 or "#" not in shape:
         return members[0].tensor or members[0].shard or ""
     columns: list[list[int]] = [[] for _ in range(shape.count("#"))]
+    widths: list[set[int]] = [set() for _ in columns]
+    padded: list[bool] = [False for _ in columns]
     for f in members:
         for i, m in enumerate(_indices(f).findall(f.tensor or f.shard or "")):
             columns[i].append(int(m))
+            widths[i].add(len(m))
+            padded[i] = padded[i] or (len(m) > 1 and m.startswith("0"))
     pieces = shape.split("#")
     out = pieces[0]
-    for col, rest in zip(columns, pieces[1:], strict=True):
+    for col, width, pad, rest in zip(columns, widths, padded, pieces[1:], strict=True):
         r = ranges(col)
+        if pad and len(width) == 1:  # zero-padded numbers (a split part's `00003`) keep their padding
+            w = max(width)
+            r = re.sub(r"\d+", lambda m: m.group().zfill(w), r)  # noqa: B023 - used at once, in this iteration
         out += r if "," not in r and "-" not in r else "{" + r + "}"
         out += rest
     return out
