@@ -289,6 +289,32 @@ def test_help_paragraphs_break_only_where_the_width_runs_out(command):
             assert len(line.rstrip()) + 1 + len(following.split()[0]) > columns - 2, (line, following)
 
 
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_at_80_columns_leaves_the_descriptions_room(command):
+    """At 80 columns typer's six option columns left the descriptions 18-24 (`audit --help` 99 lines, `verify
+    --help` 118): the names and value in one column (cli/help.py), each description at least 40 columns wide."""
+    text = _help(*([command] if command else []), columns=80)
+    panel = re.search(r"^╭─ Options ─+╮$(.*?)^╰", text, re.M | re.S)
+    assert panel is not None, text
+    rows = [line[2:-2] for line in panel[1].strip("\n").splitlines()]
+    start = next(row.index("Show this message") for row in rows if "Show this message" in row)
+    assert 80 - 4 - start >= 40, (command, start)  # the description column: where --help's text starts
+    assert all(row[start - 1] == " " for row in rows), rows  # every description in that column
+    assert max(map(len, text.splitlines())) <= 80
+    limits = {"audit": 75, "verify": 65}
+    if command in limits:
+        assert len(text.splitlines()) <= limits[command], len(text.splitlines())
+
+
+def test_help_names_what_the_tool_reads():
+    """The top-level help said "Audit a Kimi-K2 / DeepseekV3 safetensors checkpoint"; verify's SOURCE left GGUF
+    out; its --json schema read `kimi-audit verify/1`."""
+    top = " ".join(_help(columns=200).split())
+    assert "DeepseekV3 safetensors" not in top and "GGUF" in top
+    verify = " ".join(_help("verify", columns=200).split())
+    assert "a GGUF file (any part of a split set)" in verify and "(schema: kimi-audit/verify/1)" in verify
+
+
 def test_help_text_is_not_taken_for_markup():
     assert "`owner/name[@revision]`" in _help("audit", columns=200)
     assert "`owner/name[@revision]`" in _help("diff", columns=200)

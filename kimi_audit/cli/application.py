@@ -32,6 +32,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
+from kimi_audit.cli.help import compact, compact_help
 from kimi_audit.constants import VERSION
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.text import clip, printable
@@ -130,6 +131,12 @@ class HelpGroup(TyperGroup):
             for param in plain_flags(cmd.params):
                 if getattr(param, "help", None):
                     param.help = escape(param.help)
+            if cmd is not self:  # options in two columns, readable at 80 (cli/help.py)
+                cmd.format_help = compact(cmd.format_help)  # type: ignore[method-assign,assignment]
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        with compact_help():
+            super().format_help(ctx, formatter)
 
     def get_params(self, ctx: Any) -> list[Any]:
         return plain_flags(super().get_params(ctx))
@@ -149,8 +156,9 @@ app = typer.Typer(
     cls=HelpGroup,
     name="kimi-audit",
     help=(
-        "Audit a Kimi-K2 / DeepseekV3 safetensors checkpoint from its headers: every tensor present, "
-        "with the right shape, dtype and FP8 scale, before you move a terabyte.\n\n"
+        "Audit a Kimi-K2 checkpoint, or any of its lineage (DeepSeek-V3/V4, Kimi, GLM-5, Mistral's MLA models), "
+        "as safetensors or llama.cpp GGUF, from its headers: every tensor present, with the right shape, dtype "
+        "and scale, before you move a terabyte.\n\n"
         "Exit codes: 0 clean, 1 findings of error severity, 2 unusable input, 3 inconclusive (config.json names "
         "no architecture kimi-audit describes), 130 interrupted."
     ),

@@ -48,8 +48,9 @@ def _first_sigint_only() -> Iterator[None]:
 @app.command()
 @user_errors
 def verify(
-    source: str = typer.Argument(..., help="A local checkpoint directory, or a Hub repo id `owner/name[@revision]` "
-                                 "(its local copy: --local-dir, else the HF cache; or --stream)."),
+    source: str = typer.Argument(..., help="A local checkpoint directory (or one of its shards), a GGUF file (any "
+                                 "part of a split set) or folder, or a Hub repo id `owner/name[@revision]` (its "
+                                 "local copy: --local-dir, else the HF cache; or --stream)."),
     revision: str | None = typer.Option(None, "--revision", "-r", help="Hub revision: commit, branch or tag."),
     local_dir: Path | None = typer.Option(None, "--local-dir", help="REPO's local copy is in this directory "
                                           "(as `download --local-dir` wrote it), not in the HF cache."),
@@ -64,11 +65,13 @@ def verify(
     ignore_unlisted: bool = typer.Option(False, "--ignore-unlisted", help="With --manifest: a file in the "
                                          "checkpoint that the manifest does not list is a warning, not an error "
                                          "(model_signing's verify fails on it too, unless told to ignore it)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report (schema: kimi-audit "
-                                 "verify/1)."),
-    fmt: str | None = typer.Option(None, "--format", "-f", help="table (default), json (--json) or html (one "
-                                   "self-contained page: the model drawn, weight health, every file's hash)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to FILE, not stdout."),
+    as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report (schema: "
+                                 "kimi-audit/verify/1)."),
+    fmt: str | None = typer.Option(None, "--format", "-f", metavar="FORMAT", help="table (default), json (--json) "
+                                   "or html (one self-contained page: the model drawn, weight health, every file's "
+                                   "hash)."),
+    output: Path | None = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the report to FILE, not "
+                                       "stdout."),
     all_findings: bool = typer.Option(False, "--all-findings", help="JSON: list every finding, whole."),
     workers: int | None = typer.Option(None, "--workers", "-j", min=1, help="Processes reading files at once "
                                        "(default: one per core)."),
