@@ -89,6 +89,16 @@ class ConfigError(KimiAuditError):
     code = "CONFIG_INVALID"
 
 
+class GgufKeyError(ConfigError):
+    """A GGUF's metadata key llama.cpp's loader refuses (absent where it is required, or a value it asserts
+    against), found while its hyperparameters are read: the audit makes it a finding of `finding_code` naming
+    `key`, not an exit 2 (model.gguf)."""
+
+    def __init__(self, message: str, key: str, finding_code: str = "GGUF_KEY_VALUE") -> None:
+        super().__init__(message)
+        self.key, self.finding_code = key, finding_code
+
+
 class DirectoryNotEmptyError(KimiAuditError):
     """A command would write into a directory that already holds files (and --force was not given)."""
 

@@ -209,3 +209,56 @@ def test_json_escapes_bidi_and_format_characters(tiny_dir: Path, tmp_path: Path)
 def test_an_include_glob_is_bounded(tiny_dir: Path) -> None:
     result = runner.invoke(app, ["audit", str(tiny_dir), "--include", "[" * 20_000, "--no-progress"])
     assert result.exit_code == 2 and "at most 1,024" in result.output
+
+
+# --- a stranger's attack on this round's surfaces: values llama.cpp's loader asserts against ---------------------
+
+
+@pytest.mark.parametrize(("key", "vtype", "value"), [
+    ("deepseek2.expert_used_count", U32, 5),  # llama-model.cpp:1362 n_expert_used_max <= n_expert
+    ("deepseek2.expert_used_count", U32, 0),  # :1364 n_expert_used_max > 0
+    ("deepseek2.expert_group_count", U32, 4),  # :1365 n_expert_groups < n_expert
+    ("deepseek2.expert_group_count", U32, 3),  # :1367 n_expert % n_expert_groups == 0
+    ("deepseek2.nextn_predict_layers", U32, 9),  # :1330 n_layer_nextn <= n_layer_all
+    ("deepseek2.vocab_size", U32, 129),  # deepseek2.cpp: token_embd created {n_embd, n_vocab}
+    ("tokenizer.ggml.model", STRING, "bogus"),  # llama-vocab.cpp:2151 "unknown tokenizer"
+    ("tokenizer.ggml.token_type", ARRAY, [1] * 5),  # llama-vocab.cpp:2502 one per token
+])
+def test_a_value_llama_cpp_asserts_against(tmp_path: Path, key: str, vtype: int, value: object) -> None:
+    item = I32 if isinstance(value, list) else None
+    report = audit(rewrite(tmp_path / "v.gguf", lambda g: g.set(key, vtype, value, item)))
+    assert report.verdict() == "FAIL" and codes(report) == ["GGUF_KEY_VALUE"], codes(report)
+    assert report.findings[0].tensor == key
+
+
+@pytest.mark.parametrize("key", ["deepseek2.block_count", "deepseek2.attention.head_count",
+                                 "deepseek2.rope.dimension_count"])
+def test_a_key_the_layout_needs_missing_is_one_finding_not_exit_2(tmp_path: Path, key: str) -> None:
+    """Absent, a key the layout is derived from is GGUF_KEY_MISSING naming it (exit 1), as any other key llama.cpp
+    requires: the file was read, and is wrong."""
+    report = audit(rewrite(tmp_path / "m.gguf", lambda g: g.kv.pop(key)))
+    assert report.verdict() == "FAIL" and codes(report) == ["GGUF_KEY_MISSING"] and report.findings[0].tensor == key
+
+
+ARCHS = Path(__file__).resolve().parent / "data" / "gguf_archs"
+
+
+@pytest.mark.parametrize("arch", ["deepseek32", "glm-dsa"])
+def test_the_indexers_top_k_is_required(tmp_path: Path, arch: str) -> None:
+    """src/models/deepseek32.cpp and glm-dsa.cpp get_key the indexer's top_k, required."""
+    out = tmp_path / "t.gguf"
+    g = gb.read(ARCHS / arch / "tiny-Q8_0.gguf")
+    g.kv.pop(f"{arch}.attention.indexer.top_k")
+    gb.write(g, out)
+    report = audit(out)
+    assert codes(report) == ["GGUF_KEY_MISSING"] and report.findings[0].tensor == f"{arch}.attention.indexer.top_k"
+
+
+def test_glm_indexer_types_longer_than_the_blocks(tmp_path: Path) -> None:
+    """get_key_or_arr: an array of another length than block_count is "wrong array length", whatever its length."""
+    out = tmp_path / "t.gguf"
+    g = gb.read(ARCHS / "glm-dsa" / "tiny-Q8_0.gguf")
+    g.set("glm-dsa.attention.indexer.types", ARRAY, [1] * 1000, 7)
+    gb.write(g, out)
+    report = audit(out)
+    assert codes(report) == ["GGUF_KEY_VALUE"] and report.findings[0].tensor == "glm-dsa.attention.indexer.types"

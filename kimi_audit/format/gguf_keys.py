@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kimi_audit.findings import Finding, error
+from kimi_audit.format.columns import label
+
 VALUE_TYPE_NAMES = {0: "UINT8", 1: "INT8", 2: "UINT16", 3: "INT16", 4: "UINT32", 5: "INT32", 6: "FLOAT32", 7: "BOOL",
                     8: "STRING", 9: "ARRAY", 10: "UINT64", 11: "INT64", 12: "FLOAT64"}
 """gguf.cpp's gguf_type."""
@@ -80,4 +83,29 @@ def mistyped(kv: Mapping[str, Any], types: Mapping[str, int],
         stored = stored_type(kv.get(key), types[key])
         if stored not in allowed:
             out.append((key, type_name(stored), " or ".join(type_name(t) for t in allowed)))
+    return out
+
+
+TOKENIZER_MODELS = ("no_vocab", "none", "llama", "bert", "gpt2", "hybriddna", "whitespace", "t5", "rwkv", "test",
+                    "plamo2", "gemma4")
+"""The tokenizer.ggml.model values llama.cpp 0c1e5709 knows (llama-vocab.cpp:1949-2151; any other: "unknown
+tokenizer")."""
+
+
+def loader_value_findings(kv: Mapping[str, Any], part: str | None) -> list[Finding]:
+    """The tokenizer's values llama.cpp's vocabulary loader refuses: an unknown tokenizer model, token types or
+    scores not one per token (llama-vocab.cpp:2483-2502, "Index out of array bounds")."""
+    out: list[Finding] = []
+    model = kv.get("tokenizer.ggml.model")
+    if isinstance(model, str) and model not in TOKENIZER_MODELS:
+        out.append(error("GGUF_KEY_VALUE", f"{part}: tokenizer.ggml.model is {label(model)}, a tokenizer llama.cpp "
+                         f"does not know (it knows {', '.join(TOKENIZER_MODELS)}): \"unknown tokenizer\"",
+                         tensor="tokenizer.ggml.model", shard=part))
+    tokens = getattr(kv.get("tokenizer.ggml.tokens"), "count", None)
+    for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        n = getattr(kv.get(key), "count", None)
+        if tokens is not None and n is not None and n != tokens:
+            out.append(error("GGUF_KEY_VALUE", f"{part}: {key} holds {n:,} values for {tokens:,} tokens: llama.cpp "
+                             "reads one per token (\"Index out of array bounds\")", tensor=key, shard=part,
+                             expected=tokens, actual=n))
     return out

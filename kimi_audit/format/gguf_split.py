@@ -149,10 +149,10 @@ def mixed_quant_findings(parts: dict[str, GgufPart]) -> list[Finding]:
         shared = [r for r in mine if r in others and not (mine[r] <= {"F32", "F16", "BF16"})]
         if len(shared) >= 2 and all(not (mine[r] & others[r]) for r in shared):
             ours = sorted({t for r in shared for t in mine[r]})
-            theirs = sorted({t for r in shared for t in others[r]})
+            used = sorted({t for r in shared for t in others[r]})
             out.append(warning("GGUF_QUANT_MIXED", f"{name} stores its {len(shared)} weight roles it shares with the "
                                f"other parts as {'/'.join(ours)}, none in the types the other parts use for them "
-                               f"({'/'.join(theirs)}): a part from another quant of the model? (dynamic quants vary "
+                               f"({'/'.join(used)}): a part from another quant of the model? (dynamic quants vary "
                                "types by layer on purpose; re-download this part from the set it belongs to)",
-                               shard=name, expected="/".join(theirs), actual="/".join(ours), covers=len(shared)))
+                               shard=name, expected="/".join(used), actual="/".join(ours), covers=len(shared)))
     return out

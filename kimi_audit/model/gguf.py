@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kimi_audit.constants import GGUF_SUFFIX, SAFETENSORS_SUFFIX
-from kimi_audit.errors import ConfigError, GgufSetError
+from kimi_audit.errors import ConfigError, GgufKeyError, GgufSetError
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.columns import label
 from kimi_audit.format.gguf import GgufPart, read_gguf_part
-from kimi_audit.format.gguf_keys import LOADER_KEYS, loader_required, mistyped
+from kimi_audit.format.gguf_keys import LOADER_KEYS, loader_required, loader_value_findings, mistyped
 from kimi_audit.format.gguf_split import NOT_MODELS, SPLIT_NO, gguf_sets, not_a_model, part_number
 from kimi_audit.format.gguf_types import GGML_BY_NAME
 from kimi_audit.format.header import ShardHeader
@@ -154,16 +154,24 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
         findings.append(error("GGUF_KEY_MISSING", f"{part}: no {', '.join(label(k) for k in absent)}: llama.cpp's "
                               "loader requires it (\"key not found in model\") and cannot load the model",
                               tensor=absent[0], shard=part, covers=len(absent)))
+    findings += loader_value_findings(kv, part)
     stored = {n: s for h in headers.values() for n, s in zip(h.columns.names, h.columns.shapes)}
     try:
         raw, meta = arch.gguf.config(kv, stored)
-    except ConfigError:
-        if not absent:
-            raise
-        raw = {"model_type": None, GGUF_ARCHITECTURE: None}  # the missing key, said above, is what stops it
+        cfg = model_config_from_dict(raw)
+    except ConfigError as e:
+        # The metadata names no model llama.cpp loads (a key absent or refused, said above or here): a finding
+        # naming the key, and no layout derived from it (not an exit 2: the file was read, and is wrong).
+        if isinstance(e, GgufKeyError):
+            if not (absent and e.finding_code == "GGUF_KEY_MISSING"):
+                findings.append(error(e.finding_code, f"{part}: {e}", tensor=e.key, shard=part))
+        elif not absent:
+            said = str(e).replace("config.json ", "the config its metadata implies: ")
+            findings.append(error("GGUF_KEY_VALUE", f"{part}: the hyperparameters in its {name}.* keys are no model "
+                                  f"llama.cpp loads ({said})", tensor=f"{name}.*", shard=part))
+        raw = {"model_type": None, GGUF_ARCHITECTURE: None}
         cfg = unsupported_config(raw)
         return raw, cfg, expected_layout(cfg), findings
     findings += meta
-    cfg = model_config_from_dict(raw)
     layout = with_stored_types(respelled(expected_layout(cfg), arch.gguf.rename), headers)
     return raw, cfg, layout, findings

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from kimi_audit.errors import ConfigError
+from kimi_audit.errors import ConfigError, GgufKeyError
 from kimi_audit.findings import Finding
 from kimi_audit.format.gguf import KEEP_ARRAY, GgufArray
 from kimi_audit.format.gguf_keys import BOOL
@@ -121,6 +121,10 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         cfg.update(qk_rope_head_dim=key - kvl, qk_nope_head_dim=mla - (key - kvl))
     n = cfg["num_hidden_layers"]
     types = kv.get(f"{a}.attention.indexer.types")
+    count, blocks = getattr(types, "count", None), kv.get(f"{a}.block_count")
+    if count is not None and count != blocks:  # llama-model-loader.cpp get_key_or_arr: "wrong array length"
+        raise GgufKeyError(f"{a}.attention.indexer.types holds {count:,} values for {blocks} blocks: llama.cpp "
+                           "cannot load it", f"{a}.attention.indexer.types")
     if types is not None and getattr(types, "values", types) is None:
         # an array longer than format.gguf keeps the values of (KEEP_ARRAY): the layers storing an indexer say
         types = [f"blk.{i}.indexer.attn_k.weight" in stored for i in range(n)]
@@ -130,8 +134,8 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
     else:
         full = [bool(t) for t in types] if isinstance(types, (list, tuple)) else [bool(types)] * n
         if len(full) < n:
-            raise ConfigError(f"{a}.attention.indexer.types holds {len(full)} values for {n} layers: llama.cpp "
-                              "cannot load it")
+            raise GgufKeyError(f"{a}.attention.indexer.types holds {len(full)} values for {n} layers: llama.cpp "
+                               "cannot load it", f"{a}.attention.indexer.types")
     cfg.update({"architectures": ["GlmMoeDsaForCausalLM"], "model_type": MODEL_TYPES[0],
                 "indexer_types": ["full" if f else "shared" for f in full]})
     return cfg, findings

@@ -33,6 +33,12 @@ GGUF_RULES: dict[str, Rule] = {
         "ends (\"tensor '%s' has offset %zu, expected %zu\") and refuses the part otherwise. Two tensors whose "
         "offsets were swapped (their data under each other's names) or a gap between tensors read as this; one "
         "finding per part, the first tensor named and the rest counted.", GGUF_HELP),
+    "GGUF_KEY_VALUE": Rule("error", "a metadata value llama.cpp's loader refuses or asserts against",
+        "llama.cpp's loader asserts on the hyperparameters (more experts routed than there are, expert groups that "
+        "do not divide the experts, more NextN layers than blocks, a vocab_size token_embd is not created with), "
+        "refuses an unknown tokenizer model or token types / scores not one per token, and a DSA model's indexer "
+        "types not one per block: the key named, no layout derived from a model llama.cpp would not load.",
+        GGUF_HELP),
     "GGUF_KEY_TYPE": Rule("error", "a metadata key stored in another GGUF type than llama.cpp reads it with",
         "llama.cpp's loader reads each key with a typed getter (llama-model-loader.cpp GKV::get_kv: \"key %s "
         "has wrong type %s but expected type %s\"; tokenizer arrays through gguf_get_arr_str, which asserts): "

@@ -9,7 +9,7 @@ import re
 from collections.abc import Container, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from kimi_audit.errors import ConfigError, KimiAuditError
+from kimi_audit.errors import GgufKeyError, KimiAuditError
 from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format.gguf_keys import F32, FLAG, STR, U32, U32_OR_PER_LAYER
 from kimi_audit.model.arch.spec import GgufDialect, ReleaseReader
@@ -84,6 +84,45 @@ REQUIRED = ("block_count", "embedding_length", "attention.head_count", "attentio
 head dimensions)."""
 
 
+def loader_asserts(kv: Mapping[str, Any], a: str, stored: Mapping[str, tuple[int, ...]]) -> list[Finding]:
+    """The hyperparameters llama.cpp's loader asserts on (llama-model.cpp load_hparams: the expert counts, the
+    NextN layers; src/models/deepseek2.cpp: token_embd is [n_vocab, n_embd] with n_vocab the vocab_size key's):
+    one GGUF_KEY_VALUE each, the key named."""
+    def k(key: str) -> Any:
+        return kv.get(f"{a}.{key}")
+
+    def most(value: Any) -> int:
+        values = getattr(value, "values", None)
+        return max(values, default=0) if values is not None else (value or 0)
+
+    out: list[Finding] = []
+
+    def bad(key: str, why: str, value: Any) -> None:
+        out.append(error("GGUF_KEY_VALUE", f"{a}.{key} is {value!r}: {why}, which llama.cpp's loader asserts",
+                         tensor=f"{a}.{key}", actual=value if isinstance(value, int) else None))
+
+    experts, used = k("expert_count") or 0, most(k("expert_used_count"))
+    groups, group_used = k("expert_group_count") or 0, k("expert_group_used_count") or 0
+    if used > experts:
+        bad("expert_used_count", f"more experts routed per token than the {experts} there are", used)
+    elif experts and not used:
+        bad("expert_used_count", f"no expert routed per token of the {experts} there are", used)
+    if experts and groups >= experts:
+        bad("expert_group_count", f"not fewer groups than the {experts} experts", groups)
+    elif experts and groups > 1 and (experts % groups or not 0 < group_used < groups):
+        bad("expert_group_count", f"groups that do not divide the {experts} experts, or {group_used} of them "
+            "used", groups)
+    elif not experts and (used or groups):
+        bad("expert_count", "no experts, yet experts routed or grouped", experts)
+    if (k("nextn_predict_layers") or 0) > (k("block_count") or 0):
+        bad("nextn_predict_layers", f"more NextN layers than the {k('block_count')} blocks", k("nextn_predict_layers"))
+    vocab, embed = k("vocab_size"), stored.get("token_embd.weight")
+    tokens = getattr(kv.get("tokenizer.ggml.tokens"), "count", None)
+    if vocab is not None and embed and embed[0] != vocab and tokens in (None, embed[0]):  # (else GGUF_VOCAB_MISMATCH)
+        bad("vocab_size", f"token_embd has {embed[0]:,} rows, and llama.cpp creates it with {vocab:,}", vocab)
+    return out
+
+
 def loader_gating(stored: Any, main_layers: int, vocab: Any) -> Any:
     """The expert gating function llama.cpp routes by: the key's value, or where it is absent the loader's own
     default (src/models/deepseek2.cpp load_arch_hparams: sigmoid for 47 or 48 main layers and a 154,880-token
@@ -105,7 +144,9 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
 
     absent = [f"{a}.{key}" for key in REQUIRED if k(key) is None]
     if absent:
-        raise ConfigError(f"the GGUF metadata lacks {', '.join(absent)}: llama.cpp cannot load it")
+        raise GgufKeyError(f"the GGUF metadata lacks {', '.join(absent)}: llama.cpp cannot load it (kimi-audit "
+                           "derives no layout without it)", absent[0], "GGUF_KEY_MISSING")
+    findings.extend(loader_asserts(kv, a, stored))
     rope = k("rope.dimension_count")
     split = any(n.endswith(".attn_k_b.weight") for n in stored)
     whole = any(n.endswith(".attn_kv_b.weight") for n in stored)

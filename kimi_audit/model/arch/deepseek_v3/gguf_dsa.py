@@ -17,7 +17,7 @@ from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
-from kimi_audit.errors import ConfigError
+from kimi_audit.errors import GgufKeyError
 from kimi_audit.findings import Finding
 from kimi_audit.format.gguf_keys import U32, U32_OR_PER_LAYER
 from kimi_audit.model.arch.deepseek_v3.gguf import GGUF_ARCH, GGUF_LAYER, KEY_TYPES, gguf_config, gguf_metadata
@@ -62,9 +62,10 @@ def dsa_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]],
                arch: str) -> tuple[dict[str, Any], list[Finding]]:
     """deepseek2's config of a DSA arch's metadata, with the indexer's dimensions and the main layers (the
     loader's block_count counts the NextN layers the converter appends)."""
-    absent = [f"{arch}.{key}" for key, _ in INDEXER[:2] if kv.get(f"{arch}.{key}") is None]
-    if absent:
-        raise ConfigError(f"the GGUF metadata lacks {', '.join(absent)}: llama.cpp cannot load it")
+    absent = [f"{arch}.{key}" for key, _ in INDEXER if kv.get(f"{arch}.{key}") is None]
+    if absent:  # src/models/deepseek32.cpp and glm-dsa.cpp get_key each of the three, required
+        raise GgufKeyError(f"the GGUF metadata lacks {', '.join(absent)}: llama.cpp cannot load it", absent[0],
+                           "GGUF_KEY_MISSING")
     cfg, findings = gguf_config(as_deepseek2(kv, arch), stored)
     cfg.update({c: kv[f"{arch}.{key}"] for key, c in INDEXER if kv.get(f"{arch}.{key}") is not None})
     nextn = kv.get(f"{arch}.{NEXTN}") or 0
