@@ -262,3 +262,15 @@ def test_glm_indexer_types_longer_than_the_blocks(tmp_path: Path) -> None:
     gb.write(g, out)
     report = audit(out)
     assert codes(report) == ["GGUF_KEY_VALUE"] and report.findings[0].tensor == "glm-dsa.attention.indexer.types"
+
+
+def test_a_q8_1_weight_is_no_pass(tmp_path: Path) -> None:
+    """Q8_1 is an intermediate of ggml's dot products: ggml_validate_row_data refuses it ("invalid type"), and a
+    weight stored in it is no weight llama.cpp loads; the header says so, without --values."""
+    def q8_1(g: gb.Gguf) -> None:
+        t = g.tensor("blk.0.attn_q_b.weight")
+        t.type_id, t.data = 9, bytes(t.ne[0] * t.ne[1] // 32 * 36)
+
+    report = audit(rewrite(tmp_path / "q.gguf", q8_1))
+    assert report.verdict() == "FAIL" and codes(report) == ["DTYPE_MISMATCH"]
+    assert "ggml type llama.cpp loads a weight in" in report.findings[0].message

@@ -15,6 +15,7 @@ from kimi_audit.model.kinds import BUFFER, KV_SCALE, PACKED, PARAMETER, ROTARY_B
 from kimi_audit.model.layout import ExpectedLayout, ExpectedTensor, shape_fits
 from kimi_audit.model.quant.deepseek import SCALE_SUFFIX
 from kimi_audit.model.quant.dispatch import writer_of
+from kimi_audit.model.quant.gguf import GGML_ANY
 from kimi_audit.model.quant.scheme import Unquantized
 from kimi_audit.model.roles import float32_router, metadata_suffixes, role_of, varies_by_writer, weight_suffixes
 
@@ -298,7 +299,9 @@ def mismatch_findings(name: str, dtype: str, shape: tuple[int, ...], shard: str,
         f16_scale = e.scheme == "fp8" and e.kind == SCALE and (e.dtype, dtype) == ("F32", "F16")
         # an F16 block scale (seen in third-party FP8 checkpoints) loads, with less range: a warning
         out.append((warning if f16_scale else make)(
-            dtype_code, f"{name}: {what}dtype {dtype}, expected {e.dtype}" + (
+            dtype_code, f"{name}: {what}dtype {dtype}, expected " + (
+                "a ggml type llama.cpp loads a weight in, whose blocks divide its rows" if e.dtype == GGML_ANY
+                else e.dtype) + (
                 " (an F16 block scale: loaders accept it, its range and precision are F16's)" if f16_scale else ""),
             tensor=name, shard=shard, expected=e.dtype, actual=dtype))
     if not shape_fits(shape, e.shape):

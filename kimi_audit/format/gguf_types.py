@@ -82,7 +82,9 @@ _INTEGER_ROWS = ((24, "I8", 1, 1), (25, "I16", 1, 2), (26, "I32", 1, 4), (27, "I
 def _table() -> tuple[Mapping[int, GgmlType], Mapping[str, GgmlType]]:
     by_id: dict[int, GgmlType] = {}
     by_name: dict[str, GgmlType] = {}
-    rows = [GgmlType(*r) for r in _ROWS] + [GgmlType(*r, weight=False) for r in _INTEGER_ROWS]
+    # a type ggml_validate_row_data refuses whole (scales None: Q8_1) is no type a weight loads in
+    rows = [GgmlType(*r, weight=GgmlType(*r).scales is not None) for r in _ROWS]
+    rows += [GgmlType(*r, weight=False) for r in _INTEGER_ROWS]
     for t in rows:
         if t.id in by_id or t.name in by_name:
             raise ValueError(f"ggml type {t.name} ({t.id}) listed twice")
