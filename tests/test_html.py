@@ -363,3 +363,89 @@ def test_labels_neither_overprint_nor_leave_their_drawings(tmp_path: Path, tiny_
     assert r.exit_code == 0, r.output
     assert labels_that_collide(out.read_text()) == []
     assert labels_that_collide(html_of(tiny_dir)) == []
+
+
+# --- the newcomer's pages, round three ------------------------------------------------------------------------
+
+
+def test_bar_labels_end_before_their_bars() -> None:
+    """params' long labels ("Joint key-value down-projection (kv_a_proj_with_mqa)" at depth 3) ran into the bars
+    drawn from x = 250: the labels' column is as wide as the longest label."""
+    from kimi_audit.report.svg import LABEL_CHAR_W, bars_svg
+
+    title = "Joint key-value down-projection (kv_a_proj_with_mqa) and some more words"
+    svg = ET.fromstring(bars_svg([(0, "model", 10, 10, False), (3, title, 5, 5, False)], 10))
+    label = next(t for t in svg.iter(f"{SVG}text") if t.text == title)
+    bar_x = min(float(r.attrib["x"]) for r in svg.iter(f"{SVG}rect"))
+    assert float(label.attrib["x"]) + LABEL_CHAR_W * len(title) < bar_x
+
+
+def test_verify_page_lists_every_file_with_size_hash_and_status(tmp_path: Path, tiny_dir: Path) -> None:
+    """The verify page showed the files and their sha256 only as hover tooltips: a visible table now."""
+    out = tmp_path / "verify.html"
+    r = runner.invoke(app, ["verify", str(tiny_dir), "--no-progress", "-j", "1", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    page = out.read_text()
+    strict_parse(page)
+    files = {f["name"]: f for f in json.loads(runner.invoke(app, ["verify", str(tiny_dir), "--no-progress", "-j",
+                                                                   "1", "--json"]).stdout)["files"]}
+    rows = re.findall(r"<tr><td><code>(.*?)</code></td><td class=\"n\">([\d,]+)</td><td><code class=\"hash\">"
+                      r"([0-9a-f]{64})</code></td><td[^>]*>(\w+)", page)
+    assert {name.replace("<wbr>", ""): (int(size.replace(",", "")), sha, status) for name, size, sha, status in rows} \
+        == {n: (f["size"], f["sha256"], f["status"]) for n, f in files.items()}
+
+
+def test_log_axis_ends_read_differently() -> None:
+    """Both ends of a scale-range axis read `1e-4` (log10 rounded to a whole decade) for scales 2.5e-4 to 5e-5."""
+    import math
+
+    from kimi_audit.report.html_verify import axis_ticks
+
+    top, bottom = axis_ticks(math.log10(5e-5), math.log10(2.5e-4))
+    assert top != bottom and float(top) == pytest.approx(2.5e-4) and float(bottom) == pytest.approx(5e-5)
+
+
+def test_names_wrap_at_dots_not_mid_word(tiny_dir: Path, tmp_path: Path) -> None:
+    """`code{word-break:break-all}` broke `model.layers.2.self_attn.q_a_layernorm.weight` anywhere: the names
+    carry break opportunities after `.`, `/`, `-` and break nowhere else (but a hash)."""
+    shards = tiny_shards()
+    name = "model.layers.2.self_attn.q_a_layernorm.weight"
+    shards[S2][name] = np.ones(7, dtype=shards[S2][name].dtype)  # SHAPE_MISMATCH, named in the findings
+    page = html_of(write_tiny(tmp_path / "nan", shards))
+    assert "model.<wbr>layers.<wbr>2.<wbr>self_attn.<wbr>q_a_layernorm.<wbr>weight" in page
+    style = page[page.index("<style>"):page.index("</style>")]
+    assert [s.strip() for s in re.findall(r"([^{}]+)\{[^}]*word-break:break-all", style)] == ["code.hash"]
+
+
+def test_the_grid_fits_the_page_width() -> None:
+    """Kimi-K2's 384-expert strip (1,152 px of cells, ~1,500 px with the other columns) was clipped at the page's
+    1,400 px: every drawing scales down to its box."""
+    from kimi_audit.report.html import STYLE
+
+    assert ".scroll svg{max-width:100%;height:auto}" in STYLE
+
+
+def test_a_pass_page_paints_no_cell_for_an_info_finding(tmp_path: Path) -> None:
+    """A PASS page painted the `rotary_emb` column (info BUFFER_SHAPE on every layer): info findings are listed,
+    not drawn."""
+    shards = tiny_shards()
+    for shard in shards.values():
+        for name in [n for n in shard if n.endswith("rotary_emb.inv_freq")]:
+            shard[name] = np.ones(5, dtype=shard[name].dtype)
+    report = audit_source(LocalSource(write_tiny(tmp_path / "t", shards)))
+    assert report.errors == report.warnings == 0 and any(f.code == "BUFFER_SHAPE" for f in report.findings)
+    page = render_html(report)
+    assert marked(page) == {} and "BUFFER_SHAPE" in page and 'class="verdict pass"' in page
+
+
+def test_every_page_shows_the_dtype_table(tiny_dir: Path, tmp_path: Path) -> None:
+    """The terminal's `Tensors by class and dtype` (F8_E4M3, the GGUF types) was on no page."""
+    page = html_of(tiny_dir)
+    assert "Tensors by class and dtype" in page and "<code>F8_E4M3</code>" in page
+    gguf = Path(__file__).parent / "data" / "gguf" / "tiny-Q2_K.gguf"
+    from kimi_audit.sources import open_source
+
+    assert "<code>Q2_K</code>" in render_html(audit_source(open_source(str(gguf))))
+    out = tmp_path / "verify.html"
+    runner.invoke(app, ["verify", str(tiny_dir), "--no-progress", "-j", "1", "-o", str(out)])
+    assert "Tensors by class and dtype" in out.read_text() and "<code>F8_E4M3</code>" in out.read_text()

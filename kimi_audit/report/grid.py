@@ -135,6 +135,8 @@ def _mark(grid: Grid, names: Locator, findings: Iterable[Finding], weight_map: M
 
     roots: dict[str, list[Finding]] = {}
     for f in findings:
+        if f.severity is Severity.INFO:  # not drawn: a PASS page painted a column blue for one (listed below)
+            continue
         if f.tensor:
             cell = names.cell(f.tensor)
             name = f.tensor if len(f.tensor) <= MAX_NAME else f.tensor[:MAX_NAME] + "…"

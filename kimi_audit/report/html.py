@@ -22,7 +22,7 @@ from kimi_audit.report.grid import Grid, build_grid
 from kimi_audit.report.grouping import group_findings, ignored_line
 from kimi_audit.report.html_verify import files_section, health_section
 from kimi_audit.report.json_report import MAX_GROUPS, clip_value, report_dict
-from kimi_audit.report.svg import bars_svg, esc, grid_svg, outside_svg, section
+from kimi_audit.report.svg import bars_svg, esc, grid_svg, outside_svg, section, wrappable
 from kimi_audit.report.table import plural
 from kimi_audit.report.verify_data import verify_dict
 from kimi_audit.verify.result import VerifyReport
@@ -42,9 +42,10 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:22px 0 8px;border-bott
 dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin:0}dt{color:var(--mut)}dd{margin:0}
 .scroll{overflow-x:auto;background:var(--card);border:1px solid var(--line);border-radius:6px;padding:6px}
 table{border-collapse:collapse;width:100%;font-size:13px}th,td{text-align:left;padding:3px 8px;
-border-bottom:1px solid var(--line);vertical-align:top}td.n{text-align:right;white-space:nowrap}
+border-bottom:1px solid var(--line);vertical-align:top;overflow-wrap:break-word}td.n,th.n{text-align:right;white-space:nowrap}
 td.c code{word-break:normal;white-space:nowrap}
-code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}.mut{color:var(--mut)}
+code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;overflow-wrap:break-word}.mut{color:var(--mut)}
+code.hash{word-break:break-all}.scroll svg{max-width:100%;height:auto}
 .sev-error{color:var(--e);font-weight:600}.sev-warning{color:var(--w);font-weight:600}.sev-info{color:var(--i)}
 .legend span{display:inline-block;margin-right:14px}.sw{display:inline-block;width:10px;height:10px;
 margin-right:4px;vertical-align:-1px;border-radius:2px}
@@ -54,8 +55,8 @@ svg .w,.sw.w{fill:var(--w);background:var(--w)}svg .i,.sw.i{fill:var(--i);backgr
 svg .abs,.sw.abs{fill:var(--abs);background:var(--abs)}svg .der{fill:var(--der)}svg .fnd{fill:var(--fnd)}
 .multiples{display:flex;flex-wrap:wrap;gap:10px}
 """
-LEGEND = ('<p class="legend"><span><i class="sw ok"></i>no finding</span><span><i class="sw e"></i>error</span>'
-          '<span><i class="sw w"></i>warning</span><span><i class="sw i"></i>info</span>'
+LEGEND = ('<p class="legend"><span><i class="sw ok"></i>no finding (info findings are listed, not drawn)</span>'
+          '<span><i class="sw e"></i>error</span><span><i class="sw w"></i>warning</span>'
           '<span><i class="sw abs"></i>in a shard that is absent or unreadable</span></p>')
 
 
@@ -153,6 +154,19 @@ def accounting_section(stats: Stats, model: dict[str, Any]) -> str:
                    f'<div class="scroll">{bars_svg(rows, max(derived, found))}</div>')
 
 
+def dtypes_section(stats: Stats) -> str:
+    """Tensors by class and dtype, as the terminal's table shows them (F8_E4M3, the GGUF types, ...)."""
+    if not stats.rows:
+        return ""
+    rows = "".join(f"<tr><td>{esc(r.kind)}</td><td><code>{esc(r.dtype)}</code></td><td class=\"n\">{r.tensors:,}</td>"
+                   f'<td class="n">{r.elements:,}</td><td class="n">{r.parameters:,}</td></tr>' for r in stats.rows)
+    rows += (f'<tr><th>all</th><th></th><th class="n">{stats.tensors:,}</th><th class="n">{stats.elements:,}</th>'
+             f'<th class="n">{stats.parameters:,}</th></tr>')
+    return section("dtypes", "Tensors by class and dtype",
+                   "<table><thead><tr><th>class</th><th>dtype</th><th>tensors</th><th>stored elements</th>"
+                   f"<th>parameters</th></tr></thead><tbody>{rows}</tbody></table>")
+
+
 def findings_section(findings: tuple[Finding, ...], extra: str = "") -> str:
     groups = group_findings(findings)
     if not groups:
@@ -162,8 +176,8 @@ def findings_section(findings: tuple[Finding, ...], extra: str = "") -> str:
         covers = sum(f.covers for f in g.members)
         rows.append(f'<tr><td class="sev-{esc(g.severity)}">{esc(g.severity)}</td>'
                     f'<td class="c"><code>{esc(g.code)}</code></td><td class="n">{g.count:,}</td>'
-                    f'<td class="n">{covers:,}</td><td><code>{esc(clip_value(g.pattern))}</code></td>'
-                    f"<td>{esc(clip_value(g.example.message))}</td></tr>")
+                    f'<td class="n">{covers:,}</td><td><code>{wrappable(clip_value(g.pattern))}</code></td>'
+                    f"<td>{wrappable(clip_value(g.example.message))}</td></tr>")
     more = (f'<p class="mut">… and {len(groups) - MAX_GROUPS:,} more groups (--json --all-findings lists every '
             "finding)</p>" if len(groups) > MAX_GROUPS else "")
     table = ("<table><thead><tr><th>severity</th><th>code</th><th>count</th><th>covers</th><th>tensor / shard</th>"
@@ -184,7 +198,7 @@ def render_html(report: AuditReport, fail_on: Severity = Severity.ERROR) -> str:
     """The audit's page."""
     d = report_dict(report, fail_on)
     line = ignored_line(report)
-    sections = [section("summary", "Summary", definitions(summary_rows(d, report))),
+    sections = [section("summary", "Summary", definitions(summary_rows(d, report))), dtypes_section(report.stats),
                 model_section(audit_grid(report, report.findings)), accounting_section(report.stats, d["model"]),
                 findings_section(report.findings, f'<p class="mut">{esc(line)}</p>' if line else "")]
     return page("audit", report.source, d["result"]["headline"], sections)
@@ -217,7 +231,8 @@ def render_verify_html(report: VerifyReport, audit: AuditReport | None = None) -
                          f"{plural(r['infos'], 'info')} (exit {r['exit_code']})")]
     grid = audit_grid(audit, report.findings) if audit is not None else None
     layout = audit.checkpoint.expected if audit is not None and audit.checkpoint is not None else None
-    sections = [section("summary", "Summary", definitions(rows)), files_section(d["files"]),
+    sections = [section("summary", "Summary", definitions(rows)),
+                dtypes_section(audit.stats) if audit is not None else "", files_section(d["files"]),
                 health_section(report.findings, grid, layout, report.layers, report.experts, report.tensors_scanned),
                 model_section(grid),
                 findings_section(report.findings)]

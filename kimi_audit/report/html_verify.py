@@ -15,7 +15,7 @@ from kimi_audit.findings import Finding
 from kimi_audit.model.cells import locator
 from kimi_audit.model.layout import ExpectedLayout
 from kimi_audit.report.grid import Grid
-from kimi_audit.report.svg import CHAR_W, CW, RH, esc, multiples_svg, rect, section, svg_open, text
+from kimi_audit.report.svg import CHAR_W, CW, RH, esc, multiples_svg, rect, section, svg_open, text, wrappable
 from kimi_audit.report.table import plural
 from kimi_audit.verify.read import CellHealth
 from kimi_audit.verify.result import ABSENT, MISMATCH, NOT_CHECKED, NOT_PRESENT, OK, UNREADABLE, UNREFERENCED
@@ -23,13 +23,14 @@ from kimi_audit.verify.result import ABSENT, MISMATCH, NOT_CHECKED, NOT_PRESENT,
 HEALTH_CODES = ("FP8_NAN", "BLOCK_ALL_ZERO", "VALUE_NAN", "VALUE_INF", "SCALE_NOT_POSITIVE")
 STATUS_CLASS = {OK: "ok", UNREFERENCED: "i", NOT_CHECKED: "w", MISMATCH: "e", ABSENT: "e", NOT_PRESENT: "e",
                 UNREADABLE: "e"}
-MAX_FILE_ROWS = 40
+MAX_FILE_ROWS = 200
 OUTLIER = 100.0
 """A cell's saturation share or scale bound this many times off the median cell's is marked (class w)."""
 
 
 def files_section(files: list[dict[str, Any]]) -> str:
-    """One cell per file, coloured by its hash status, and the files that are not ok listed."""
+    """One cell per file, coloured by its hash status, and a table of every file (name, size, sha256, status;
+    those not ok first): the hashes were only the cells' hover text."""
     per_row = 64
     rows = (len(files) + per_row - 1) // per_row
     cells = [rect(4 + (k % per_row) * (CW + 2), 4 + (k // per_row) * (RH + 4), CW, RH + 2,
@@ -39,22 +40,32 @@ def files_section(files: list[dict[str, Any]]) -> str:
                   + (f"\nexpected {f['expected']} ({f['reference']})" if f["expected"] else ""))
              for k, f in enumerate(files)]
     strip = svg_open(8 + min(len(files), per_row) * (CW + 2), 8 + rows * (RH + 4), "files by hash status")
-    bad = [f for f in files if f["status"] not in (OK, UNREFERENCED) or f["unlisted"]]
     counts: dict[str, int] = {}
     for f in files:
         counts[f["status"]] = counts.get(f["status"], 0) + 1
-    table = ""
-    if bad:
-        table = ("<table><thead><tr><th>file</th><th>status</th><th>sha256</th><th>expected</th></tr></thead><tbody>"
-                 + "".join(f"<tr><td><code>{esc(f['name'])}</code></td><td class=\"sev-error\">{esc(f['status'])}"
-                           f"{', unlisted' if f['unlisted'] else ''}</td><td><code>{esc(f['sha256'] or '')}</code>"
-                           f"</td><td><code>{esc(f['expected'] or '')}</code></td></tr>" for f in bad[:MAX_FILE_ROWS])
-                 + "</tbody></table>")
-        if len(bad) > MAX_FILE_ROWS:
-            table += f'<p class="mut">… and {len(bad) - MAX_FILE_ROWS:,} more</p>'
+    # every file, not only as the cells' hover text: those not ok first, then by name
+    ordered = sorted(files, key=lambda f: (f["status"] in (OK, UNREFERENCED) and not f["unlisted"], f["name"]))
+    table = ("<table><thead><tr><th>file</th><th>size (bytes)</th><th>sha256</th><th>status</th></tr></thead><tbody>"
+             + "".join(_file_row(f) for f in ordered[:MAX_FILE_ROWS]) + "</tbody></table>")
+    if len(files) > MAX_FILE_ROWS:
+        table += (f'<p class="mut">… and {len(files) - MAX_FILE_ROWS:,} more files, every one ok (the JSON report '
+                  "lists each)</p>" if all(f["status"] in (OK, UNREFERENCED) and not f["unlisted"]
+                                          for f in ordered[MAX_FILE_ROWS:]) else
+                  f'<p class="mut">… and {len(files) - MAX_FILE_ROWS:,} more files (the JSON report lists each)</p>')
     summary = ", ".join(f"{n:,} {s}" for s, n in sorted(counts.items()))
     return section("files", f"Files and hashes ({len(files):,}: {summary})", f'<div class="scroll">{strip}',
                    "".join(cells), "</svg></div>", table)
+
+
+def _file_row(f: dict[str, Any]) -> str:
+    ok = f["status"] in (OK, UNREFERENCED) and not f["unlisted"]
+    status = esc(f["status"]) + (", unlisted" if f["unlisted"] else "")
+    if f["expected"]:
+        status += f'<br><span class="mut">expected <code>{esc(f["expected"])}</code> ({esc(f["reference"])})</span>'
+    size = f"{f['size']:,}" if isinstance(f.get("size"), int) else ""
+    return (f'<tr><td><code>{wrappable(f["name"])}</code></td><td class="n">{size}</td>'
+            f'<td><code class="hash">{esc(f["sha256"] or "(not computed)")}</code></td>'
+            f'<td class="{"" if ok else "sev-error"}">{status}</td></tr>')
 
 
 def _count(f: Finding) -> int:
@@ -87,6 +98,12 @@ def share_svg(title: str, cells: list[tuple[str, CellHealth | None]], unit: str)
     return "".join(out)
 
 
+def axis_ticks(lo: float, hi: float) -> tuple[str, str]:
+    """The labels of a log axis's ends (log10 of the least and greatest value), top first: each value to two
+    significant digits (`1e{hi:.0f}` rounded both ends of a span under a decade to the same `1e-4`)."""
+    return f"{10 ** hi:.2g}", f"{10 ** lo:.2g}"
+
+
 def range_svg(title: str, cells: list[tuple[str, CellHealth | None]], unit: str) -> str:
     """One small multiple of the float scales' range: a bar per layer (expert) from log10 of its least to its
     greatest finite scale, on one log axis for all."""
@@ -98,7 +115,7 @@ def range_svg(title: str, cells: list[tuple[str, CellHealth | None]], unit: str)
     high = median([c.scale_max for _, c in ranged if c.scale_max is not None]) if ranged else 0.0
     w = max(2.0, min(8.0, 480 / max(len(cells), 1)))
     base = 60
-    ticks = (f"1e{hi:.0f}", f"1e{lo:.0f}") if logs else ()
+    ticks = tuple(dict.fromkeys(axis_ticks(lo, hi))) if logs else ()  # one label where both ends read alike
     axis = CHAR_W * max(map(len, ticks), default=0) + 8  # the axis labels right of the bars, below the title
     out = [svg_open(max(w * len(cells) + 10 + axis, CHAR_W * len(title) + 6), 84, title), text(2, 10, title, "lab")]
     for k, (label, c) in enumerate(cells):
@@ -112,7 +129,7 @@ def range_svg(title: str, cells: list[tuple[str, CellHealth | None]], unit: str)
     if cells:
         out.append(text(5, base + 12, cells[0][0], "lab"))
         out.append(text(5 + len(cells) * w, base + 12, cells[-1][0], "lab", "end"))
-        for tick, y in zip(ticks, (base - 44 + 8, base)):
+        for tick, y in zip(ticks, (base - 44 + 8, base) if len(ticks) == 2 else (base,)):
             out.append(text(w * len(cells) + 10, y, tick, "lab"))
     out.append("</svg>")
     return "".join(out)

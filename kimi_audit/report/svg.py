@@ -159,10 +159,24 @@ def outside_svg(grid: Grid) -> str:
     return "".join([svg_open(max(width, 320), y + 4, "tensors outside the layers"), *lines, "</svg>"])
 
 
+def wrappable(name: str) -> str:
+    """A tensor, file or pattern name for HTML text (not SVG): escaped, with a break opportunity (<wbr>) after
+    `.`, `/` or `-` between word characters, so that a narrow column wraps it there, not in the middle of a word
+    (the page's `word-break: break-all` broke `model.layers.2.self_attn` anywhere)."""
+    return re.sub(r"(?<=\w[./-])(?=\w)", "<wbr>", esc(name))  # between word characters: never in an entity
+
+
+LABEL_CHAR_W = 5.6
+"""Width of a 9 px bar label's character, with room (a label's right end must not reach its bars)."""
+
+
 def bars_svg(rows: list[tuple[int, str, int, int, bool]], total: int) -> str:
-    """Proportional bars, two per row (derived, found): (depth, title, derived, found, mismatch)."""
+    """Proportional bars, two per row (derived, found): (depth, title, derived, found, mismatch). The labels'
+    column is as wide as the longest label (from 250 px): a long one ran into its bars."""
     scale = 520 / total if total else 0.0
-    label_w, row_h = 250, 26
+    label_w = max(250, round(max((8 + 12 * depth + LABEL_CHAR_W * len(title) for depth, title, *_ in rows),
+                                 default=0)) + 12)
+    row_h = 26
     out = [svg_open(label_w + 540 + 190, len(rows) * row_h + 6, "parameter accounting: derived and found")]
     for k, (depth, title, derived, found, bad) in enumerate(rows):
         y = 4 + k * row_h
