@@ -274,3 +274,16 @@ def test_a_q8_1_weight_is_no_pass(tmp_path: Path) -> None:
     report = audit(rewrite(tmp_path / "q.gguf", q8_1))
     assert report.verdict() == "FAIL" and codes(report) == ["DTYPE_MISMATCH"]
     assert "ggml type llama.cpp loads a weight in" in report.findings[0].message
+
+
+def test_config_disagrees_names_the_key_that_explains_the_shapes(tmp_path: Path) -> None:
+    """deepseek32's indexer head_count 4 over 2 stored: one CONFIG_DISAGREES naming that key (the layout derived
+    again with it at 2 gives every tensor its shape, the product-sized attn_q_b too), not embedding_length, which
+    shares the value 128 by chance."""
+    out = tmp_path / "t.gguf"
+    g = gb.read(ARCHS / "deepseek32" / "tiny-Q8_0.gguf")
+    g.set("deepseek32.attention.indexer.head_count", U32, 4)
+    gb.write(g, out)
+    report = audit(out)
+    assert codes(report) == ["CONFIG_DISAGREES"]
+    assert report.findings[0].tensor == "deepseek32.attention.indexer.head_count" and report.findings[0].covers == 6

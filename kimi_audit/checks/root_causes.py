@@ -23,6 +23,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import compress
+from typing import Any
 
 from kimi_audit.constants import INDEX_FILE
 from kimi_audit.findings import Finding, Severity, error, info, warning
@@ -264,39 +265,72 @@ def fold_quantization(findings: list[Finding], expected: ExpectedLayout) -> list
 
 
 CONFIG_DIMENSIONS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "q_lora_rank", "kv_lora_rank",
-                     "n_routed_experts", "vocab_size")
+                     "n_routed_experts", "vocab_size", "index_head_dim", "index_n_heads")
 """The config fields that are a tensor dimension as they are: a value that disagrees with the tensors shows as the
 same one dimension off in each tensor it sizes."""
 SHAPE_CODES = ("SHAPE_MISMATCH", "SCALE_SHAPE")
 
 
 def fold_config_dimension(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]:
-    """A config value the stored tensors contradict (an expert count, an intermediate size, the vocabulary) is one
-    CONFIG_DISAGREES error naming the key, covering the shape findings it explains: two or more tensors off in
-    one dimension only, each storing the same value where the layout put that key's value."""
+    """A config value the stored tensors contradict (an expert count, an intermediate size, the vocabulary, an
+    indexer's heads) is one CONFIG_DISAGREES error naming the key, covering the shape findings it explains: two or
+    more tensors off in one dimension only, each storing the same value where the layout put that key's value,
+    and, the layout derived again with the key at that value, every tensor whose shape that gives (those it sizes
+    through a product too)."""
+    shapes = [f for f in findings if f.code in SHAPE_CODES and isinstance(f.expected, list)
+              and isinstance(f.actual, list) and len(f.expected) == len(f.actual)]
     groups: dict[tuple[int, int], list[Finding]] = {}
-    for f in findings:
-        if f.code in SHAPE_CODES and isinstance(f.expected, list) and isinstance(f.actual, list) \
-                and len(f.expected) == len(f.actual):
-            diffs = {(e, a) for e, a in zip(f.expected, f.actual) if e != a}
-            if len(diffs) == 1:
-                groups.setdefault(diffs.pop(), []).append(f)
+    for f in shapes:
+        diffs = {(e, a) for e, a in zip(f.expected, f.actual) if e != a}
+        if len(diffs) == 1:
+            groups.setdefault(diffs.pop(), []).append(f)
     folded: set[int] = set()
     out: list[Finding] = []
     for (want, got), fs in groups.items():
-        keys = [k for k in CONFIG_DIMENSIONS if getattr(ckpt.config, k, None) == want]
-        if len(fs) < 2 or not keys:
+        if len(fs) < 2 or any(id(f) in folded for f in fs):
             continue
-        named = ", ".join(config_key(ckpt, k, want) for k in keys)
-        first = fs[0]
-        out.append(error("CONFIG_DISAGREES", f"{named} is {want:,}, but {len(fs):,} tensors it sizes store {got:,} "
-                         f"there (first: {first.tensor}, shape {first.actual}): the config and the tensors disagree",
-                         tensor=config_key(ckpt, keys[0], want), shard=first.shard, expected=want, actual=got,
-                         covers=len(fs)))
-        folded.update(id(f) for f in fs)
+        for key in (k for k in CONFIG_DIMENSIONS if getattr(ckpt.config, k, None) == want):
+            layout = layout_with(ckpt, key, got)
+            if layout is None or not all(_fits(layout, f) for f in fs):
+                continue
+            under = [f for f in shapes if id(f) not in folded and _fits(layout, f)]
+            first = fs[0]
+            named = config_key(ckpt, key, want)
+            out.append(error("CONFIG_DISAGREES", f"{named} is {want:,}, but {len(under):,} tensors it sizes store "
+                             f"{got:,} there (first: {first.tensor}, shape {first.actual}): the config and the tensors "
+                             "disagree", tensor=named, shard=first.shard, expected=want, actual=got,
+                             covers=len(under)))
+            folded.update(id(f) for f in under)
+            break
     if not out:
         return findings
     return out + [f for f in findings if id(f) not in folded]
+
+
+def _fits(layout: ExpectedLayout, f: Finding) -> bool:
+    e = layout.get(str(f.tensor))
+    return e is not None and list(e.shape) == f.actual
+
+
+def layout_with(ckpt: Checkpoint, field_name: str, value: int) -> ExpectedLayout | None:
+    """The checkpoint's layout derived again with one config field at another value, in the checkpoint's own
+    spelling (a GGUF set's names); None where no layout follows."""
+    from kimi_audit.errors import KimiAuditError
+    from kimi_audit.model.arch.registry import gguf_architecture
+    from kimi_audit.model.dialect import respelled
+    from kimi_audit.model.layout import expected_layout
+
+    try:
+        changed: dict[str, Any] = {field_name: value}
+        layout = expected_layout(replace(ckpt.config, **changed))
+    except (KimiAuditError, TypeError, ValueError):
+        return None
+    if ckpt.container == "gguf":
+        arch = gguf_architecture(ckpt.metadata.get("general.architecture"))
+        if arch is None or arch.gguf is None:
+            return None
+        layout = respelled(layout, arch.gguf.rename)
+    return layout
 
 
 def config_key(ckpt: Checkpoint, field_name: str, value: int) -> str:
