@@ -287,3 +287,51 @@ def test_config_disagrees_names_the_key_that_explains_the_shapes(tmp_path: Path)
     report = audit(out)
     assert codes(report) == ["CONFIG_DISAGREES"]
     assert report.findings[0].tensor == "deepseek32.attention.indexer.head_count" and report.findings[0].covers == 6
+
+
+# --- one cause, one finding, on the container -------------------------------------------------------------------
+
+
+def test_a_shape_past_64_bits_is_shape_invalid_alone(tmp_path: Path) -> None:
+    """gguf.cpp refuses dimensions whose product passes int64: SHAPE_INVALID naming the tensor, not the overlaps
+    its nonsense extent would make with every tensor after it."""
+    report = audit(rewrite(tmp_path / "s.gguf", lambda g: setattr(g.tensor("output_norm.weight"), "ne",
+                                                                     [2**32, 2**32, 2**32])))
+    assert codes(report) == ["SHAPE_INVALID"] and report.findings[0].tensor == "output_norm.weight"
+
+
+def test_a_huge_tensor_is_one_past_eof_not_an_overlap_per_tensor(tmp_path: Path) -> None:
+    report = audit(rewrite(tmp_path / "h.gguf", lambda g: setattr(g.tensors[0], "ne", [g.tensors[0].ne[0], 2**40])))
+    assert "DATA_PAST_EOF" in codes(report) and "OFFSETS_OVERLAP" not in codes(report)
+    assert len([f for f in report.findings if f.severity.value == "error"]) <= 2
+
+
+def test_an_alignment_not_the_one_written_with_is_one_finding(tmp_path: Path) -> None:
+    """general.alignment 64 over tensors laid at 32: one GGUF_MISALIGNED for the part, the rest counted."""
+    g = gb.read(Q2K)
+    at = laid_out(g)
+    for t in g.tensors:
+        t.offset = at[t.name]
+    g.set("general.alignment", U32, 64)
+    g.alignment = 32
+    gb.write(g, tmp_path / "a.gguf")
+    # the header's padding is to 32 as written; re-pad its data start as a writer that used 32 would
+    report = audit(tmp_path / "a.gguf")
+    mis = [f for f in report.findings if f.code == "GGUF_MISALIGNED"]
+    assert report.verdict() == "FAIL" and len(mis) == 1 and mis[0].covers > 1
+
+
+def test_split_keys_that_cannot_be_read_are_no_missing_part(tmp_path: Path) -> None:
+    """split.tensors.count deleted from part 1, split.no as UINT32 in part 3: each its own finding, neither part
+    also 'not in the set'."""
+    d = tmp_path / "set"
+    shutil.copytree(DATA / "Q8_0", d)
+    first, third = d / "tiny-Q8_0-00001-of-00004.gguf", d / "tiny-Q8_0-00003-of-00004.gguf"
+    g = gb.read(first)
+    g.kv.pop("split.tensors.count")
+    gb.write(g, first)
+    g = gb.read(third)
+    g.set("split.no", U32, 2)
+    gb.write(g, third)
+    report = audit(d)
+    assert sorted(codes(report)) == ["GGUF_KEY_TYPE", "GGUF_SPLIT_INVALID"]

@@ -33,6 +33,8 @@ DEFAULT_ALIGNMENT = 32
 MAX_GGUF_HEADER_BYTES = 256 << 20
 """A part's header at most (Kimi-K2's part 1: ~7 MB of tokenizer); past it the part is not read further."""
 MAX_DIMS = 4
+INT64_MAX = (1 << 63) - 1
+"""gguf.cpp refuses a tensor whose dimensions or element count reach past int64 (and a dimension read negative)."""
 """GGML_MAX_DIMS."""
 MAX_NAME_BYTES = 63
 """GGML_MAX_NAME is 64 with the terminating NUL: llama.cpp's gguf.cpp refuses a longer tensor name."""
@@ -296,6 +298,7 @@ def _columns(infos: list[tuple[str, tuple[int, ...], int, int]], part: str, alig
     running: int | None = 0
     """Where llama.cpp expects the next tensor's data (None once a tensor it refuses stops the count)."""
     moved: list[tuple[str, int, int]] = []
+    misaligned: list[tuple[str, int]] = []
     for tname, ne, type_id, offset in infos:
         t = GGML_TYPES.get(type_id)
         where = f"{part}: {label(tname)}"
@@ -322,11 +325,14 @@ def _columns(infos: list[tuple[str, tuple[int, ...], int, int]], part: str, alig
         numel = 1
         for d in ne:
             numel *= d
+        if numel > INT64_MAX or any(d > INT64_MAX for d in ne):  # gguf.cpp: "may cause overflow errors"
+            findings.append(error("SHAPE_INVALID", f"{where}: dimensions {list(ne)} hold more elements than 64 bits "
+                                  "count (llama.cpp refuses the shape)", tensor=tname, shard=part))
+            running = None
+            continue
         nbytes = t.nbytes(numel)
         if offset % alignment:
-            findings.append(error("GGUF_MISALIGNED", f"{where}: data offset {offset:,} is not a multiple of the "
-                                  f"alignment {alignment}", tensor=tname, shard=part, expected=alignment,
-                                  actual=offset))
+            misaligned.append((tname, offset))
         elif running is not None and offset != running:
             moved.append((tname, offset, running))
         if running is not None:
@@ -345,15 +351,24 @@ def _columns(infos: list[tuple[str, tuple[int, ...], int, int]], part: str, alig
                               f"is not within the file bounds ({file_size:,} bytes): a partial download? ({first})",
                               tensor=cut[0], shard=part, expected=file_size, actual=data_offset + max(ends),
                               covers=len(cut)))
+    if misaligned:
+        name, offset = misaligned[0]
+        more = f"; {len(misaligned) - 1:,} more tensors too" if len(misaligned) > 1 else ""
+        findings.append(error("GGUF_MISALIGNED", f"{part}: {label(name)}: data offset {offset:,} is not a multiple of "
+                              f"the alignment {alignment}{more} (general.alignment not the one written with?)",
+                              tensor=name, shard=part, expected=alignment, actual=offset, covers=len(misaligned)))
     pos = 0
     overlap = False
+    past = set(cut)  # a tensor reaching past the end of the file: its extent is DATA_PAST_EOF's, not an overlap
     for begin, end, tname in sorted(zip(begins, ends, names)):
+        if tname in past:
+            continue
         if begin < pos:
             overlap = True
             findings.append(error("OFFSETS_OVERLAP", f"{part}: {label(tname)}: data [{begin:,}, {end:,}) overlaps "
                                   f"bytes before {pos:,}", tensor=tname, shard=part, expected=pos, actual=begin))
         pos = max(pos, end)
-    if moved and not overlap:
+    if moved and not overlap and not misaligned and not cut:
         findings.append(_out_of_place(part, moved))
     end_of_data = data_offset + -(-pos // alignment) * alignment
     if not cut and file_size > end_of_data:

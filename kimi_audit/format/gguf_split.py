@@ -42,16 +42,34 @@ NOT_MODELS = {IMATRIX: "an importance matrix (llama-imatrix's output, read by ll
               MMPROJ: "a multimodal projector (mmproj, read by llama.cpp's mtmd beside its model)"}
 
 
-def not_a_model(kv: Mapping[str, Any]) -> str | None:
-    """IMATRIX or MMPROJ for llama.cpp's GGUF files that are not a model, by their metadata (not their name); None
-    for anything else. llama-imatrix writes `general.type` "imatrix" and `imatrix.*` keys, no architecture
-    (tools/imatrix/imatrix.cpp IMatrixCollector::save_imatrix, lines 603-608); the converter's `--mmproj`
-    writes `general.type` "mmproj", `general.architecture` "clip" and `clip.*` keys (conversion/base.py
-    MmprojModel.set_type and set_gguf_parameters; gguf-py constants MODEL_ARCH.MMPROJ)."""
-    kind = kv.get("general.type")
-    if kind == IMATRIX or any(k.startswith("imatrix.") for k in kv):
+IMATRIX_KEYS = ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")
+IMATRIX_TENSORS = (".in_sum2", ".counts")
+CLIP = "clip"
+
+
+def not_a_model(kv: Mapping[str, Any], tensors: Iterable[str] = ()) -> str | None:
+    """IMATRIX or MMPROJ for llama.cpp's GGUF files that are not a model, decided as llama.cpp decides (not by the
+    file's name, nor by `general.type`, which no loader reads); None for anything else.
+
+    A model is what llama.cpp's loader opens by `general.architecture`: any architecture but `clip`, which it
+    refuses ("CLIP cannot be used as main model, use it with --mmproj instead", src/llama.cpp lines 352-353).
+    An mmproj is `clip` (conversion/base.py MmprojModel; gguf-py MODEL_ARCH.MMPROJ), or a file with no
+    architecture whose `clip.*` keys tools/mtmd/clip.cpp reads (clip_model_loader never reads the architecture).
+    An imatrix has no architecture and what common/imatrix-loader.cpp common_imatrix_load reads, the
+    `imatrix.datasets`/`chunk_count`/`chunk_size` keys or `NAME.in_sum2`/`NAME.counts` tensors
+    (tools/imatrix/imatrix.cpp IMatrixCollector::save_imatrix writes both); a file whose every tensor is one of
+    those is an imatrix whatever architecture it claims (no model holds only them)."""
+    arch = kv.get("general.architecture")
+    names = list(tensors)
+    if names and all(n.endswith(IMATRIX_TENSORS) for n in names):
         return IMATRIX
-    if kind == MMPROJ or kv.get("general.architecture") == "clip" or "clip.projector_type" in kv:
+    if arch == CLIP:
+        return MMPROJ
+    if arch is not None:
+        return None
+    if any(k in kv for k in IMATRIX_KEYS) or any(n.endswith(IMATRIX_TENSORS) for n in names):
+        return IMATRIX
+    if any(k.startswith(CLIP + ".") for k in kv):
         return MMPROJ
     return None
 
@@ -78,10 +96,11 @@ def split_findings(parts: dict[str, GgufPart]) -> list[Finding]:
         for key, have, want in wrong:
             out.append(error("GGUF_KEY_TYPE", f"{name}: {key} is stored as {have}, but llama.cpp reads it as {want}: "
                              "its loader stops at this key", tensor=key, shard=name, expected=want, actual=have))
+        by_name = part_number(name)
         if wrong:
+            _present(by_name, name, numbers, counts)
             continue
         no, count, total = kv.get(SPLIT_NO), kv.get(SPLIT_COUNT), kv.get(SPLIT_TENSORS)
-        by_name = part_number(name)
         if count is None:
             if by_name is not None and by_name[1] > 1:
                 out.append(error("GGUF_SPLIT_INVALID", f"{name} is named part {by_name[0]} of {by_name[1]} but holds "
@@ -89,8 +108,12 @@ def split_findings(parts: dict[str, GgufPart]) -> list[Finding]:
             counts[name], numbers[0] = 1, name
             continue
         if not (type(no) is int and type(count) is int and type(total) is int):
-            out.append(error("GGUF_SPLIT_INVALID", f"{name}: split.no, split.count and split.tensors.count must all "
-                             f"be integers (read {no!r}, {count!r}, {total!r})", shard=name))
+            absent = [k for k, v in ((SPLIT_NO, no), (SPLIT_TENSORS, total)) if v is None]
+            out.append(error("GGUF_SPLIT_INVALID", f"{name}: " + (
+                f"no {' and no '.join(absent)}: llama.cpp cannot load the set" if absent else
+                f"split.no, split.count and split.tensors.count must all be integers (read {no!r}, {count!r}, "
+                f"{total!r})"), shard=name))
+            _present(by_name, name, numbers, counts)  # here all the same: its own finding, not a missing part
             continue
         if by_name is not None and (by_name[0] != no + 1 or by_name[1] != count):
             out.append(error("GGUF_SPLIT_INVALID", f"{name}: its name says part {by_name[0]} of {by_name[1]}, its "
@@ -156,3 +179,11 @@ def mixed_quant_findings(parts: dict[str, GgufPart]) -> list[Finding]:
                                "types by layer on purpose; re-download this part from the set it belongs to)",
                                shard=name, expected="/".join(used), actual="/".join(ours), covers=len(shared)))
     return out
+
+
+def _present(by_name: tuple[int, int] | None, name: str, numbers: dict[int, str], counts: dict[str, int]) -> None:
+    """A part whose split keys cannot be read still stands in the set where its name puts it (its keys' finding
+    says what is wrong with it; it is not also a missing part)."""
+    if by_name is not None:
+        numbers.setdefault(by_name[0] - 1, name)
+        counts[name] = by_name[1]
