@@ -335,3 +335,8 @@ def test_split_keys_that_cannot_be_read_are_no_missing_part(tmp_path: Path) -> N
     gb.write(g, third)
     report = audit(d)
     assert sorted(codes(report)) == ["GGUF_KEY_TYPE", "GGUF_SPLIT_INVALID"]
+
+
+def test_expert_count_missing_over_stored_experts_is_one_finding(tmp_path: Path) -> None:
+    report = audit(rewrite(tmp_path / "e.gguf", lambda g: g.kv.pop("deepseek2.expert_count")))
+    assert codes(report) == ["GGUF_KEY_MISSING"] and report.findings[0].tensor == "deepseek2.expert_count"

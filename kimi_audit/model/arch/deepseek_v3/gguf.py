@@ -146,6 +146,9 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
     if absent:
         raise GgufKeyError(f"the GGUF metadata lacks {', '.join(absent)}: llama.cpp cannot load it (kimi-audit "
                            "derives no layout without it)", absent[0], "GGUF_KEY_MISSING")
+    if not k("expert_count") and any(n.endswith("_exps.weight") for n in stored):
+        raise GgufKeyError(f"no {a}.expert_count, yet routed experts are stored: llama.cpp builds no expert "
+                           "tensor to load them into", f"{a}.expert_count", "GGUF_KEY_MISSING")
     findings.extend(loader_asserts(kv, a, stored))
     rope = k("rope.dimension_count")
     split = any(n.endswith(".attn_k_b.weight") for n in stored)
