@@ -317,8 +317,9 @@ def _columns(infos: list[tuple[str, tuple[int, ...], int, int]], part: str, alig
             running = None
             continue
         if any(d == 0 for d in ne) or (ne and ne[0] % t.block):
-            findings.append(error("GGUF_ROW_BLOCK", f"{where}: a row of {ne[0] if ne else 0:,} elements is not whole "
-                                  f"{t.name} blocks of {t.block}", tensor=tname, shard=part, expected=t.block,
+            why = (f"dimensions {list(ne)}: a tensor with no elements" if any(d == 0 for d in ne) else
+                   f"a row of {ne[0]:,} elements is not whole {t.name} blocks of {t.block}")
+            findings.append(error("GGUF_ROW_BLOCK", f"{where}: {why}", tensor=tname, shard=part, expected=t.block,
                                   actual=ne[0] if ne else 0))
             running = None
             continue
