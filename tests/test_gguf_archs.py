@@ -2,9 +2,10 @@
 was written by llama.cpp 0c1e5709's `convert_hf_to_gguf.py --outtype q8_0` from a tiny model transformers built
 with its own class (tests/writers/gguf_archs_generate.py, PROVENANCE.json): `deepseek32` (DeepseekV32ForCausalLM,
 a dialect of model.arch.deepseek_v3) and `glm-dsa` (GlmMoeDsaForCausalLM, model.arch.glm_moe_dsa, one layer
-sharing its indexer). Each is held to gguf-py's GGUFReader, its names to gguf-py's TensorNameMap, its parameters to
-transformers' model, its metadata to the converter's, and the source it was converted from through `--against`.
-`kimi-linear`'s file is read (the container), its dialect not written yet."""
+sharing its indexer) and `kimi-linear` (KimiLinearForCausalLM, model.arch.kimi_linear: KDA layers beside an MLA
+layer, a dense layer then MoE). Each is held to gguf-py's GGUFReader, its names to gguf-py's TensorNameMap, its
+parameters to transformers' model, its metadata to the converter's, and the source it was converted from through
+`--against`."""
 
 from __future__ import annotations
 
@@ -30,9 +31,18 @@ gguf = pytest.importorskip("gguf")
 DATA = Path(__file__).resolve().parent / "data" / "gguf_archs"
 WRITER = Path(__file__).resolve().parent / "writers" / "gguf_archs_generate.py"
 FILE = "tiny-Q8_0.gguf"
-ARCHS = ("deepseek32", "glm-dsa")
+ARCHS = ("deepseek32", "glm-dsa", "kimi-linear")
 """The archs the audit reads (a dialect each)."""
-CLASSES = {"deepseek32": "DeepseekV32ForCausalLM", "glm-dsa": "GlmMoeDsaForCausalLM"}
+CLASSES = {"deepseek32": "DeepseekV32ForCausalLM", "glm-dsa": "GlmMoeDsaForCausalLM",
+           "kimi-linear": "KimiLinearForCausalLM"}
+MODEL_TYPES = {"deepseek32": "deepseek_v32", "glm-dsa": "glm_moe_dsa", "kimi-linear": "kimi_linear"}
+DROPPED = {"deepseek32": "blk.2.indexer.attn_k.weight", "glm-dsa": "blk.2.indexer.attn_k.weight",
+           "kimi-linear": "blk.1.ssm_conv1d_k.weight"}
+"""A tensor of each file the fault test drops: a full layer's indexer key projection, a KDA layer's key
+convolution."""
+CONVERTER_RENAMES = (("e_score_correction_bias", "e_score_correction.bias"), (".dt_bias", ".dt_proj.bias"))
+"""What the converters rename before gguf-py's TensorNameMap reads a name: the router bias (deepseek's and
+Kimi-Linear's), KDA's dt_bias (KimiLinearModel.modify_tensors)."""
 runner = CliRunner()
 
 
@@ -92,7 +102,7 @@ def test_llama_cpp_output_audits_clean(arch: str) -> None:
     assert report.verdict() == "PASS" and codes(report) == []
     elements = sum(int(t.n_elements) for t in gguf.GGUFReader(DATA / arch / FILE).tensors)
     assert report.stats.parameters == elements
-    assert report.model["model_type"] == {"deepseek32": "deepseek_v32", "glm-dsa": "glm_moe_dsa"}[arch]
+    assert report.model["model_type"] == MODEL_TYPES[arch]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -126,7 +136,9 @@ def test_gguf_names_are_the_converters(arch: str) -> None:
                                           for a, b in dialect.layer):
         if name in stored:
             spelled[name] = tree
-            converted = tree.replace("e_score_correction_bias", "e_score_correction.bias")
+            converted = tree
+            for before, after in CONVERTER_RENAMES:
+                converted = converted.replace(before, after)
             assert tmap.get_name(converted, try_suffixes=(".weight", ".bias")) == name, tree
             assert dialect.rename(tree) == name
     assert set(spelled) == stored
@@ -161,11 +173,11 @@ def rewrite(src: Path, dst: Path, edit: Any) -> None:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_missing_tensor(arch: str, tmp_path: Path) -> None:
-    """(e) The indexer of a full layer dropped: TENSOR_MISSING, that tensor alone."""
+    """(e) One tensor dropped (DROPPED): TENSOR_MISSING, that tensor alone."""
     out = tmp_path / FILE
-    rewrite(DATA / arch / FILE, out, lambda g: g.tensors.remove(g.tensor("blk.2.indexer.attn_k.weight")))
+    rewrite(DATA / arch / FILE, out, lambda g: g.tensors.remove(g.tensor(DROPPED[arch])))
     report = audit(out)
-    assert codes(report) == ["TENSOR_MISSING"] and report.findings[0].tensor == "blk.2.indexer.attn_k.weight"
+    assert codes(report) == ["TENSOR_MISSING"] and report.findings[0].tensor == DROPPED[arch]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -255,3 +267,46 @@ def test_against_an_array_key_that_differs(sources: dict[str, Path], tmp_path: P
     doc = json.loads(result.stdout)
     meta = [f for f in doc["findings"] if f["code"] == "AGAINST_METADATA"]
     assert result.exit_code == 1 and meta and isinstance(meta[0]["actual"], list), result.output
+
+
+# --- kimi-linear: what its loader reads beside deepseek2's keys ---------------------------------------------
+
+
+def test_kimi_linear_as_ggml_writes_it(tmp_path: Path) -> None:
+    """The same file as llama-quantize or gguf-split writes it (gguf.cpp stores ggml_n_dims dimensions, the
+    trailing ne of 1 dropped): each short convolution [64, 1, 4], each ssm_a [2, 1]. llama.cpp loads either
+    form (check_tensor_dims reads absent dimensions as 1): PASS, no finding."""
+    def trim(g: Any) -> None:
+        for t in g.tensors:
+            if ".ssm_conv1d_" in t.name or t.name.endswith(".ssm_a"):
+                while len(t.ne) > 1 and t.ne[-1] == 1:
+                    t.ne.pop()
+    out = tmp_path / FILE
+    rewrite(DATA / "kimi-linear" / FILE, out, trim)
+    assert [len(t.shape) for t in gguf.GGUFReader(out).tensors if t.name == "blk.0.ssm_a"] == [2]
+    report = audit(out)
+    assert report.verdict() == "PASS" and codes(report) == []
+
+
+KL_KEY_FAULTS = {
+    "no gating": (lambda g: g.kv.pop("kimi-linear.expert_gating_func"), "GGUF_KEY_MISSING", "expert_gating_func"),
+    "softmax gating": (lambda g: g.set("kimi-linear.expert_gating_func", 4, 1), "GGUF_GATING", "expert_gating_func"),
+    "no kda head dim": (lambda g: g.kv.pop("kimi-linear.kda.head_dim"), "GGUF_KEY_MISSING", "kda.head_dim"),
+    "head_count_kv short": (lambda g: g.set("kimi-linear.attention.head_count_kv", 9, [0, 0], 5), "GGUF_KEY_VALUE",
+                            "attention.head_count_kv"),
+}
+"""What kimi-linear's loader refuses or misreads: `expert_gating_func` absent (a conversion of a config.json
+without moe_router_activation_func, as transformers saves it: the loader requires the key), softmax beside
+exp_probs_b (other logits than the release routes by), the KDA head dimension absent, a per-layer head_count_kv
+not one per block ("wrong array length")."""
+
+
+@pytest.mark.parametrize("fault", sorted(KL_KEY_FAULTS))
+def test_kimi_linear_key_faults(fault: str, tmp_path: Path) -> None:
+    """One error, the key named."""
+    edit, code, key = KL_KEY_FAULTS[fault]
+    out = tmp_path / FILE
+    rewrite(DATA / "kimi-linear" / FILE, out, edit)
+    report = audit(out)
+    assert report.verdict() == "FAIL" and codes(report) == [code]
+    assert report.findings[0].tensor == f"kimi-linear.{key}"

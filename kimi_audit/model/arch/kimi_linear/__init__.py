@@ -14,6 +14,10 @@ checkpoint conversion mapping of transformers 5.25, `kimi_linear`, read backward
 Dialect `transformers`: transformers 5.x's save_pretrained renames every `mlp.` to `block_sparse_moe.`, so the
 dense layers' MLP is written `block_sparse_moe.{gate,up,down}_proj`; the rest as released.
 
+llama.cpp's GGUF (`kimi-linear`, the dialect in model.arch.kimi_linear.gguf) writes the tree its converter makes:
+each MoE layer's experts stacked into one [E, out, in] tensor per projection, the MLA layers' kv_b_proj split into
+k_b and v_b (deepseek_v3's), the short convolutions 4-D (1, heads × head dim, 1, kernel), every parameter F32.
+
 Kimi K3 (July 2026, `kimi_k3`) nests a text model of this architecture with K3's own parts: model.arch.kimi_k3,
 which describes them by overriding this module's describer (its KDA gate, control-weight dtypes, MLA output gate,
 latent MoE and attention residuals).
@@ -21,11 +25,14 @@ latent MoE and attention residuals).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.arch.deepseek_v3 import ROUTER_BIAS_SUFFIX
 from kimi_audit.model.arch.deepseek_v3 import _Describe as _MLA
+from kimi_audit.model.arch.deepseek_v3.gguf import GGUF_ROUTER_BIAS
+from kimi_audit.model.arch.kimi_linear.gguf import GGUF_DIALECT, TRIMMED
 from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
@@ -44,8 +51,11 @@ from kimi_audit.model.arch.spec import (
 )
 from kimi_audit.model.config_fields import ModelConfig, read_eps, read_int, read_layer_types, scheduled
 from kimi_audit.model.kinds import ROUTER_BIAS
+from kimi_audit.model.quant.gguf import GGUF_KV_B_TREE, GGUF_TREE
 
 MODEL_TYPES = ("kimi_linear",)
+WRITER_TREES = (GGUF_TREE, GGUF_KV_B_TREE)
+"""The other writers' trees it knows: llama.cpp's converter's (model.quant.gguf)."""
 TRANSFORMERS_NOTE = ("transformers 5.x's save_pretrained spelling (the dense layers' MLP under "
                      "`block_sparse_moe.` instead of `mlp.`)")
 GAIN = "Learned gain"
@@ -110,6 +120,7 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
     spelled = {"linear_head_dim": "head_dim", "linear_num_heads": "num_heads",
                "linear_conv_kernel_dim": "short_conv_kernel_size"}
     dims = {k: read_int(linear, spelled[k], {spelled[k]: g(k)}) for k in spelled}
+    dims[TRIMMED] = int(cfg.get(TRIMMED) is True)  # a GGUF's KDA shapes as ggml writes them (kimi_linear.gguf)
     kinds = tuple(f"{KL_MLP[m]}_{KL_ATTENTION[a]}" for m, a in zip(mlp, attention))
     return scheduled(cfg, fields, dims, kinds, ARCHITECTURE.quant)
 
@@ -145,9 +156,14 @@ class _Describe(_MLA):
             mla.key, mla.title, tuple(c for c in mla.children if not isinstance(c, Buffer)))
         return (self.norms(), attn, *(self.moe() if mlp == "moe" else self.dense()))
 
+    def trimmed(self) -> bool:
+        """A GGUF written by ggml's own writer: the KDA tensors' leading 1s dropped (kimi_linear.gguf.TRIMMED)."""
+        return self.stacked and bool(dict(self.cfg.dims).get(TRIMMED))
+
     def a_log_shape(self) -> tuple[Factor, ...]:
         one = Factor(1, "channel", ())
-        return (one, one, Factor(self.cfg.dim("linear_num_heads"), "linear heads", ("linear_num_heads",)), one)
+        heads = Factor(self.cfg.dim("linear_num_heads"), "linear heads", ("linear_num_heads",))
+        return (heads, one) if self.trimmed() else (one, one, heads, one)
 
     def o_norm_dtype(self) -> str:
         return self.control_dtype or self.cfg.dtype
@@ -172,6 +188,8 @@ class _Describe(_MLA):
         one = Factor(1, "channel", ())
         control = self.control_dtype or c.dtype
         k = (BLOCK_KEYS, DTYPE_KEYS)
+        # llama.cpp's converter writes (1, d_inner, 1, d_conv), ggml's writer drops the leading 1
+        conv = (one, qkv, one, kernel) if self.stacked and not self.trimmed() else (qkv, one, kernel)
 
         def lin(p: str, title: str, out: Factor, inp: Factor) -> Leaf:
             return Leaf(p, p, title, f"kda_{p}", (Linear(f"self_attn.{p}", (out,), (inp,)),), k)
@@ -184,7 +202,7 @@ class _Describe(_MLA):
         return Group("attention", "Kimi delta attention (KDA)", (
             lin("q_proj", "Query projection", qkv, h), lin("k_proj", "Key projection", qkv, h),
             lin("v_proj", "Value projection", qkv, h),
-            *(param(f"{x}_conv1d.weight", f"{t} short convolution", (qkv, one, kernel), control)
+            *(param(f"{x}_conv1d.weight", f"{t} short convolution", conv, control)
               for x, t in (("q", "Query"), ("k", "Key"), ("v", "Value"))),
             lin("f_a_proj", "Forget-gate down-projection", d, h), lin("f_b_proj", "Forget-gate up-projection", qkv, d),
             param("dt_bias", "Forget-gate bias", (qkv,), "F32", "Bias"),
@@ -214,9 +232,13 @@ class _Describe(_MLA):
             Leaf("e_score_correction_bias", "e_score_correction_bias", "Expert score correction bias",
                  "e_score_correction_bias",
                  (Param("Bias", "block_sparse_moe.gate.e_score_correction_bias", (e,), rd),), (BLOCK_KEYS,))))
+        repeat = Factor(c.n_routed_experts, "experts", ("n_routed_experts",))
         experts = w123_mlp("experts", "Routed experts", "expert", "block_sparse_moe.experts", self.expert_width(),
-                           inter, (BLOCK_KEYS, "moe_intermediate_size", DTYPE_KEYS),
-                           Factor(c.n_routed_experts, "experts", ("n_routed_experts",)))
+                           inter, (BLOCK_KEYS, "moe_intermediate_size", DTYPE_KEYS), None if self.stacked else repeat)
+        if self.stacked:  # llama.cpp's converter stacks each projection's experts: [E, out, in]
+            experts = replace(experts, children=tuple(
+                replace(leaf, tensors=tuple(replace(t, stack=(repeat,)) for t in leaf.tensors if isinstance(t, Linear)))
+                for leaf in experts.children if isinstance(leaf, Leaf)))
         out: list[Node] = [router, experts]
         if c.n_shared_experts:
             sh = Factor(c.moe_intermediate_size * c.n_shared_experts, "shared intermediate",
@@ -228,8 +250,9 @@ class _Describe(_MLA):
 
 ARCHITECTURE = register(Architecture(
     name="Kimi-Linear", model_types=MODEL_TYPES, read=read, describe=describe, dialects=dialects,
-    class_names=("KimiLinearForCausalLM",),
+    class_names=("KimiLinearForCausalLM",), writer_trees=WRITER_TREES, gguf=GGUF_DIALECT,
     float32_routers=("block_sparse_moe.gate.weight", "block_sparse_moe.gate.e_score_correction_bias"),
-    buffered=("block_sparse_moe.gate.e_score_correction_bias",), value_roles=((ROUTER_BIAS_SUFFIX, ROUTER_BIAS),),
+    buffered=("block_sparse_moe.gate.e_score_correction_bias",),
+    value_roles=((ROUTER_BIAS_SUFFIX, ROUTER_BIAS), (GGUF_ROUTER_BIAS, ROUTER_BIAS)),
     block_titles={f"{m}_{a}": f"{'MoE' if m == 'moe' else 'dense'} {a.upper()}" for m in KL_MLP.values()
                   for a in KL_ATTENTION.values()}))
