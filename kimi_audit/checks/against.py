@@ -7,8 +7,10 @@ writes from config.json, the tensors it writes each release tensor into, the val
   and the element totals equal (AGAINST_TOTAL);
 - with `--values`, the bytes of every tensor stored F32, F16, BF16 or Q8_0 equal to what ggml writes for the
   release's values (dequantized as the release's format says; numerics.ggml): one AGAINST_VALUES per part that
-  differs, which is how a part swapped in from another upload shows. Other ggml types are counted, not compared
-  (AGAINST_NOT_COMPARED).
+  differs, which is how a part swapped in from another upload shows; the mmproj beside the model held to the
+  source's vision tower as its converter writes it (the dialect's `GgufProjector.release_values`). Other ggml types,
+  and tensors whose converter transform is not modelled, are counted with the reason, not compared
+  (AGAINST_NOT_COMPARED): none is skipped without a word.
 """
 
 from __future__ import annotations
@@ -125,20 +127,25 @@ def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_so
     cfg = hf.config
     reader = SourceRows(hf, hf_source, BAND_BYTES)
     differ: dict[str, list[str]] = {}
-    compared, not_compared, unread = 0, [], []
+    compared: dict[str, int] = {}  # part -> tensors compared
+    not_compared: list[tuple[str, str]] = []  # (tensor, why)
+    unread: list[tuple[str, str]] = []
     worst: dict[str, tuple[float, str]] = {}  # ggml type -> (its largest relative error, the tensor)
     rows = list(zip(stored.names, stored.dtypes, stored.shapes, stored.shards, stored.begins, stored.ends))
     for done, (name, dtype, shape, part, begin, end) in enumerate(rows, 1):
         if progress:
             progress(name, done, len(rows))
         if dtype not in ENCODED and not is_quantized(dtype):
-            not_compared.append(name)
+            not_compared.append((name, f"{dtype}, a type kimi-audit cannot decode"))
             continue
         start = gguf.headers[part].data_start
         try:
-            want = dialect.release_values(name, reader, cfg.n_routed_experts or 0, cfg.num_attention_heads,
-                                          cfg.qk_nope_head_dim)
-            if want is None:
+            want: tuple[tuple[int, ...], Iterator[Any]] | str | None = dialect.release_values(
+                name, reader, cfg.n_routed_experts or 0, cfg.num_attention_heads, cfg.qk_nope_head_dim)
+            if want is None and dialect.projector is not None:  # the mmproj beside the model: its own converter
+                want = dialect.projector.release_values(name, reader, hf.config_raw)
+            if want is None or isinstance(want, str):
+                not_compared.append((name, want or "no release tensor the converter writes there is modelled"))
                 continue
             if dtype in ENCODED:
                 same = _same_bytes(want, shape, dtype, gguf_source, part, start + begin, start + end)
@@ -151,7 +158,7 @@ def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_so
             unread.append((name, str(e) or type(e).__name__))
             reader.drop()
             continue
-        compared += 1
+        compared[part] = compared.get(part, 0) + 1
         if not same:
             differ.setdefault(part, []).append(name)
     out = [error("AGAINST_VALUES", f"{part}: {len(names):,} tensors differ from what the converter writes from "
@@ -162,13 +169,17 @@ def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_so
                          f"({_listed([n for n, _ in unread])}): {unread[0][0]}: {unread[0][1]}",
                          tensor=unread[0][0], covers=len(unread)))
     bounds = ", ".join(f"{t} {rel:.3g}/{error_bound(t):.3g}" for t, (rel, _) in sorted(worst.items()))
-    out.append(info("AGAINST_CHECKED", f"{compared:,} tensors compared with {hf.label}'s values: F32/F16/BF16/Q8_0 "
-                    "byte for byte, other types dequantized within their type's relative error bound"
-                    f"{' (worst/bound: ' + bounds + ')' if bounds else ''}", actual=compared,
+    total = sum(compared.values())
+    where = ", ".join(f"{n:,} of {part}" for part, n in compared.items())
+    out.append(info("AGAINST_CHECKED", f"{total:,} of the {len(rows):,} GGUF tensors compared with {hf.label}'s "
+                    f"values{' (' + where + ')' if where else ''}: F32/F16/BF16/Q8_0 byte for byte, other types "
+                    "dequantized within their type's relative error bound"
+                    f"{' (worst/bound: ' + bounds + ')' if bounds else ''}", actual=total,
                     tensor=max(worst.values())[1] if worst else None))
     if not_compared:
-        out.append(info("AGAINST_NOT_COMPARED", f"{len(not_compared):,} tensors in types kimi-audit cannot decode "
-                        f"were not compared ({_listed(not_compared)})", tensor=not_compared[0],
+        why = "; ".join(dict.fromkeys(w for _, w in not_compared))
+        out.append(info("AGAINST_NOT_COMPARED", f"{len(not_compared):,} tensors were not compared "
+                        f"({_listed([n for n, _ in not_compared])}): {why}", tensor=not_compared[0][0],
                         covers=len(not_compared)))
     return out
 

@@ -43,20 +43,47 @@ def is_gguf(files: Iterable[str]) -> bool:
     return any(f.endswith(GGUF_SUFFIX) for f in files) and not any(f.endswith(SAFETENSORS_SUFFIX) for f in files)
 
 
+def _kind(part: GgufPart) -> str | None:
+    """What a file that is not a model is (format.gguf_split.not_a_model), UNREADABLE for a header that did not
+    parse (its GGUF_INVALID says why), None for a model."""
+    if not part.version:
+        return UNREADABLE
+    return not_a_model(part.kv, part.header.columns.names)
+
+
+UNREADABLE = "unreadable"
+
+
 def choose_set(source: Source, files: Iterable[str]) -> tuple[list[str], dict[str, GgufPart]]:
-    """The one GGUF model set among `files`, and every unsplit GGUF file whose header was read to tell (the others
-    among them: an imatrix or an mmproj file, which are not models, by their metadata: format.gguf_split)."""
+    """The one GGUF model set among `files`, and every file whose header was read to tell (the others among them:
+    an imatrix or an mmproj file, which are not models, by what llama.cpp reads them by: format.gguf_split; a file
+    whose header does not parse, which is no second model to choose; model.gguf_beside names each).
+
+    An unsplit file is read to tell; so is a file named as a split part of a set that also holds an unsplit file
+    (`X.gguf` beside `X-00002-of-00002.gguf`: no split set llama.cpp writes), which may be a projector or an imatrix
+    renamed into the set's names."""
     sets = gguf_sets(files)
     read: dict[str, GgufPart] = {}
     others: list[str] = []
+    unreadable: list[str] = []
     for key, names in list(sets.items()):
-        if len(names) == 1 and part_number(names[0]) is None:
-            read[names[0]] = read_gguf_part(source, names[0])
-            if not_a_model(read[names[0]].kv) is not None:
-                others.append(names[0])
-                del sets[key]
+        unsplit = [n for n in names if part_number(n) is None]
+        probe = names if unsplit else []
+        for name in probe:
+            read[name] = read_gguf_part(source, name)
+            kind = _kind(read[name])
+            if kind == UNREADABLE:
+                unreadable.append(name)
+            elif kind is not None:
+                others.append(name)
+                names.remove(name)
+        if not names:
+            del sets[key]
+    readable = {k: [n for n in v if n not in unreadable] for k, v in sets.items()}
+    if any(readable.values()):  # a file that cannot be read is no second model: the readable set is audited
+        sets = {k: v for k, v in readable.items() if v}
     if not sets:
-        said = "; ".join(f"{n} is {NOT_MODELS[str(not_a_model(read[n].kv))]}" for n in others[:3])
+        said = "; ".join(f"{n} is {NOT_MODELS[str(_kind(read[n]))]}" for n in others[:3])
         raise GgufSetError(f"no GGUF model file here{': ' + said if said else ''}. Audit the folder that holds the "
                            "model and these files beside it")
     if len(sets) > 1:

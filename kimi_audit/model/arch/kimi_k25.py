@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.format.gguf_keys import F32, FLAG, STR, U32
+from kimi_audit.format.gguf_keys import U32
 from kimi_audit.model.arch import deepseek_v3
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
 from kimi_audit.model.arch.spec import (
@@ -40,6 +40,7 @@ from kimi_audit.model.arch.spec import (
     register,
 )
 from kimi_audit.model.config_fields import ModelConfig, VisionConfig, layer_count, nested_text
+from kimi_audit.model.kinds import GAIN
 from kimi_audit.model.quant.scheme import ReleaseQuant
 
 MODEL_TYPES = ("kimi_k25",)
@@ -208,31 +209,97 @@ def projector_name(name: str) -> str | None:
     return None
 
 
-def projector_config(kv: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, Any]:
+POS_EMB = "v.position_embd.weight"
+
+
+def projector_config(kv: Mapping[str, Any], text: Mapping[str, Any],
+                     stored: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     """The kimi_k25 config.json an mmproj file's `clip.vision.*` keys imply (clip.cpp reads the same keys), beside
     the paired text model's; the text width the projector's own `clip.vision.projection_dim` (MmprojModel writes
-    the text model's hidden_size there), `projection_hidden_size` the tower's width (mm.input_norm's)."""
+    the text model's hidden_size there), `projection_hidden_size` the tower's width (mm.input_norm's). The
+    position table's rows and columns are `vision.pos_emb_height/width` (KimiK25Model.set_gguf_parameters writes
+    them), which clip.cpp never reads: it takes them from the table (tools/mtmd/models/kimik25.cpp
+    resize_position_embeddings_3d), and so does this where a key is not a positive UINT32."""
     v = "clip.vision."
     merge = kv.get(v + "projector.scale_factor", 2)
     width = kv.get(v + "embedding_length")
+    table = stored.get(POS_EMB, ())
+    pos = [kv.get(f"vision.pos_emb_{k}") for k in ("height", "width")]
+    pos = [p if type(p) is int and p > 0 else (table[i] if len(table) == 3 else 64) for i, p in enumerate(pos)]
     vision = {"hidden_size": width, "intermediate_size": kv.get(v + "feed_forward_length"),
               "num_hidden_layers": kv.get(v + "block_count"), "patch_size": kv.get(v + "patch_size"),
-              "pos_emb_height": kv.get("vision.pos_emb_height", 64),
-              "pos_emb_width": kv.get("vision.pos_emb_width", 64),
-              "merge_kernel_size": [merge, merge]}
+              "pos_emb_height": pos[0], "pos_emb_width": pos[1], "merge_kernel_size": [merge, merge]}
     hidden = kv.get(v + "projection_dim", text.get("hidden_size"))
     return {"model_type": MODEL_TYPES[0], "text_config": {**text, "hidden_size": hidden},
             "vision_config": vision, "projection_hidden_size": width}
 
 
+SCALE_FACTOR = "clip.vision.projector.scale_factor"
+
+
+def projector_refuses(kv: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """kimik25's merge factor: clip.cpp reads it optionally (load_hparams, line 1595) and its graph asserts it over 1
+    (build_patch_merge_permute, line 902: GGML_ASSERT(scale_factor > 1))."""
+    merge = kv.get(SCALE_FACTOR, 2)
+    if type(merge) is int and merge <= 1:
+        return [(SCALE_FACTOR, f"is {merge}: clip.cpp's kimik25 graph asserts the patch merge factor is over 1 "
+                 "(build_patch_merge_permute, tools/mtmd/clip.cpp line 902) and aborts")]
+    return []
+
+
+RELEASE_OF = {gguf: release for release, gguf in PROJECTOR_NAMES}
+BLOCK_OF = {gguf: release for release, gguf in BLOCK_NAMES}
+
+
+def release_name(gguf_name: str) -> str | None:
+    """projector_name's inverse: the release tensor an mmproj tensor is written from."""
+    for gguf, release in RELEASE_OF.items():
+        if gguf_name.startswith(gguf):
+            return release + gguf_name[len(gguf):]
+    if gguf_name.startswith("v.blk."):
+        number, _, rest = gguf_name[len("v.blk."):].partition(".")
+        for gguf, release in BLOCK_OF.items():
+            if rest.startswith(gguf) and number.isdigit():
+                return f"vision_tower.encoder.blocks.{number}.{release}{rest[len(gguf):]}"
+    return None
+
+
+def projector_values(gguf_name: str, read: ReleaseReader,
+                     cfg: Mapping[str, Any]) -> tuple[tuple[int, ...], Iterator[Any]] | str | None:
+    """The values KimiK25Model (llama.cpp 0c1e5709 conversion/kimivl.py, modify_tensors lines 121-156) writes into
+    an mmproj tensor: the release's tensor as it is, but `wqkv` (weight and bias), whose query and key thirds are
+    permuted per head from interleaved to split 2-D RoPE (`permute`: each head's rows as (head_dim/4, 2, 2),
+    the first two axes swapped), with n_head `vision_config.num_attention_heads` (16 where absent, as there)."""
+    name = release_name(gguf_name)
+    if name is None:
+        return None
+    shape = read.shape(name)
+    if ".wqkv." not in name:
+        return shape, read.bands(name)
+    vision = cfg.get("vision_config")
+    heads = vision.get("num_attention_heads", 16) if isinstance(vision, dict) else 16
+    qkv = shape[0] // 3 if shape else 0
+    if type(heads) is not int or heads <= 0 or shape[0] % 3 or qkv % heads or (qkv // heads) % 4:
+        return (f"{name} has {shape[0] if shape else 0} rows: not 3 x {heads} heads of a multiple of 4 rows, which "
+                "the converter's 2-D RoPE permutation needs (it fails on it)")
+    return shape, _permuted(read, name, heads, qkv)
+
+
+def _permuted(read: ReleaseReader, name: str, heads: int, qkv: int) -> Iterator[Any]:
+    head = qkv // heads
+    for h in range(2 * heads):  # the query's heads, then the key's
+        rows = read.rows(name, h * head, (h + 1) * head)
+        split = rows.reshape(head // 4, 2, 2, *rows.shape[1:]).swapaxes(0, 1)
+        yield split.reshape(rows.shape)
+    yield read.rows(name, 2 * qkv, 3 * qkv)
+
+
 PROJECTOR = GgufProjector(("kimik25",), projector_config, projector_name, "mm.2.weight", key_types={
-    **{f"clip.vision.{k}": U32 for k in ("embedding_length", "feed_forward_length", "block_count", "projection_dim",
-                                        "attention.head_count", "image_size", "patch_size",
-                                        "projector.scale_factor", "image_min_pixels", "image_max_pixels")},
-    "clip.vision.attention.layer_norm_epsilon": F32, "clip.has_vision_encoder": FLAG, "clip.use_gelu": FLAG,
-    "clip.projector_type": STR})
-"""Kimi-K2.5's mmproj (projector type `kimik25`): the keys clip.cpp (tools/mtmd/clip.cpp, llama.cpp 0c1e5709,
-clip_model_loader load_hparams, lines 1307-1316 and 1592-1600) reads with get_u32 / get_f32 / get_bool."""
+    **{f"clip.vision.{k}": U32 for k in ("projector.scale_factor", "image_min_pixels", "image_max_pixels")}},
+    refuses=projector_refuses, release_values=projector_values)
+"""Kimi-K2.5's mmproj (projector type `kimik25`): the keys clip.cpp's kimik25 branch reads with get_u32
+(tools/mtmd/clip.cpp, llama.cpp 0c1e5709, clip_model_loader load_hparams, lines 1592-1600) beyond every vision
+projector's (model.gguf_beside)."""
 
 
 class _Prefixed:
@@ -275,8 +342,13 @@ text model as `deepseek2` (DeepseekV2Model's register list), which deepseek_v3's
 vision tower as an mmproj file (KimiK25Model, `--mmproj`): PROJECTOR."""
 
 
+PROJECTOR_GAINS = ((".ln1.weight", GAIN), (".ln2.weight", GAIN), ("v.post_ln.weight", GAIN))
+"""The mmproj's LayerNorm gains under names without `norm.weight` (`ln1`, `ln2`, `v.post_ln`): read by
+`audit --values` as the model's gains are."""
+
+
 ARCHITECTURE = register(Architecture(
     name="Kimi-K2.5", model_types=MODEL_TYPES, read=read, describe=describe, dialects=dialects,
     class_names=("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"), nests_text=True,
     float32_routers=deepseek_v3.ROUTER_FP32, buffered=deepseek_v3.ARCHITECTURE.buffered,
-    value_roles=deepseek_v3.ARCHITECTURE.value_roles, quant=RELEASE, gguf=GGUF))
+    value_roles=(*deepseek_v3.ARCHITECTURE.value_roles, *PROJECTOR_GAINS), quant=RELEASE, gguf=GGUF))

@@ -231,14 +231,23 @@ class GgufProjector:
 
     projector_types: tuple[str, ...]
     """The `clip.projector_type` values it answers to."""
-    config: Callable[[GgufMetadata, Mapping[str, Any]], dict[str, Any]]
-    """(the mmproj file's metadata, the paired text model's config.json) -> the architecture's config.json."""
+    config: Callable[[GgufMetadata, Mapping[str, Any], StoredShapes], dict[str, Any]]
+    """(the mmproj file's metadata, the paired text model's config.json, its stored names and shapes) -> the
+    architecture's config.json."""
     names: Callable[[str], str | None]
     """A release tensor's name -> its name in the mmproj file; None for a tensor the projector does not hold."""
     output: str
     """The tensor whose rows are the projector's output width (clip.cpp clip_n_mmproj_embd: its ne[1])."""
     key_types: Mapping[str, KeyType] = field(default_factory=dict)
-    """The `clip.` keys clip.cpp reads, and the GGUF types it reads them with."""
+    """The `clip.` keys clip.cpp reads for this projector type (beyond every vision projector's:
+    model.gguf_beside), and the GGUF types it reads them with."""
+    refuses: Callable[[GgufMetadata], list[tuple[str, str]]] = lambda kv: []
+    """(key, why) for each of the projector type's values clip.cpp refuses or asserts against."""
+    release_values: Callable[[str, ReleaseReader, Mapping[str, Any]], tuple[tuple[int, ...], Iterator[Any]] | str
+                             | None] = lambda name, read, cfg: None
+    """(an mmproj tensor's name, the release's reader, the release's config.json) -> the values the converter
+    writes there, as GgufDialect.release_values; a string where the converter's transform is not modelled (why);
+    None for a name the projector does not write from the release."""
 
 
 @dataclass(frozen=True)

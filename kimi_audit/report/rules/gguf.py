@@ -37,7 +37,10 @@ GGUF_RULES: dict[str, Rule] = {
         "llama.cpp's loader asserts on the hyperparameters (more experts routed than there are, expert groups that "
         "do not divide the experts, more NextN layers than blocks, a vocab_size token_embd is not created with), "
         "refuses an unknown tokenizer model or token types / scores not one per token, and a DSA model's indexer "
-        "types not one per block: the key named, no layout derived from a model llama.cpp would not load.",
+        "types not one per block: the key named, no layout derived from a model llama.cpp would not load. In an "
+        "mmproj, what tools/mtmd refuses: a projector type clip.cpp does not know, no vision encoder, image_mean / "
+        "image_std of fewer than 3 values, a UINT32 over INT32_MAX, a projector type's own (kimik25: a patch merge "
+        "factor not over 1).",
         GGUF_HELP),
     "GGUF_KEY_TYPE": Rule("error", "a metadata key stored in another GGUF type than llama.cpp reads it with",
         "llama.cpp's loader reads each key with a typed getter (llama-model-loader.cpp GKV::get_kv: \"key %s "
@@ -59,7 +62,7 @@ GGUF_RULES: dict[str, Rule] = {
     "GGUF_SPLIT_INVALID": Rule("error", 'split keys missing or disagreeing with each other or the file name',
         "A part's split.no / split.count disagree with its file name or the other parts, two parts "
         'claim the same number, or a part named as split holds no split keys: renamed parts, or a '
-        'part from another set.', GGUF_HELP),
+        'part from another set; or a projector (general.architecture clip) named as a part of the set.', GGUF_HELP),
     "GGUF_SPLIT_COUNT": Rule("error", '`split.tensors.count` is not the tensors the parts hold',
         'The parts together hold another number of tensors than split.tensors.count says (a stale '
         'count after a repack): llama.cpp refuses the set.', GGUF_HELP),
@@ -70,9 +73,11 @@ GGUF_RULES: dict[str, Rule] = {
         'but the *_mla key and value lengths are not: llama.cpp reads the head dimensions wrong.', GGUF_HELP),
     "GGUF_NOT_A_MODEL": Rule("info", "a GGUF file beside the model that is not a model (an imatrix, a projector not "
         "laid out): named for what it is",
-        "llama-imatrix's output (general.type imatrix) or an mmproj projector kimi-audit does not lay out (a type it "
-        "does not describe, or one of several alternatives) sits beside the model: recognized by its metadata, "
-        "not audited as a model, never a second set to choose.", GGUF_HELP),
+        "llama-imatrix's output (no architecture; imatrix.* keys or *.in_sum2 / *.counts tensors, what "
+        "common_imatrix_load reads) or an mmproj projector kimi-audit does not lay out (a type it does not describe, "
+        "or one of several alternatives) sits beside the model: recognized as llama.cpp recognizes it, never by "
+        "general.type (a model is any general.architecture but clip), not audited as a model, never a second set "
+        "to choose.", GGUF_HELP),
     "GGUF_PROJECTOR_WIDTH": Rule("error", "the mmproj projector's output width is not the model's embedding width",
         "The projector's output tensor (clip.cpp clip_n_mmproj_embd: mm.2's rows for kimik25) or its "
         "clip.vision.projection_dim is not the text model's ARCH.embedding_length: llama.cpp's mtmd refuses the pair "
@@ -124,15 +129,17 @@ GGUF_RULES: dict[str, Rule] = {
         "to it, and whether the values were compared (--values).", GGUF_HELP),
     "AGAINST_CHECKED": Rule(
         "info", '`--against --values`: how many tensors were compared, and the worst error per quantized type',
-        "The tensors compared with the source's values: F32, F16, BF16 and Q8_0 byte for byte with what ggml "
-        "writes; every other ggml type dequantized (gguf-py) and held to its type's relative error bound, the "
-        "worst tensor of each type named.", GGUF_HELP),
+        "The tensors compared with the source's values, of all the GGUF tensors and per file (the model's parts, "
+        "the mmproj beside it: the vision tower as the converter writes it): F32, F16, BF16 and Q8_0 byte for byte "
+        "with what ggml writes; every other ggml type dequantized (gguf-py) and held to its type's relative error "
+        "bound, the worst tensor of each type named.", GGUF_HELP),
     "AGAINST_QUANT_MIXED": Rule(
         "error", '`--against --values`: a part in another quant\'s types than the rest of the set',
         "The part's values are the source's, within their types' bounds, but in types none of the other parts "
         "uses for the same roles (GGUF_QUANT_MIXED): a part from another upload of the same model.", GGUF_HELP),
     "AGAINST_NOT_COMPARED": Rule(
-        "info", 'tensors in ggml types kimi-audit cannot decode',
-        "These tensors' types are none the installed gguf-py dequantizes (a type newer than it): their values "
-        'were not compared with the source.', GGUF_HELP),
+        "info", 'tensors not compared with the source, each kind with its reason',
+        "These tensors' types are none the installed gguf-py dequantizes (a type newer than it), or the "
+        "converter's transform into them is not modelled here (the reason says which): their values were not "
+        'compared with the source. Never a tensor skipped without a word.', GGUF_HELP),
 }
