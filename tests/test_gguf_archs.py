@@ -288,6 +288,24 @@ def test_kimi_linear_as_ggml_writes_it(tmp_path: Path) -> None:
     assert report.verdict() == "PASS" and codes(report) == []
 
 
+def test_kimi_linear_as_ggml_writes_it_against_its_source(tmp_path: Path, sources: dict[str, Path]) -> None:
+    """The trimmed file held to its source with --values: the dropped size-1 dimensions are the same shape to
+    llama.cpp, and to the comparison (no AGAINST_VALUES for the eight trimmed tensors)."""
+    def trim(g: Any) -> None:
+        for t in g.tensors:
+            if ".ssm_conv1d_" in t.name or t.name.endswith(".ssm_a"):
+                while len(t.ne) > 1 and t.ne[-1] == 1:
+                    t.ne.pop()
+    out = tmp_path / FILE
+    rewrite(DATA / "kimi-linear" / FILE, out, trim)
+    if not same_source("kimi-linear", sources["kimi-linear"]):
+        pytest.skip("this torch wrote another source than the generator's")
+    result = runner.invoke(app, ["audit", str(out), "--against", str(sources["kimi-linear"]), "--values",
+                                 "--no-progress", "--json"])
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 0, [f for f in doc["findings"] if f["severity"] == "error"]
+
+
 KL_KEY_FAULTS = {
     "no gating": (lambda g: g.kv.pop("kimi-linear.expert_gating_func"), "GGUF_KEY_MISSING", "expert_gating_func"),
     "softmax gating": (lambda g: g.set("kimi-linear.expert_gating_func", 4, 1), "GGUF_GATING", "expert_gating_func"),
