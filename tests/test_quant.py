@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
+import pkgutil
 import re
 from math import prod
 from pathlib import Path
@@ -12,20 +15,11 @@ import pytest
 from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
 from kimi_audit.model.kinds import PACKED, PARAMETER, SCALE
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
-from kimi_audit.model.quant.autoround import AutoRoundGptq
-from kimi_audit.model.quant.awq import AwqGemm
-from kimi_audit.model.quant.bnb import Bitsandbytes
-from kimi_audit.model.quant.compressed.fp4 import Mxfp4PackQuantized, Nvfp4PackQuantized
-from kimi_audit.model.quant.compressed.naive import FloatQuantized, IntQuantized
+from kimi_audit.model.quant import dispatch
 from kimi_audit.model.quant.compressed.pack import PackQuantized
-from kimi_audit.model.quant.deepseek import Fp8Block
 from kimi_audit.model.quant.dispatch import quant_plan
-from kimi_audit.model.quant.gguf import Gguf, GgufKvB
-from kimi_audit.model.quant.gptq import Gptq
-from kimi_audit.model.quant.mlx import Mlx
-from kimi_audit.model.quant.modelopt import ModeloptFp8
-from kimi_audit.model.quant.quark import QuarkFp8
 from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Unquantized, UnsupportedQuantization
+from kimi_audit.model.quant.skips import OUTPUT_HEAD, skipped
 from kimi_audit.replica.models import replica_model
 
 DATA = Path(__file__).parent / "data"
@@ -54,16 +48,28 @@ def layout(raw: dict) -> ExpectedLayout:
     return expected_layout(model_config_from_dict(raw))
 
 
+def defined_schemes() -> set[type[Scheme]]:
+    """Every Scheme subclass a module of the model.quant package defines (walked as dispatch.load_formats walks
+    it), read from the modules themselves, not from the registry."""
+    package = dispatch.__name__.rpartition(".")[0]
+    quant_dir = Path(dispatch.__file__).parent
+    out: set[type[Scheme]] = set()
+    for m in pkgutil.walk_packages([str(quant_dir)], package + "."):
+        module = importlib.import_module(m.name)
+        out |= {c for c in vars(module).values()
+                if isinstance(c, type) and issubclass(c, Scheme) and c.__module__ == m.name and c.key}
+    return out
+
+
 def test_every_scheme_registers_under_its_method_and_format() -> None:
-    assert Scheme.registry == {
-        ("fp8", None): Fp8Block, ("compressed-tensors", "pack-quantized"): PackQuantized,
-        ("compressed-tensors", "float-quantized"): FloatQuantized,
-        ("compressed-tensors", "int-quantized"): IntQuantized,
-        ("compressed-tensors", "nvfp4-pack-quantized"): Nvfp4PackQuantized,
-        ("compressed-tensors", "mxfp4-pack-quantized"): Mxfp4PackQuantized,
-        ("mlx", None): Mlx, ("bitsandbytes", None): Bitsandbytes, ("gptq", None): Gptq, ("awq", None): AwqGemm,
-        ("gguf", None): Gguf, ("gguf", "kv_b"): GgufKvB, ("modelopt", None): ModeloptFp8, ("quark", None): QuarkFp8,
-        ("auto-round", None): AutoRoundGptq}
+    """The registry is derived, not listed here: every scheme class model.quant defines is registered once, under
+    its key and the (quant_method, format) pairs it names, and the registry holds nothing else."""
+    defined = defined_schemes()
+    assert Unquantized in defined and PackQuantized in defined
+    assert set(Scheme.classes) == defined and len(Scheme.classes) == len(defined)
+    assert len({c.key for c in defined}) == len(defined)
+    assert Scheme.registry == {pair: c for c in Scheme.classes for pair in c.formats}
+    assert sum(len(c.formats) for c in defined) == len(Scheme.registry)  # no pair claimed twice
 
 
 def test_quant_plan_dispatches_through_the_registry() -> None:
@@ -207,3 +213,50 @@ def test_unknown_methods_and_formats_are_named_not_raised() -> None:
     assert cfg.quant is None and cfg.quant_unsupported == "quant_method 'hqq'"
     cfg = model_config_from_dict(dict(instruct(), quantization_config=dict(THINKING_QUANT, format="marlin-24")))
     assert cfg.quant_unsupported == "compressed-tensors format 'marlin-24'"
+
+
+# --- the output head's default skip and transformers' skip-list matching: model.quant.skips, one helper ---
+
+SKIP_NAMES = ["lm_head", "model.layers.1.self_attn.q_a_proj", "model.layers.11.self_attn.q_a_proj",
+              "model.layers.1.mlp.gate", "model.layers.1.mlp.gate_proj", "model.layers.2.mlp.down_proj",
+              "model.layers.12.mlp.experts.3.up_proj", "vision_tower.blocks.0.fc1", "model.embed_tokens"]
+SKIP_KEYS = [["lm_head"], ["model.layers.1"], ["model.layers.1."], ["mlp.gate"], ["down_proj"], ["fc1"],
+             ["model.layers.1.*"], ["model\\.layers\\.1\\."], [r"model.layers.\d+.mlp.experts"], ["q_a_proj", "lm"],
+             ["vision_tower"], []]
+
+
+@pytest.mark.parametrize("keys", SKIP_KEYS, ids=str)
+def test_skip_lists_match_as_transformers_should_convert_module(keys: list[str]) -> None:
+    """transformers 5.25's own function is the oracle (bitsandbytes' and AWQ's integrations call it on module
+    names): a key ending in a dot skips by its boundary before the name too (bitsandbytes' copy of the rule did
+    not), and AWQ's `modules_to_not_convert` is matched so, not as whole names only."""
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    patterns = skipped(keys, "test")
+    got = [patterns is not None and patterns.match(n) for n in SKIP_NAMES]
+    assert got == [not should_convert_module(n, keys) for n in SKIP_NAMES]
+    for method in ({"quant_method": "bitsandbytes", "load_in_4bit": True, "llm_int8_skip_modules": keys},
+                   {"quant_method": "awq", "modules_to_not_convert": keys, "lm_head": True}):
+        plan = quant_plan(method, "BF16")
+        assert plan is not None
+        plain = [plan.scheme_for(n) is plan.plain for n in SKIP_NAMES if ".experts." not in n]
+        assert plain == [not should_convert_module(n, keys) for n in SKIP_NAMES if ".experts." not in n], method
+
+
+@pytest.mark.parametrize("method", [{"quant_method": "gptq"}, {"quant_method": "awq"},
+                                    {"quant_method": "bitsandbytes", "load_in_8bit": True}, {"quant_method": "fp8"}])
+def test_the_output_head_stays_plain_by_default_in_every_format_that_says_so(method: dict) -> None:
+    plan = quant_plan(method, "BF16")
+    assert plan is not None and plan.scheme_for(OUTPUT_HEAD) is plan.plain
+    assert plan.scheme_for("model.layers.3.self_attn.o_proj") is not plan.plain
+
+
+def test_the_output_heads_name_is_spelled_once_in_model_quant() -> None:
+    """The default skip was `release.alias({"lm_head"})` in three formats and a keep_plain entry in a fourth: one
+    constant now (skips.OUTPUT_HEAD), which every format reads."""
+    quant_dir = Path(dispatch.__file__).parent
+    spelled = [f"{p.relative_to(quant_dir)}:{n.lineno}" for p in sorted(quant_dir.rglob("*.py"))
+               for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Constant) and n.value == OUTPUT_HEAD]
+    assert spelled == ["skips.py:" + str(next(
+        n.lineno for n in ast.walk(ast.parse((quant_dir / "skips.py").read_text()))
+        if isinstance(n, ast.Constant) and n.value == OUTPUT_HEAD))]

@@ -175,40 +175,93 @@ def test_cli_format_sarif_to_a_file(tiny_dir, tmp_path):
 
 # --- the rule table: every code the package can emit, and README.md's tables ---
 
-NOT_CODES: set[str] = {"MIXED_PRECISION"}  # ModelOpt's quant_algo value (model/quant/modelopt.py)
-"""Upper-case string constants in the finding stages that are not finding codes (dtypes and `__all__` entries
-are left out already)."""
+EMITTERS = frozenset(("error", "warning", "info", "Finding"))
+"""kimi_audit.findings' constructors: their first argument is a finding code."""
 
 
-def _exported(tree: ast.Module) -> set[int]:
-    """ids of the string nodes in `__all__ = [...]`."""
-    return {id(n) for node in tree.body if isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
-            for n in ast.walk(node.value)}
+def _emitters(tree: ast.Module) -> set[str]:
+    """The names a module calls to make a finding: findings' constructors, its own functions whose first parameter
+    is `code` (a strict reader's `bad(code, message)`), and names bound to a constructor (`severity = warning if
+    ... else error`)."""
+    names = set(EMITTERS)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.Lambda)) and node.args.args and node.args.args[0].arg == "code":
+            names.add(getattr(node, "name", ""))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            parts = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+            if all(isinstance(v, ast.Name) and v.id in names for v in parts):
+                names.add(node.targets[0].id)
+    return names - {""}
+
+
+def codes_in(source: str) -> set[str]:
+    """The finding codes a module spells, told by how each string is used, not by how it is spelled: the first
+    argument (or `code=`) of a call that makes a finding, and the strings of a table named `..._CODES` (the
+    layout's kind -> (dtype code, shape code)). An upper-case constant used otherwise (ModelOpt's `quant_algo`
+    value `MIXED_PRECISION`, a dtype) is not a code, and needs no allowlist."""
+    tree = ast.parse(source)
+    emitters = _emitters(tree)
+    out: set[str] = set()
+
+    def strings(node: ast.AST) -> set[str]:
+        return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name in emitters:
+                first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "code"), None)
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    out.add(first.value)
+                elif isinstance(first, ast.IfExp):  # error("A" if ... else "B", ...)
+                    out |= strings(first)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id.endswith("_CODES") for t in targets) and node.value is not None:
+                out |= {v for v in strings(node.value) if CODE_RE.match(v)}
+    return out
 
 
 def emitted_codes() -> dict[str, str]:
-    """Code-like string constants in every module that makes findings (format/, model/, checks/,
-    findings.py): a finding code is always spelled out as a literal somewhere there."""
-    from kimi_audit.constants import DTYPE_BITS
-    from kimi_audit.format.gguf_types import GGML_BY_NAME
-
+    """The finding codes every module that makes findings spells (format/, model/, checks/, findings.py): a
+    finding code is always spelled out as a literal somewhere there, where a finding is made of it."""
     found: dict[str, str] = {}
     pkg = ROOT / "kimi_audit"
     paths = [pkg / "findings.py"] + [p for d in ("format", "model", "checks") for p in sorted((pkg / d).rglob("*.py"))]
     for path in paths:
-        tree = ast.parse(path.read_text())
-        skip = _exported(tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and CODE_RE.match(node.value) \
-                    and id(node) not in skip:
-                found.setdefault(node.value, str(path.relative_to(ROOT)))
-    return {c: p for c, p in found.items() if c not in NOT_CODES and c not in DTYPE_BITS and c not in GGML_BY_NAME}
+        for code in sorted(codes_in(path.read_text())):
+            found.setdefault(code, str(path.relative_to(ROOT)))
+    return found
+
+
+def test_codes_are_told_by_their_use_not_their_spelling():
+    """A format's upper-case constants (a config value, a dtype) are not finding codes, whatever their spelling;
+    a code passed to findings' constructors, to a module's own `code` helper, or listed in a `_CODES` table is."""
+    source = """
+from kimi_audit.findings import error, warning
+ALGO = "MIXED_PRECISION"
+MISMATCH_CODES = {"scale": ("SCALE_DTYPE", "SCALE_SHAPE")}
+def check(q, strict):
+    if q.get("quant_algo") == "NVFP4_AWQ":
+        return [error("PLANTED_ERROR", "x")]
+    severity = error if strict else warning
+    def bad(code, message):
+        return severity(code, message)
+    return [severity("PLANTED_SEVERITY", "y"), bad("PLANTED_HELPER", "z"), warning(code="PLANTED_KEYWORD",
+            message="w"), error("PLANTED_A" if strict else "PLANTED_B", "v")]
+"""
+    assert codes_in(source) == {"SCALE_DTYPE", "SCALE_SHAPE", "PLANTED_ERROR", "PLANTED_SEVERITY", "PLANTED_HELPER",
+                                "PLANTED_KEYWORD", "PLANTED_A", "PLANTED_B"}
 
 
 def test_every_emitted_code_has_a_rule():
     codes = emitted_codes()
-    assert {"TENSOR_MISSING", "VALUES_CHECKED", "MTP_ABSENT", "IGNORE_UNUSED", "PARAMS_GATE"} <= codes.keys()
+    assert {"TENSOR_MISSING", "VALUES_CHECKED", "MTP_ABSENT", "IGNORE_UNUSED", "PARAMS_GATE", "BUFFER_SHAPE",
+            "HEADER_TOO_LARGE", "TENSOR_ENTRY_INVALID", "SCALE_NOT_UE8M0"} <= codes.keys()
+    assert [c for c in codes if not CODE_RE.match(c)] == []
     missing = {c: p for c, p in codes.items() if c not in RULES}
     assert not missing, f"finding codes without a rule in kimi_audit/report/rules.py (and docs/reference.md): {missing}"
 

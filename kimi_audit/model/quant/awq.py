@@ -18,6 +18,7 @@ from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import AFFINE_SCALE, PACKED, PACKED_WEIGHT, SCALE, ZERO_POINT
 from kimi_audit.model.quant import bounds
 from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Stored, Unquantized, UnsupportedQuantization
+from kimi_audit.model.quant.skips import output_head, skip_list, skipped
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,11 +59,10 @@ class AwqGemm(Scheme):
         group = q.get("group_size", q.get("q_group_size", 128))
         if type(group) is not int or group <= 0:
             raise ConfigError(f"config.json quantization_config group_size {group!r} is not a positive integer")
-        plain_head = frozenset() if q.get("lm_head") else frozenset(release.alias({"lm_head"}))
-        modules = q.get("modules_to_not_convert") or []
-        if not (isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
-            raise ConfigError("config.json quantization_config modules_to_not_convert must be a list of names")
-        return QuantPlan(cls(group, scale_dtype(q, plain.dtype)), plain, ignore_names=plain_head | frozenset(modules))
+        skip = skip_list(q, "modules_to_not_convert")
+        return QuantPlan(cls(group, scale_dtype(q, plain.dtype)), plain, ignore_names=output_head(release, q),
+                         ignore_re=skipped(skip, "config.json quantization_config modules_to_not_convert"),
+                         by_name=bool(skip))
 
     def summary(self) -> dict[str, Any]:
         return {"method": "awq", "version": "gemm", "bits": 4, "group_size": self.group_size,

@@ -18,14 +18,12 @@ bitsandbytes 0.50 functional.py (QuantState.as_dict, dequantize_4bit, int8_vecto
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import BNB_ABSMAX, BNB_QUANT_MAP, PACKED, QUANT_STATE, SCALE, WEIGHT_FORMAT
-from kimi_audit.model.patterns import compile_patterns
 from kimi_audit.model.quant.deepseek import ROUTED_EXPERTS_PATTERN
 from kimi_audit.model.quant.scheme import (
     ANY_LENGTH,
@@ -36,6 +34,7 @@ from kimi_audit.model.quant.scheme import (
     Unquantized,
     UnsupportedQuantization,
 )
+from kimi_audit.model.quant.skips import output_head, skip_list, skipped
 
 if TYPE_CHECKING:
     import numpy as np
@@ -80,15 +79,10 @@ class Bitsandbytes(Scheme):
             raise UnsupportedQuantization("bitsandbytes llm_int8_has_fp16_weight")
         scheme = cls(4 if four else 8, str(quant_type), bool(q.get("bnb_4bit_use_double_quant")) and four,
                      plain.dtype)
-        skip = q.get("llm_int8_skip_modules")
-        if skip is not None and not (isinstance(skip, list) and all(isinstance(s, str) for s in skip)):
-            raise ConfigError("config.json llm_int8_skip_modules must be a list of module names")
-        # transformers' should_convert_module: a pattern from the start up to a module boundary, or a suffix
-        patterns = [ROUTED_EXPERTS_PATTERN, *(f"(?:{s})(?:\\.|$)" for s in skip or ()),
-                    *(f".*{re.escape(s)}$" for s in skip or ())]
-        ignore = frozenset(release.alias({"lm_head"})) if skip is None else frozenset()
-        return QuantPlan(scheme, plain, ignore_names=ignore,
-                         ignore_re=compile_patterns(patterns, "config.json llm_int8_skip_modules"), by_name=True)
+        skip = skip_list(q, "llm_int8_skip_modules")
+        return QuantPlan(scheme, plain, ignore_names=output_head(release) if skip is None else frozenset(),
+                         ignore_re=skipped(skip, "config.json llm_int8_skip_modules", ROUTED_EXPERTS_PATTERN),
+                         by_name=True)
 
     def summary(self) -> dict[str, Any]:
         if self.bits == 8:

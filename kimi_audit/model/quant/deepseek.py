@@ -32,6 +32,7 @@ from kimi_audit.model.quant.scheme import (
     packed_rows,
     stored_weight,
 )
+from kimi_audit.model.quant.skips import OUTPUT_HEAD
 from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK, ceil_div, scale_grid
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class Fp8Block(Scheme):
         scheme = cls(block=(block[0], block[1]), scale_fmt=scale_fmt if isinstance(scale_fmt, str) else None,
                      fmt=fmt if isinstance(fmt, str) else None, scale_suffix=release.scale_suffix,
                      scale_dtype="F8_E8M0" if release.e8m0_scales and scale_fmt == "ue8m0" else "F32")
-        keep_plain = (".eh_proj", ".shared_head.head", "lm_head", *release.plain_suffixes)
+        keep_plain = (".eh_proj", ".shared_head.head", OUTPUT_HEAD, *release.plain_suffixes)
         if not release.fp4_experts:
             return QuantPlan(scheme, plain, ignore_names=frozenset(release.plain), keep_plain=keep_plain)
         expert_dtype = q.get("expert_dtype", config.get("expert_dtype"))

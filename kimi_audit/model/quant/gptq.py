@@ -19,6 +19,7 @@ from kimi_audit.errors import ConfigError
 from kimi_audit.model.kinds import AFFINE_SCALE, GROUP_INDEX, PACKED, PACKED_WEIGHT, SCALE, ZERO_POINT
 from kimi_audit.model.quant import bounds
 from kimi_audit.model.quant.scheme import QuantPlan, ReleaseQuant, Scheme, Stored, Unquantized, UnsupportedQuantization
+from kimi_audit.model.quant.skips import output_head
 
 if TYPE_CHECKING:
     import numpy as np
@@ -61,8 +62,7 @@ class Gptq(Scheme):
         if q.get("pack_dtype", "int32") != "int32":
             raise UnsupportedQuantization(f"gptq pack_dtype {q.get('pack_dtype')!r}")
         scheme = cls(bits, group, fmt == "gptq", bool(q.get("desc_act")), bool(q.get("sym", True)), plain.dtype)
-        plain_head = frozenset() if q.get("lm_head") else frozenset(release.alias({"lm_head"}))
-        return QuantPlan(scheme, plain, ignore_names=plain_head)
+        return QuantPlan(scheme, plain, ignore_names=output_head(release, q))
 
     def summary(self) -> dict[str, Any]:
         return {"method": "gptq", "bits": self.bits, "group_size": self.group_size,
