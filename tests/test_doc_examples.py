@@ -7,8 +7,10 @@
   every option a line names, in or out of brackets, is one its command takes; the `demo --model` names it lists
   are the command's.
 - The other docs' `sh` blocks (ci.md, verify.md) run line by line in their own folder; usage.md's Python blocks
-  run as a script; ci.md's `yaml` blocks (a workflow using the Action, a .pre-commit-config.yaml) are validated and
-  run by tests/test_action.py and tests/test_precommit.py.
+  run as a script; contributing.md's Python blocks (the worked examples) run as one module in
+  tests/test_contributing.py, which audits checkpoints written with what they register; ci.md's `yaml` blocks (a
+  workflow using the Action, a .pre-commit-config.yaml) are validated and run by tests/test_action.py and
+  tests/test_precommit.py.
 - Each command's --help: every `kimi-audit ...` example it quotes, and every option value it gives as an
   example ("e.g. 4GiB"), runs.
 
@@ -194,7 +196,7 @@ def test_every_synopsis_line_runs(replica_hub: FakeHub, tmp_path: Path) -> None:
 
 
 def test_every_docs_block_is_run_or_named_as_not_run() -> None:
-    run = {"usage.md", "ci.md", "verify.md"}
+    run = {"usage.md", "ci.md", "verify.md", "contributing.md"}  # contributing.md: tests/test_contributing.py
     for page in DOCS.glob("*.md"):
         if re.search(r"^```\w*\n", page.read_text(), re.M):
             assert page.name in run | set(NOT_RUN), page.name
