@@ -94,6 +94,8 @@ class GgufKeyError(ConfigError):
     against), found while its hyperparameters are read: the audit makes it a finding of `finding_code` naming
     `key`, not an exit 2 (model.gguf)."""
 
+    code = "CONFIG_INVALID"  # (a ConfigError's, where one is ever not caught)
+
     def __init__(self, message: str, key: str, finding_code: str = "GGUF_KEY_VALUE") -> None:
         super().__init__(message)
         self.key, self.finding_code = key, finding_code

@@ -186,7 +186,8 @@ def test_a_file_name_that_is_not_utf8_is_reported_in_every_format(tiny_copy: Pat
         r = run_cli("audit", str(tiny_copy), "--format", fmt, "--no-progress", *argv)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
         text = out.read_text() if argv else r.stdout
-        assert "stray\\udcff\\udcfe.safetensors" in text.replace("\\\\", "\\") or fmt == "table"
+        shown = text.replace("<wbr>", "")  # (HTML marks where a long name may wrap)
+        assert "stray\\udcff\\udcfe.safetensors" in shown.replace("\\\\", "\\") or fmt == "table"
         if fmt == "json":
             assert json.loads(text)["result"]["verdict"] == "FAIL"
 

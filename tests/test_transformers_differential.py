@@ -186,7 +186,11 @@ def test_transformers_written_config_parses_to_the_same_layout() -> None:
     release = expected_layout(model_config_from_dict({**raw, "quantization_config": None}))
     ours = expected_layout(cfg)
     assert list(ours) == list(release)
-    assert [t.shape for t in ours.values()] == [t.shape for t in release.values()]
+    # The one difference: the rotary cache Kimi-K2's release stores ([56], as its published shards hold it) is
+    # Moonshot's code's, by model_type kimi_k2; transformers writes model_type deepseek_v3, whose rotary cache is
+    # [qk_rope_head_dim / 2] (and a transformers save stores none: an optional buffer either way).
+    kept = [n for n in ours if not n.endswith("rotary_emb.inv_freq")]
+    assert [ours[n].shape for n in kept] == [release[n].shape for n in kept]
 
 
 @pytest.mark.parametrize(("keys", "want"), [
