@@ -42,7 +42,8 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:22px 0 8px;border-bott
 dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin:0}dt{color:var(--mut)}dd{margin:0}
 .scroll{overflow-x:auto;background:var(--card);border:1px solid var(--line);border-radius:6px;padding:6px}
 table{border-collapse:collapse;width:100%;font-size:13px}th,td{text-align:left;padding:3px 8px;
-border-bottom:1px solid var(--line);vertical-align:top;overflow-wrap:break-word}td.n,th.n{text-align:right;white-space:nowrap}
+border-bottom:1px solid var(--line);vertical-align:top;overflow-wrap:break-word}
+td.n,th.n{text-align:right;white-space:nowrap}
 td.c code{word-break:normal;white-space:nowrap}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;overflow-wrap:break-word}.mut{color:var(--mut)}
 code.hash{word-break:break-all}.scroll svg{max-width:100%;height:auto}
