@@ -9,6 +9,9 @@ import os
 import sys
 
 try:
+    import signal
+
+    signal.signal(signal.SIGINT, lambda signum, frame: (os.write(2, b"interrupted\n"), os._exit(130)))
     from kimi_audit.cli import main
 
     main()

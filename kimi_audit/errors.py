@@ -94,7 +94,7 @@ class GgufKeyError(ConfigError):
     against), found while its hyperparameters are read: the audit makes it a finding of `finding_code` naming
     `key`, not an exit 2 (model.gguf)."""
 
-    code = "CONFIG_INVALID"  # (a ConfigError's, where one is ever not caught)
+    code = "GGUF_KEY_REFUSED"
 
     def __init__(self, message: str, key: str, finding_code: str = "GGUF_KEY_VALUE") -> None:
         super().__init__(message)

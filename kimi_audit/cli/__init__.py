@@ -57,11 +57,27 @@ def main() -> None:
         print(f"kimi-audit {VERSION}")
         sys.stdout.flush()
         os._exit(0)
+    answer_ctrl_c_while_loading()
     try:
         _main()
     except KeyboardInterrupt:  # Ctrl-C from the first instant (while the app's modules load): one line
         print("interrupted", file=sys.stderr, flush=True)
         os._exit(EXIT_INTERRUPTED)
+
+
+def _interrupted_while_loading(signum: int, frame: object) -> None:
+    os.write(2, b"interrupted\n")
+    os._exit(EXIT_INTERRUPTED)
+
+
+def answer_ctrl_c_while_loading() -> None:
+    """Until the command runs, Ctrl-C ends the process at once with one line, exit 130, from a signal handler: a
+    KeyboardInterrupt raised while modules load can land in importlib's own weakref callbacks, where Python prints
+    "Exception ignored in ... _get_module_lock" with a traceback and carries on. The command line's own setting
+    (the library never touches it); the command itself runs with Python's default handler again (_main)."""
+    import signal
+
+    signal.signal(signal.SIGINT, _interrupted_while_loading)
 
 
 EXIT_INTERRUPTED = 130
@@ -81,6 +97,9 @@ def _main() -> None:
 
     checked_stdout()
     app = app_for(sys.argv[1:])  # only the invoked command's module (all of them for --help)
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the command answers Ctrl-C itself from here
 
     code: int | str | None = 0
     try:
