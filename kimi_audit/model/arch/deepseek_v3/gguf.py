@@ -6,7 +6,7 @@ metadata keys, its tensor names, what it would misread."""
 from __future__ import annotations
 
 import re
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kimi_audit.errors import GgufKeyError, KimiAuditError
@@ -245,13 +245,20 @@ def converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...]
     """The GGUF tensors the converter writes a release tensor into (DeepseekV2Model.modify_tensors): none for an
     FP8 scale (multiplied into its weight), a rotary buffer or an MTP layer's tensor; a routed expert's into its
     layer's stacked tensor; kv_b_proj into attn_k_b and attn_v_b (one attn_kv_b in files before #12801)."""
+    return converted_as(name, layers, stored, GGUF_DIALECT.rename)
+
+
+def converted_as(name: str, layers: int, stored: Container[str], rename: Callable[[str], str],
+                 expert: re.Pattern[str] = EXPERT) -> tuple[str, ...]:
+    """`converted`, the names spelled by `rename` and the routed experts found by `expert` (its groups: the
+    experts' module, the index, the weight): another architecture whose converter stacks experts and splits kv_b
+    as DeepseekV2Model does (Kimi-Linear's)."""
     m = LAYER.match(name)
     if name.endswith(DROPPED) or (m is not None and int(m.group(1)) >= layers):
         return ()
-    e = EXPERT.match(name)
+    e = expert.match(name)
     if e is not None:
         name = f"{e.group(1)}.{e.group(3)}"
-    rename = GGUF_DIALECT.rename
     if name.endswith(KV_B) and rename(name) not in stored:
         return rename(name[: -len(KV_B)] + K_B), rename(name[: -len(KV_B)] + V_B)
     return (rename(name),)

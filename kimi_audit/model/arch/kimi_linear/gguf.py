@@ -257,16 +257,7 @@ def converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...]
     """The GGUF tensors the converter writes a release tensor into (KimiLinearModel.modify_tensors): a routed
     expert's into its layer's stacked tensor; kv_b_proj into attn_k_b and attn_v_b (one attn_kv_b in older
     files); an FP8 scale into none (multiplied into its weight)."""
-    m = LAYER.match(name)
-    if name.endswith(deepseek2.DROPPED) or (m is not None and int(m.group(1)) >= layers):
-        return ()
-    e = EXPERT.match(name)
-    if e is not None:
-        name = f"{e.group(1)}.{e.group(3)}"
-    rename = GGUF_DIALECT.rename
-    if name.endswith(KV_B) and rename(name) not in stored:
-        return rename(name[: -len(KV_B)] + K_B), rename(name[: -len(KV_B)] + V_B)
-    return (rename(name),)
+    return deepseek2.converted_as(name, layers, stored, GGUF_DIALECT.rename, EXPERT)
 
 
 def release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int,
