@@ -272,17 +272,20 @@ def test_against_an_array_key_that_differs(sources: dict[str, Path], tmp_path: P
 # --- kimi-linear: what its loader reads beside deepseek2's keys ---------------------------------------------
 
 
+def trim_size_one_dims(g: Any) -> None:
+    """The KDA tensors as gguf.cpp stores them after llama-quantize or gguf-split: trailing ne of 1 dropped."""
+    for t in g.tensors:
+        if ".ssm_conv1d_" in t.name or t.name.endswith(".ssm_a"):
+            while len(t.ne) > 1 and t.ne[-1] == 1:
+                t.ne.pop()
+
+
 def test_kimi_linear_as_ggml_writes_it(tmp_path: Path) -> None:
     """The same file as llama-quantize or gguf-split writes it (gguf.cpp stores ggml_n_dims dimensions, the
     trailing ne of 1 dropped): each short convolution [64, 1, 4], each ssm_a [2, 1]. llama.cpp loads either
     form (check_tensor_dims reads absent dimensions as 1): PASS, no finding."""
-    def trim(g: Any) -> None:
-        for t in g.tensors:
-            if ".ssm_conv1d_" in t.name or t.name.endswith(".ssm_a"):
-                while len(t.ne) > 1 and t.ne[-1] == 1:
-                    t.ne.pop()
     out = tmp_path / FILE
-    rewrite(DATA / "kimi-linear" / FILE, out, trim)
+    rewrite(DATA / "kimi-linear" / FILE, out, trim_size_one_dims)
     assert [len(t.shape) for t in gguf.GGUFReader(out).tensors if t.name == "blk.0.ssm_a"] == [2]
     report = audit(out)
     assert report.verdict() == "PASS" and codes(report) == []
@@ -291,13 +294,8 @@ def test_kimi_linear_as_ggml_writes_it(tmp_path: Path) -> None:
 def test_kimi_linear_as_ggml_writes_it_against_its_source(tmp_path: Path, sources: dict[str, Path]) -> None:
     """The trimmed file held to its source with --values: the dropped size-1 dimensions are the same shape to
     llama.cpp, and to the comparison (no AGAINST_VALUES for the eight trimmed tensors)."""
-    def trim(g: Any) -> None:
-        for t in g.tensors:
-            if ".ssm_conv1d_" in t.name or t.name.endswith(".ssm_a"):
-                while len(t.ne) > 1 and t.ne[-1] == 1:
-                    t.ne.pop()
     out = tmp_path / FILE
-    rewrite(DATA / "kimi-linear" / FILE, out, trim)
+    rewrite(DATA / "kimi-linear" / FILE, out, trim_size_one_dims)
     if not same_source("kimi-linear", sources["kimi-linear"]):
         pytest.skip("this torch wrote another source than the generator's")
     result = runner.invoke(app, ["audit", str(out), "--against", str(sources["kimi-linear"]), "--values",
