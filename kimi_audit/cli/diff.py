@@ -95,6 +95,11 @@ def same_model(a: Checkpoint, b: Checkpoint) -> str | None:
 
     from kimi_audit.checks.same_model import held, same_model_line
 
+    def quantization(c: Checkpoint) -> object:
+        return None if c.config.quant is None else c.config.quant.summary()
+
+    if quantization(a) == quantization(b):  # one quantized the other needs two quantizations: nothing to weigh
+        return None
     model_type = a.config_raw.get("model_type")
     line = same_model_line(held(b, a), model_type)
     if line is None:
