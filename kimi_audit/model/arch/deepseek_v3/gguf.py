@@ -270,12 +270,24 @@ def release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int
     the release's tensors dequantized, by rows), as (their shape, the values in pieces in the tensor's order):
     stacked experts one expert after another, each in row bands; kv_b split per head (its key half transposed);
     the rest in row bands. None for a name the release has no source of. Nothing is read until the pieces are."""
-    tree = {v: k for k, v in GGUF_DIALECT._table.items()}
+    return release_values_as(gguf_name, read, experts, heads, nope, GGUF_DIALECT, STACKED)
+
+
+Values = tuple[tuple[int, ...], Iterator["np.ndarray"]]
+
+
+def release_values_as(gguf_name: str, read: ReleaseReader, experts: int, heads: int, nope: int,
+                      dialect: GgufDialect, stacked: re.Pattern[str],
+                      special: Callable[[str, ReleaseReader], Values | None] | None = None) -> Values | None:
+    """`release_values` for an architecture whose converter stacks experts and splits kv_b as DeepseekV2Model
+    does (Kimi-Linear's): its names (`dialect`), its routed experts (`stacked`: the experts' module and the
+    weight), and `special`, the values of its own tensors the converter transforms (None: none here)."""
+    tree = {v: k for k, v in dialect._table.items()}
     m = re.match(r"^blk\.(\d+)\.(.*)$", gguf_name)
     name = f"model.layers.{m.group(1)}.{tree.get(m.group(2), '')}" if m else tree.get(gguf_name, "")
     if not name or name.endswith("."):
         return None
-    s = STACKED.match(name)
+    s = stacked.match(name)
     if s is not None:
         names = [f"{s.group(1)}.{i}.{s.group(2)}" for i in range(experts)]
         one = read.shape(names[0]) if names else ()
@@ -286,7 +298,8 @@ def release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int
             rows, width = _kv_b_shape(read.shape(kv_b), heads, nope)
             shape = (heads, width, nope) if half == K_B else (heads, rows - nope, width)
             return shape, _kv_b_half(read, kv_b, heads, rows, nope, half == K_B)
-    return read.shape(name), read.bands(name)
+    own = special(name, read) if special is not None else None
+    return own if own is not None else (read.shape(name), read.bands(name))
 
 
 def _stacked(read: ReleaseReader, names: list[str], one: tuple[int, ...]) -> Iterator[np.ndarray]:

@@ -246,10 +246,8 @@ def _rope(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 EXPERT = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.experts)\.(\d+)\.(w[123]\.weight)$")
 STACKED = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.experts)\.(w[123]\.weight)$")
-KV_B, K_B, V_B = "self_attn.kv_b_proj.weight", "self_attn.k_b_proj.weight", "self_attn.v_b_proj.weight"
 A_LOG, CONV = ".self_attn.A_log", ("_conv1d.weight",)
 
 
@@ -263,27 +261,19 @@ def converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...]
 def release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int,
                    nope: int) -> tuple[tuple[int, ...], Iterator[np.ndarray]] | None:
     """The float32 values the converter writes into GGUF tensor `gguf_name` from the release's tensors (`read`),
-    as (their shape, the values in pieces in the tensor's order): stacked experts one after another; kv_b split
+    as (their shape, the values in pieces in the tensor's order): stacked experts one after another and kv_b split
     per head as deepseek2's; a short convolution's rows as they are, in the 4-D shape; -exp(A_log); the rest in
     row bands. None for a name the release has no source of."""
-    tree = {v: k for k, v in GGUF_DIALECT._table.items()}
-    m = re.match(r"^blk\.(\d+)\.(.*)$", gguf_name)
-    name = f"model.layers.{m.group(1)}.{tree.get(m.group(2), '')}" if m else tree.get(gguf_name, "")
-    if not name or name.endswith("."):
-        return None
-    s = STACKED.match(name)
-    if s is not None:
-        names = [f"{s.group(1)}.{i}.{s.group(2)}" for i in range(experts)]
-        one = read.shape(names[0]) if names else ()
-        return (experts, *one), deepseek2._stacked(read, names, one)
-    if name.endswith((K_B, V_B)):  # the same release names as DeepseekV3's: deepseek2's split
-        return deepseek2.release_values(gguf_name, read, experts, heads, nope)
-    shape = read.shape(name)
-    if name.endswith(CONV) and len(shape) == 3:
+    return deepseek2.release_values_as(gguf_name, read, experts, heads, nope, GGUF_DIALECT, STACKED, _transformed)
+
+
+def _transformed(name: str, read: ReleaseReader) -> tuple[tuple[int, ...], Iterator[np.ndarray]] | None:
+    """The KDA tensors the converter writes transformed: a short convolution in the 4-D shape, -exp(A_log)."""
+    if name.endswith(CONV) and len(shape := read.shape(name)) == 3:
         return (1, shape[0], 1, shape[2]), read.bands(name)
     if name.endswith(A_LOG):
-        return shape, _minus_exp(read, name)
-    return shape, read.bands(name)
+        return read.shape(name), _minus_exp(read, name)
+    return None
 
 
 def _minus_exp(read: ReleaseReader, name: str) -> Iterator[np.ndarray]:
