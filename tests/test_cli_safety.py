@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -106,13 +107,24 @@ def test_a_signal_during_demo_removes_its_temporary_directory(tmp_path, sig, cod
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
-    p = subprocess.Popen(kimi_audit("demo"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    returncode, err = _signal_once(kimi_audit("demo"), env, lambda: any(tmp.glob("kimi-audit-demo-*")), sig,
+                                   "demo never made its temporary directory")
+    assert returncode == code, err
+    assert b"Traceback" not in err
+    assert list(tmp.iterdir()) == []
+
+
+def _signal_once(argv: list[str], env: dict[str, str], ready: Callable[[], bool], sig: int,
+                 never: str) -> tuple[int, bytes]:
+    """Run `argv`, send it `sig` once `ready()` holds (at most 60 s: else `never`), and return its exit code and
+    stderr (the process killed if it outlives the test)."""
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          preexec_fn=_no_sigint_ignored)
     try:
         deadline = time.monotonic() + 60
-        while not any(tmp.glob("kimi-audit-demo-*")):
+        while not ready():
             assert p.poll() is None, p.stderr.read() if p.stderr else ""
-            assert time.monotonic() < deadline, "demo never made its temporary directory"
+            assert time.monotonic() < deadline, never
             time.sleep(0.005)
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
@@ -120,9 +132,7 @@ def test_a_signal_during_demo_removes_its_temporary_directory(tmp_path, sig, cod
         if p.poll() is None:
             p.kill()
             p.wait()
-    assert p.returncode == code, err
-    assert b"Traceback" not in err
-    assert list(tmp.iterdir()) == []
+    return p.returncode, err
 
 
 @pytest.mark.slow  # starts a full-scale build (in a subprocess)
@@ -135,21 +145,10 @@ def test_an_interrupted_demo_dir_leaves_none_of_its_files(tmp_path, sig, code, e
     if existed:
         target.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.Popen(kimi_audit("demo", str(target)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         preexec_fn=_no_sigint_ignored)
-    try:
-        deadline = time.monotonic() + 60
-        while len(list(target.glob("model-*.safetensors"))) < 3:
-            assert p.poll() is None, p.stderr.read() if p.stderr else ""
-            assert time.monotonic() < deadline, "demo never wrote its shards"
-            time.sleep(0.005)
-        p.send_signal(sig)
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == code and b"Traceback" not in err, err
+    returncode, err = _signal_once(kimi_audit("demo", str(target)), env,
+                                   lambda: len(list(target.glob("model-*.safetensors"))) >= 3, sig,
+                                   "demo never wrote its shards")
+    assert returncode == code and b"Traceback" not in err, err
     assert (list(target.iterdir()) == []) if existed else not target.exists()
     r = cli("demo", str(target))
     assert r.exit_code == 0, r.output
