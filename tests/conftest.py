@@ -256,3 +256,19 @@ def quiet_transformers() -> Iterator[None]:
     yield
     hf_logging.enable_progress_bar()
     hf_logging.set_verbosity(verbosity)
+
+
+@pytest.fixture
+def ray_alone(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Ray's "auto" with no cluster to find: it connects to any Ray on the host (its processes, /tmp/ray), so both
+    are hidden (no Ray process found, a RAY_TMPDIR of the test's own), and another Ray beside the suite does not
+    decide the answer."""
+    services = pytest.importorskip("ray._private.services", reason="Ray is in the test extra: pip install -e '.[test]'")
+
+    def no_ray_processes() -> list[str]:
+        return []
+
+    no_ray_processes.cache_clear = lambda: None  # type: ignore[attr-defined]  # as Ray's own has
+    monkeypatch.setattr(services, "find_gcs_addresses", no_ray_processes)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path_factory.mktemp("ray")))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)

@@ -151,19 +151,10 @@ def test_grouped_names_keep_their_zero_padding() -> None:
         "model.layers.{1-60}.mlp.gate.weight"]
 
 
-def test_verify_ray_without_a_cluster_names_the_tools_own_options(tmp_path: Path, monkeypatch) -> None:
+def test_verify_ray_without_a_cluster_names_the_tools_own_options(tmp_path: Path, ray_alone: None) -> None:
     """`verify --ray` without a cluster repeated Ray's advice to pass `--address`; the option is --ray-address.
     Run in this process, with Ray's look for a cluster on the host hidden (no Ray process found, its own
     RAY_TMPDIR): a subprocess found the Ray another test ran beside it and got LocalRayletDiedError."""
-    ray_services = pytest.importorskip("ray._private.services")
-
-    def no_ray_processes() -> list[str]:
-        return []
-
-    no_ray_processes.cache_clear = lambda: None  # type: ignore[attr-defined]  # as Ray's own has
-    monkeypatch.setattr(ray_services, "find_gcs_addresses", no_ray_processes)
-    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     d = tmp_path / "t"
     runner.invoke(app, ["demo", "--tiny", str(d)])
     r = runner.invoke(app, ["verify", str(d), "--ray", "--no-progress"])

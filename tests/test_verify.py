@@ -418,20 +418,12 @@ def test_ray_that_cannot_start_is_unusable_input_exit_2(pristine, monkeypatch, r
     assert "--address" not in lines[0].replace("--ray-address", "")
 
 
-def test_ray_without_a_cluster_is_exit_2_whatever_runs_on_the_host(pristine, monkeypatch, tmp_path) -> None:
+def test_ray_without_a_cluster_is_exit_2_whatever_runs_on_the_host(pristine, ray_alone) -> None:
     """`verify --ray` (Ray's "auto") on a host where no cluster runs: exit 2, one line. Ray's "auto" connects to
     any Ray it finds on the host (its processes, /tmp/ray): the test hides both (no process found, its own
     RAY_TMPDIR), so that another Ray running beside the suite does not decide the answer."""
-    ray = pytest.importorskip("ray", reason="Ray is in the test extra: pip install -e '.[test]'")
-    import ray._private.services as services
+    import ray
 
-    def no_ray_processes() -> list[str]:
-        return []
-
-    no_ray_processes.cache_clear = lambda: None  # type: ignore[attr-defined]  # as Ray's own has
-    monkeypatch.setattr(services, "find_gcs_addresses", no_ray_processes)
-    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     d, _ = pristine
     r = run("verify", str(d), "--ray", "--no-progress")
     assert r.exit_code == 2 and not ray.is_initialized(), r.output
