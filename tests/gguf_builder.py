@@ -81,3 +81,14 @@ def write(g: Gguf, path: Path) -> None:
     head = head.ljust(-(-len(head) // g.alignment) * g.alignment, b"\0")
     data = data.ljust(-(-len(data) // g.alignment) * g.alignment, b"\0")
     path.write_bytes(head + data)
+
+
+def assert_tensors_read_as_gguf_py(part: Any, theirs: GGUFReader) -> None:
+    """kimi-audit's reading of a part (format.gguf.GgufPart) against gguf-py's: no finding, and every tensor's name,
+    ggml type, shape (numpy order) and absolute offset the same."""
+    cols = part.header.columns
+    assert part.header.findings == ()
+    assert cols.names == [t.name for t in theirs.tensors]
+    assert cols.dtypes == [t.tensor_type.name for t in theirs.tensors]
+    assert cols.shapes == [tuple(int(d) for d in reversed(t.shape)) for t in theirs.tensors]
+    assert [part.header.data_start + b for b in cols.begins] == [int(t.data_offset) for t in theirs.tensors]
