@@ -25,7 +25,7 @@ from kimi_audit.checks.audit import AuditReport
 from kimi_audit.checks.rows import BAND_BYTES, SourceRows
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error, info
-from kimi_audit.format.gguf import GgufArray
+from kimi_audit.format.gguf import GgufArray, ggml_dims
 from kimi_audit.format.gguf_types import GGML_BY_NAME
 from kimi_audit.format.table import tensor_table
 from kimi_audit.model.arch.registry import architecture_of, gguf_architecture, gguf_converts
@@ -53,14 +53,8 @@ def _same(expected: Any, actual: Any) -> bool:
 
 
 def same_dims(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    """Two shapes llama.cpp takes for one: equal once leading 1s (ggml's trailing size-1 dimensions, which
-    llama-quantize and llama-gguf-split drop) are set aside, as its check_tensor_dims compares them."""
-    def core(s: tuple[int, ...]) -> tuple[int, ...]:
-        s = tuple(s)
-        while len(s) > 1 and s[0] == 1:
-            s = s[1:]
-        return s
-    return core(a) == core(b)
+    """Two shapes llama.cpp takes for one (format.gguf.ggml_dims)."""
+    return ggml_dims(a) == ggml_dims(b)
 
 
 def _plain(value: Any) -> Any:

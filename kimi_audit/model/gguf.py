@@ -17,7 +17,7 @@ from kimi_audit.constants import GGUF_SUFFIX, SAFETENSORS_SUFFIX
 from kimi_audit.errors import ConfigError, GgufKeyError, GgufSetError
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.columns import label
-from kimi_audit.format.gguf import GgufPart, read_gguf_part
+from kimi_audit.format.gguf import GgufPart, ggml_dims, read_gguf_part
 from kimi_audit.format.gguf_keys import LOADER_KEYS, loader_required, loader_value_findings, mistyped
 from kimi_audit.format.gguf_split import NOT_MODELS, SPLIT_NO, gguf_sets, not_a_model, part_number
 from kimi_audit.format.gguf_types import GGML_BY_NAME
@@ -95,22 +95,29 @@ def choose_set(source: Source, files: Iterable[str]) -> tuple[list[str], dict[st
 
 
 def with_stored_types(layout: ExpectedLayout, headers: dict[str, ShardHeader]) -> ExpectedLayout:
-    """The layout with each GGUF weight's dtype the ggml type stored for it, where that is a weight type whose
-    block divides the row (a weight stored otherwise keeps GGML_ANY, which no stored type equals)."""
-    stored = {n: d for h in headers.values() for n, d in zip(h.columns.names, h.columns.dtypes)}
+    """The layout as llama.cpp's loader holds the stored tensors to it: each GGUF weight's dtype the ggml type
+    stored for it, where that is a weight type whose block divides the row (a weight stored otherwise keeps
+    GGML_ANY, which no stored type equals); and each shape as stored where it is the expected one without the
+    leading 1s ggml's writers leave out (format.gguf.ggml_dims: llama-quantize and llama-gguf-split store a
+    convolution (1, d, 1, k) as (d, 1, k), which the loader reads alike)."""
+    stored = {n: (d, s) for h in headers.values() for n, d, s in zip(h.columns.names, h.columns.dtypes,
+                                                                    h.columns.shapes)}
     specs, spec_of = list(layout.specs), list(layout.spec_of)
-    made: dict[tuple[int, str], int] = {}
+    made: dict[tuple[int, str, tuple[int, ...]], int] = {}
     for p, name in enumerate(layout.names):
         s = specs[spec_of[p]]
-        if s.dtype != GGML_ANY:
+        dtype, shape = stored.get(name, ("", s.shape))
+        t = GGML_BY_NAME.get(dtype) if s.dtype == GGML_ANY else None
+        if t is not None and not fits(s.dtype, t.name, s.shape):
+            t = None
+        trimmed = shape != s.shape and ggml_dims(shape) == ggml_dims(s.shape)
+        if t is None and not trimmed:
             continue
-        t = GGML_BY_NAME.get(stored.get(name, ""))
-        if t is None or not fits(s.dtype, t.name, s.shape):
-            continue
-        key = (spec_of[p], t.name)
+        key = (spec_of[p], t.name if t is not None else s.dtype, shape if trimmed else s.shape)
         if key not in made:
             made[key] = len(specs)
-            specs.append(s._replace(dtype=t.name, nbytes=t.nbytes(math.prod(s.shape))))
+            spec = s._replace(shape=key[2])
+            specs.append(spec if t is None else spec._replace(dtype=t.name, nbytes=t.nbytes(math.prod(s.shape))))
         spec_of[p] = made[key]
     return ExpectedLayout(layout.names, spec_of, specs, layout.layer_of, layout.meta_at, layout.meta_owner)
 

@@ -32,7 +32,7 @@ from kimi_audit.errors import ConfigError
 from kimi_audit.model.arch.deepseek_v3 import ROUTER_BIAS_SUFFIX
 from kimi_audit.model.arch.deepseek_v3 import _Describe as _MLA
 from kimi_audit.model.arch.deepseek_v3.gguf import GGUF_ROUTER_BIAS
-from kimi_audit.model.arch.kimi_linear.gguf import GGUF_DIALECT, TRIMMED
+from kimi_audit.model.arch.kimi_linear.gguf import GGUF_DIALECT
 from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
@@ -120,7 +120,6 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
     spelled = {"linear_head_dim": "head_dim", "linear_num_heads": "num_heads",
                "linear_conv_kernel_dim": "short_conv_kernel_size"}
     dims = {k: read_int(linear, spelled[k], {spelled[k]: g(k)}) for k in spelled}
-    dims[TRIMMED] = int(cfg.get(TRIMMED) is True)  # a GGUF's KDA shapes as ggml writes them (kimi_linear.gguf)
     kinds = tuple(f"{KL_MLP[m]}_{KL_ATTENTION[a]}" for m, a in zip(mlp, attention))
     return scheduled(cfg, fields, dims, kinds, ARCHITECTURE.quant)
 
@@ -156,14 +155,10 @@ class _Describe(_MLA):
             mla.key, mla.title, tuple(c for c in mla.children if not isinstance(c, Buffer)))
         return (self.norms(), attn, *(self.moe() if mlp == "moe" else self.dense()))
 
-    def trimmed(self) -> bool:
-        """A GGUF written by ggml's own writer: the KDA tensors' leading 1s dropped (kimi_linear.gguf.TRIMMED)."""
-        return self.stacked and bool(dict(self.cfg.dims).get(TRIMMED))
-
     def a_log_shape(self) -> tuple[Factor, ...]:
         one = Factor(1, "channel", ())
         heads = Factor(self.cfg.dim("linear_num_heads"), "linear heads", ("linear_num_heads",))
-        return (heads, one) if self.trimmed() else (one, one, heads, one)
+        return (one, one, heads, one)
 
     def o_norm_dtype(self) -> str:
         return self.control_dtype or self.cfg.dtype
@@ -188,8 +183,9 @@ class _Describe(_MLA):
         one = Factor(1, "channel", ())
         control = self.control_dtype or c.dtype
         k = (BLOCK_KEYS, DTYPE_KEYS)
-        # llama.cpp's converter writes (1, d_inner, 1, d_conv), ggml's writer drops the leading 1
-        conv = (one, qkv, one, kernel) if self.stacked and not self.trimmed() else (qkv, one, kernel)
+        # llama.cpp's converter writes (1, d_inner, 1, d_conv); ggml's writers drop the leading 1, which the GGUF
+        # layout takes as the loader does (model.gguf.with_stored_types)
+        conv = (one, qkv, one, kernel) if self.stacked else (qkv, one, kernel)
 
         def lin(p: str, title: str, out: Factor, inp: Factor) -> Leaf:
             return Leaf(p, p, title, f"kda_{p}", (Linear(f"self_attn.{p}", (out,), (inp,)),), k)

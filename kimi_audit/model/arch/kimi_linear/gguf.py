@@ -37,11 +37,6 @@ if TYPE_CHECKING:
 GGUF_ARCH = "kimi-linear"
 MODEL_TYPE = "kimi_linear"
 CLASS_NAME = "KimiLinearForCausalLM"
-TRIMMED = "ggml_trimmed_dims"
-"""The config key (kimi-audit's, read from a GGUF's shapes) saying its KDA tensors are stored as ggml's own writer
-stores them: gguf.cpp writes ggml_n_dims dimensions, dropping the trailing ne of 1 (llama-quantize's, gguf-split's
-output: a short convolution (d_inner, 1, d_conv), ssm_a (heads, 1)), where the Python converter writes the 4-D
-numpy shape. llama.cpp loads either (llama_model_loader::check_tensor_dims reads absent dimensions as 1)."""
 GGUF_TOP = deepseek2.GGUF_TOP
 GGUF_LAYER = tuple((f"{hf}.weight", f"{gguf}.weight") for hf, gguf in (
     ("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"),
@@ -178,7 +173,6 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         "vocab_size": embed[0] if vocab is None and embed else vocab,
         "layer_types": layer_types(kv, n),
         "linear_attn_config": {"num_heads": heads, **{c: k(key) for key, c in KDA}},
-        TRIMMED: any(name.endswith(".ssm_conv1d_q.weight") and len(shape) < 4 for name, shape in stored.items()),
         "tie_word_embeddings": "output.weight" not in stored, "torch_dtype": "float32",
         "quantization_config": {"quant_method": "gguf", **({"format": "kv_b"} if _whole_kv_b(stored) else {})},
     })
