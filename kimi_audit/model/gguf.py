@@ -179,9 +179,7 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
             findings.append(error("GGUF_KEY_MISSING", f"{part}: no {GENERAL_ARCHITECTURE} key: the file names no "
                                   "model, llama.cpp cannot load it, and no tensor could be checked against a layout",
                                   tensor=GENERAL_ARCHITECTURE, shard=part))
-        raw = {"model_type": None, GGUF_ARCHITECTURE: None if hyper else name}
-        cfg = unsupported_config(raw)
-        return raw, cfg, expected_layout(cfg), findings
+        return _no_layout(None if hyper else name, findings)
     absent = [k for k in (*loader_required(kv), *(f"{name}.{k}" for k in arch.gguf.required)) if k not in kv]
     kv = {k: v for k, v in kv.items() if k not in {w[0] for w in wrong}}  # (a mistyped key: its GGUF_KEY_TYPE)
     if absent:
@@ -203,9 +201,16 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
             said = str(e).replace("config.json ", "the config its metadata implies: ")
             findings.append(error("GGUF_KEY_VALUE", f"{part}: the hyperparameters in its {name}.* keys are no model "
                                   f"llama.cpp loads ({said})", tensor=f"{name}.*", shard=part))
-        raw = {"model_type": None, GGUF_ARCHITECTURE: None}
-        cfg = unsupported_config(raw)
-        return raw, cfg, expected_layout(cfg), findings
+        return _no_layout(None, findings)
     findings += meta
     layout = with_stored_types(respelled(expected_layout(cfg), arch.gguf.rename), headers)
     return raw, cfg, layout, findings
+
+
+def _no_layout(architecture: Any, findings: list[Finding]) -> tuple[dict[str, Any], ModelConfig, ExpectedLayout,
+                                                                    list[Finding]]:
+    """No model read: the config that derives no layout, naming the `general.architecture` no dialect reads (None
+    where a finding already says why no layout follows, so the audit adds no LAYOUT_UNSUPPORTED)."""
+    raw = {"model_type": None, GGUF_ARCHITECTURE: architecture}
+    cfg = unsupported_config(raw)
+    return raw, cfg, expected_layout(cfg), findings
