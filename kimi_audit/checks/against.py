@@ -25,8 +25,8 @@ from kimi_audit.checks.audit import AuditReport
 from kimi_audit.checks.rows import BAND_BYTES, SourceRows
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error, info
-from kimi_audit.format.gguf import GgufArray, ggml_dims
-from kimi_audit.format.gguf_types import GGML_BY_NAME
+from kimi_audit.format.gguf import GgufArray
+from kimi_audit.format.gguf_types import GGML_BY_NAME, ggml_dims
 from kimi_audit.format.table import tensor_table
 from kimi_audit.model.arch.registry import architecture_of, gguf_architecture, gguf_converts
 from kimi_audit.model.arch.spec import GgufDialect
@@ -53,7 +53,7 @@ def _same(expected: Any, actual: Any) -> bool:
 
 
 def same_dims(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    """Two shapes llama.cpp takes for one (format.gguf.ggml_dims)."""
+    """Two shapes llama.cpp takes for one (format.gguf_types.ggml_dims)."""
     return ggml_dims(a) == ggml_dims(b)
 
 

@@ -214,16 +214,6 @@ class _Cursor:
                        if item != ARRAY else f"{label(key)} is an array of arrays")
 
 
-def ggml_dims(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """A shape (numpy order) as gguf.cpp stores it from a ggml tensor: its trailing ne of 1 dropped (ggml_n_dims),
-    its leading 1s here. llama.cpp's loader reads the dimensions a file leaves out as 1 (llama-model-loader.cpp
-    check_tensor_dims): two shapes equal in this form are one to it."""
-    shape = tuple(shape)
-    while len(shape) > 1 and shape[0] == 1:
-        shape = shape[1:]
-    return shape
-
-
 def read_gguf_part(source: Source, name: str) -> GgufPart:
     """One part's header, checked: the container's own rules (magic, version, counts, alignment, every tensor's
     type, bytes inside the file, aligned, not overlapping, names unique)."""

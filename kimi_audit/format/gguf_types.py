@@ -94,3 +94,13 @@ def _table() -> tuple[Mapping[int, GgmlType], Mapping[str, GgmlType]]:
 
 GGML_TYPES, GGML_BY_NAME = _table()
 """id -> type, name -> type (read-only)."""
+
+
+def ggml_dims(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape (numpy order) as gguf.cpp stores it from a ggml tensor: its trailing ne of 1 dropped (ggml_n_dims),
+    its leading 1s here. llama.cpp's loader reads the dimensions a file leaves out as 1 (llama-model-loader.cpp
+    check_tensor_dims): two shapes equal in this form are one to it."""
+    shape = tuple(shape)
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape

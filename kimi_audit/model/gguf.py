@@ -17,10 +17,10 @@ from kimi_audit.constants import GGUF_SUFFIX, SAFETENSORS_SUFFIX
 from kimi_audit.errors import ConfigError, GgufKeyError, GgufSetError
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.columns import label
-from kimi_audit.format.gguf import GgufPart, ggml_dims, read_gguf_part
+from kimi_audit.format.gguf import GgufPart, read_gguf_part
 from kimi_audit.format.gguf_keys import LOADER_KEYS, loader_required, loader_value_findings, mistyped
 from kimi_audit.format.gguf_split import NOT_MODELS, SPLIT_NO, gguf_sets, not_a_model, part_number
-from kimi_audit.format.gguf_types import GGML_BY_NAME
+from kimi_audit.format.gguf_types import GGML_BY_NAME, ggml_dims
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.model.arch.registry import gguf_architecture
 from kimi_audit.model.config import model_config_from_dict
@@ -98,7 +98,7 @@ def with_stored_types(layout: ExpectedLayout, headers: dict[str, ShardHeader]) -
     """The layout as llama.cpp's loader holds the stored tensors to it: each GGUF weight's dtype the ggml type
     stored for it, where that is a weight type whose block divides the row (a weight stored otherwise keeps
     GGML_ANY, which no stored type equals); and each shape as stored where it is the expected one without the
-    leading 1s ggml's writers leave out (format.gguf.ggml_dims: llama-quantize and llama-gguf-split store a
+    leading 1s ggml's writers leave out (format.gguf_types.ggml_dims: llama-quantize and llama-gguf-split store a
     convolution (1, d, 1, k) as (d, 1, k), which the loader reads alike)."""
     stored = {n: (d, s) for h in headers.values() for n, d, s in zip(h.columns.names, h.columns.dtypes,
                                                                     h.columns.shapes)}
