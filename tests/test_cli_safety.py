@@ -64,6 +64,17 @@ def test_demo_refuses_a_file_even_with_force(tmp_path):
     assert target.read_bytes() == b"keep"
 
 
+def test_demo_tiny_force_leaves_other_safetensors_files_alone(tmp_path):
+    """--force promises that only the checkpoint's own names are written: a user's other safetensors file in DIR
+    (write_tiny once removed every *.safetensors there) keeps its bytes."""
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "adapter.safetensors").write_bytes(b"precious")
+    r = cli("demo", "--tiny", str(target), "--force")
+    assert (target / "adapter.safetensors").read_bytes() == b"precious"
+    assert r.exit_code == 1 and "adapter.safetensors" in r.stdout  # the audit that follows sees it beside the set
+
+
 @pytest.mark.slow
 def test_demo_force_writes_only_the_replica_files_and_never_through_a_link(tmp_path):
     """--force replaces the replica's own names and nothing else. A name planted in DIR as a symlink or a hard

@@ -110,11 +110,9 @@ def safetensors_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 
 
 def write_tiny(directory: Path, shards: Shards, config: dict[str, Any] | None = None) -> Path:
-    """Write shards, a matching index and config.json into `directory` (each file new, renamed over its name),
-    replacing any shards there."""
+    """Write shards, a matching index and config.json into `directory` (each file new, renamed over its name).
+    No other file there is touched: `demo --tiny DIR --force` promises to write only the checkpoint's own names."""
     directory.mkdir(parents=True, exist_ok=True)
-    for old in directory.glob("*.safetensors"):
-        old.unlink()
     weight_map = {}
     total = 0
     for shard, members in shards.items():
