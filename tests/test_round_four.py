@@ -340,3 +340,17 @@ def test_split_keys_that_cannot_be_read_are_no_missing_part(tmp_path: Path) -> N
 def test_expert_count_missing_over_stored_experts_is_one_finding(tmp_path: Path) -> None:
     report = audit(rewrite(tmp_path / "e.gguf", lambda g: g.kv.pop("deepseek2.expert_count")))
     assert codes(report) == ["GGUF_KEY_MISSING"] and report.findings[0].tensor == "deepseek2.expert_count"
+
+
+def test_weights_stored_in_a_type_llama_cpp_refuses_are_one_cause_in_gguf_words(tmp_path: Path) -> None:
+    """Three weights stored Q8_1 are one QUANT_FORMAT_MISMATCH (one choice of the quantizer), worded for a GGUF,
+    which has no quantization_config to blame."""
+    def q8_1(g: gb.Gguf) -> None:
+        for layer in range(3):
+            t = g.tensor(f"blk.{layer}.attn_q_b.weight")
+            t.type_id, t.data = 9, bytes(t.ne[0] * t.ne[1] // 32 * 36)
+
+    report = audit(rewrite(tmp_path / "q.gguf", q8_1))
+    assert codes(report) == ["QUANT_FORMAT_MISMATCH"] and report.findings[0].covers == 3
+    message = report.findings[0].message
+    assert "quantization_config" not in message and "3 weights are stored Q8_1" in message

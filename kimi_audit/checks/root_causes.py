@@ -31,6 +31,7 @@ from kimi_audit.model.arch.registry import undescribed
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.layout import ExpectedLayout
+from kimi_audit.model.quant.dispatch import formats
 from kimi_audit.model.quant.scheme import Unquantized
 
 ROOT_SHARD_CODES = ("INDEX_SHARD_ABSENT", "SHARD_UNREADABLE")
@@ -213,10 +214,9 @@ def fold_format_mismatch(findings: list[Finding], expected: ExpectedLayout,
     for (scheme, want, got), names in wrong.items():
         if len(names) < 2 or kinds[scheme, want] > 1:  # one other dtype throughout, or tensors cast one by one
             continue
-        which = "every one is" if len(names) == planned[scheme, want] else f"{len(names):,} of them are"
-        root = error("QUANT_FORMAT_MISMATCH", f"quantization_config plans {planned[scheme, want]:,} weights as "
-                     f"{scheme} ({want}); {which} stored {got}: the config describes another format than the files "
-                     f"hold (first: {names[0]})", tensor=names[0], expected=want, actual=got)
+        words = next(c for c in formats() if c.key == scheme).format_mismatch
+        root = error("QUANT_FORMAT_MISMATCH", words(planned[scheme, want], want, len(names), got, names[0]),
+                     tensor=names[0], expected=want, actual=got)
         roots.update((n[: n.rindex(".")], root) for n in names)
     if not roots:
         return findings

@@ -53,6 +53,16 @@ class Gguf(Scheme):
         t = GGML_BY_NAME.get(stored)
         return expected == GGML_ANY and t is not None and t.weight and bool(shape) and shape[-1] % t.block == 0
 
+    @classmethod
+    def format_mismatch(cls, planned: int, want: str, count: int, got: str, first: str) -> str:
+        """A GGUF has no quantization_config: each weight's type is the quantizer's choice (`planned` counts only
+        the weights left unresolved, those stored in no type that fits, so it is not said)."""
+        t = GGML_BY_NAME.get(got)
+        why = ("no ggml type llama.cpp loads a weight in" if t is None or not t.weight
+               else f"whose {t.block}-value blocks do not divide their rows")
+        return (f"{count:,} weights are stored {got}, {why}: one choice of the "
+                f"quantizer, not {count:,} faults (first: {first})")
+
     def summary(self) -> dict[str, Any]:
         return {"method": GGUF_METHOD, "tree": self.tree}
 
