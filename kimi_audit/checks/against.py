@@ -104,7 +104,8 @@ def against_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_s
         targets = dialect.converted(spelled, layers, names)
         if not targets:
             continue
-        total += e.logical if e is not None else math.prod(shape)
+        elements = e.logical if e is not None else math.prod(shape)
+        total += elements if dialect.written is None else dialect.written(spelled, elements, hf.config)
         if not all(t in names or t in missing for t in targets):
             unaccounted.append(name)
     if unaccounted:

@@ -288,6 +288,10 @@ class GgufDialect:
     wrapper's release converts (`audit --against`)."""
     projector: GgufProjector | None = None
     """The architecture's vision tower as llama.cpp's `--mmproj` converter writes it (an `mmproj-*.gguf` file)."""
+    written: Callable[[str, int, ModelConfig], int] | None = None
+    """(a release tensor's name as `converted` takes it, its elements, the release's config) -> the elements the
+    converter writes of it, where it writes fewer than it reads (Kimi K3's A_log cut to its heads): what `audit
+    --against` totals; None: every element."""
 
     def rename(self, name: str) -> str:
         """A tree name in GGUF's spelling (unchanged where the table has none)."""

@@ -21,6 +21,11 @@ lists every text-model tensor name; SGLang's `KimiK3ForConditionalGeneration` (p
 builds the modules that read them. The release quantizes the routed experts only, compressed-tensors
 `mxfp4-pack-quantized` (model.quant). transformers 5.25 has no kimi_k3: no other writer's spelling is known.
 
+llama.cpp's GGUF (`kimi-k3`, the dialect in model.arch.kimi_k3.gguf) writes the tree its converter makes: the
+text model alone, Kimi-Linear's converted tree (model.arch.kimi_linear) with each attention residual's norm and
+projection fused into one F32 vector (named here after the norm), the KDA gate `g_proj` told from the MLA one
+(`self_attn.kda_g_proj` in that tree), `A_log` cut to its heads.
+
 Not described: the vision tower (`vision_tower.*`, SGLang's MoonViT3d `KimiK3VisionTower`) and its projector
 (`mm_projector.*`), whose config (`vision_config`) this module does not read: their tensors are one
 TENSORS_UNDESCRIBED info, unchecked.
@@ -33,6 +38,7 @@ from typing import Any
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.model.arch import kimi_linear
+from kimi_audit.model.arch.kimi_k3.gguf import GGUF_DIALECT, KDA_GATE
 from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
@@ -43,6 +49,7 @@ from kimi_audit.model.arch.spec import (
     Linear,
     ModelTree,
     Node,
+    Param,
     prefixed,
     register,
 )
@@ -109,8 +116,14 @@ class _Describe(kimi_linear._Describe):
                          tuple(prefixed(n, TEXT_PREFIX) for n in (*residual, *base.after)))
 
     def residual(self, key: str, title: str, stem: str) -> Group:
-        """An attention residual: an RMSNorm's gain and a projection to one score."""
+        """An attention residual: an RMSNorm's gain and a projection to one score; in llama.cpp's tree their
+        product, one vector (KimiK3Model._try_fuse_res), under the norm's name."""
         h = self.f("hidden_size", "hidden")
+        if self.stacked:
+            return Group(key, title, (Leaf(f"{key}_score", f"{stem.rpartition('.')[2]}_score",
+                                           f"{title} score (RMSNorm gain × score projection, fused)", "attn_res_norm",
+                                           (Param("Fused gain", f"{stem}_norm.weight", (h,), self.norm_dtype),),
+                                           (*RESIDUAL_KEYS, DTYPE_KEYS)),))
         one = Factor(1, "score", ())
         keys = (*RESIDUAL_KEYS, DTYPE_KEYS)
         return Group(key, title, (
@@ -135,14 +148,17 @@ class _Describe(kimi_linear._Describe):
         return (norms, *residual, attn, *mlp)
 
     def a_log_shape(self) -> tuple[Factor, ...]:
+        if self.stacked:  # llama.cpp's converter keeps the heads' values alone (`[:n_head]`)
+            return (self.f("num_attention_heads", "heads"),)
         return (Factor(self.cfg.dim("linear_head_dim"), "linear head dim (heads, zero-padded)",
                        ("linear_head_dim",)),)
 
     def output_gate(self, h: Factor, d: Factor, qkv: Factor) -> tuple[Leaf, ...]:
         if not self.cfg.dim("full_rank_gate"):
             return super().output_gate(h, d, qkv)
-        return (Leaf("g_proj", "g_proj", "Output gate (full rank)", "kda_g_proj",
-                     (Linear("self_attn.g_proj", (qkv,), (h,)),), (BLOCK_KEYS, "use_full_rank_gate", DTYPE_KEYS)),)
+        name = KDA_GATE.removesuffix(".weight") if self.stacked else "self_attn.g_proj"
+        return (Leaf("g_proj", "g_proj", "Output gate (full rank)", "kda_g_proj", (Linear(name, (qkv,), (h,)),),
+                     (BLOCK_KEYS, "use_full_rank_gate", DTYPE_KEYS)),)
 
     def expert_width(self) -> Factor:
         latent = self.cfg.dim("latent")
@@ -172,7 +188,7 @@ class _Describe(kimi_linear._Describe):
 
 ARCHITECTURE = register(Architecture(
     name="Kimi K3", model_types=MODEL_TYPES, read=read, describe=describe,
-    class_names=("KimiK3ForConditionalGeneration",),
+    class_names=("KimiK3ForConditionalGeneration",), writer_trees=kimi_linear.WRITER_TREES, gguf=GGUF_DIALECT,
     undescribed={r"vision_tower\.": "K3's vision tower (MoonViT3d; vision_config is not read)",
                  r"mm_projector\.": "K3's multimodal projector (vision_config is not read)"},
     float32_routers=kimi_linear.ARCHITECTURE.float32_routers, buffered=kimi_linear.ARCHITECTURE.buffered,

@@ -110,28 +110,28 @@ REQUIRED = ("block_count", "embedding_length", "attention.head_count", "attentio
 """What this tool cannot read the model without."""
 
 
-def one_value(value: Any, key: str) -> Any:
-    """A `get_key_or_arr` key's one value: a scalar, or an array whose values agree."""
+def one_value(value: Any, key: str, a: str = GGUF_ARCH) -> Any:
+    """A `get_key_or_arr` key's one value: a scalar, or an array whose values agree (`a`: the arch, kimi-k3's
+    loader reads them as kimi-linear's)."""
     values = getattr(value, "values", value)
     if not isinstance(values, (list, tuple)):
         return values
     if len(set(values)) != 1:
-        raise ConfigError(f"{GGUF_ARCH}.{key} differs by layer ({list(values)[:6]}): not a Kimi-Linear kimi-audit "
-                          "describes")
+        raise ConfigError(f"{a}.{key} differs by layer ({list(values)[:6]}): not a model kimi-audit describes")
     return values[0]
 
 
-def layer_types(kv: Mapping[str, Any], n: int) -> list[str]:
+def layer_types(kv: Mapping[str, Any], n: int, a: str = GGUF_ARCH) -> list[str]:
     """Each layer's attention as the loader decides it: KDA (recurrent) where `attention.head_count_kv` is 0, MLA
-    elsewhere; absent, n_head_kv is n_head and no layer is KDA."""
-    key = f"{GGUF_ARCH}.attention.head_count_kv"
+    elsewhere; absent, n_head_kv is n_head and no layer is KDA (kimi-k3's loader, `a`, decides alike)."""
+    key = f"{a}.attention.head_count_kv"
     value = kv.get(key)
     count = getattr(value, "count", None)
     if count is not None and count != n:  # llama-model-loader.cpp get_key_or_arr: "wrong array length"
         raise GgufKeyError(f"{key} holds {count:,} values for {n} layers: llama.cpp cannot load it", key)
     per = getattr(value, "values", None) if count is not None else None
     if per is None:  # one value for every layer (absent: n_head_kv is n_head)
-        per = [kv.get(f"{GGUF_ARCH}.attention.head_count") if value is None else value] * n
+        per = [kv.get(f"{a}.attention.head_count") if value is None else value] * n
     return ["linear_attention" if v == 0 else "full_attention" for v in per]
 
 
@@ -202,7 +202,7 @@ def gguf_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
         out[f"{a}.expert_gating_func"] = GATING[score]
     if config.get("head_dim") is not None:
         out[f"{a}.attention.value_length"] = config["head_dim"]
-    out.update(_rope(config))
+    out.update(rope_keys(config))
     linear = config.get("linear_attn_config")
     n = config.get("num_hidden_layers")
     if isinstance(linear, dict) and isinstance(n, int) and isinstance(linear.get("full_attn_layers"), list):
@@ -219,9 +219,8 @@ def gguf_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in out.items() if value is not None}
 
 
-def _rope(config: Mapping[str, Any]) -> dict[str, Any]:
-    """TextModel's rope keys: the base, and linear or YaRN scaling."""
-    a = GGUF_ARCH
+def rope_keys(config: Mapping[str, Any], a: str = GGUF_ARCH) -> dict[str, Any]:
+    """TextModel's rope keys (every TextModel's: kimi-k3's too, `a`): the base, and linear or YaRN scaling."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     params = params if isinstance(params, dict) else {}
     out: dict[str, Any] = {}
