@@ -63,8 +63,12 @@ def provenance(arch: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("arch", sorted(p.name for p in DATA.iterdir() if p.is_dir()))
 def test_provenance_pins_the_generator_and_every_file(arch: str) -> None:
+    """Each folder pins the generator that wrote it (`written_by`, a script of tests/writers/: gguf_archs_generate.py
+    or an architecture's own beside it) by its sha256, and every file it wrote."""
     prov = provenance(arch)
-    assert prov["script_sha256"] == hashlib.sha256(WRITER.read_bytes()).hexdigest()
+    writer = WRITER.parents[2] / prov["written_by"]
+    assert writer.parent == WRITER.parent
+    assert prov["script_sha256"] == hashlib.sha256(writer.read_bytes()).hexdigest()
     assert prov["llama.cpp"]["commit"].startswith("0c1e5709")
     for name, entry in prov["files"].items():
         path = DATA / arch / name
