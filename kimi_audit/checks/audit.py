@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from kimi_audit.checks.block_counts import fold_block_count
 from kimi_audit.checks.hub_count import hub_parameters_findings
 from kimi_audit.checks.index import index_findings, index_total_parameters_findings
 from kimi_audit.checks.layout import align, layout_findings
@@ -243,8 +244,9 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
                                                                 (stored_buffers, stored_buffers + buffers)))
         if count_hub:
             all_findings.extend(hub_parameters_findings(ckpt, actual, parameters))
-    all_findings = fold_missing_experts(fold_config_dimension(fold_unindexed(fold_format_mismatch(fold_quantization(
-        fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected), expected, aligned.positions)), ckpt))
+    all_findings = fold_unindexed(fold_format_mismatch(fold_quantization(
+        fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected), expected, aligned.positions))
+    all_findings = fold_missing_experts(fold_block_count(fold_config_dimension(all_findings, ckpt), ckpt))
     listed = ckpt.index.shards if ckpt.index is not None else []
     if ckpt.container == "gguf":  # the parts split.count names: those here, and those GGUF_PART_MISSING names
         listed = [*ckpt.files, *(str(f.shard) for f in all_findings if f.code == "GGUF_PART_MISSING")]

@@ -15,6 +15,7 @@ set is one GGUF_SPLIT_INVALID.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +38,9 @@ PROJECTOR_TYPE = "clip.projector_type"
 VISION_PROJECTOR_TYPE = "clip.vision.projector_type"
 HAS_VISION, HAS_AUDIO = "clip.has_vision_encoder", "clip.has_audio_encoder"
 PROJECTION_DIM = "clip.vision.projection_dim"
+BLOCK_COUNT = "clip.vision.block_count"
+VISION_BLOCK = re.compile(r"v\.blk\.(\d+)\.")
+"""clip.cpp's names of a vision block's tensors (TN_ATTN_QKV "%s.blk.%d.attn_qkv.%s", prefix `v`)."""
 EMBEDDING = "embedding_length"
 IMAGE_STATS = ("clip.vision.image_mean", "clip.vision.image_std")
 INT32_MAX = 2**31 - 1
@@ -77,13 +81,14 @@ def beside(others: Mapping[str, GgufPart], raw: Mapping[str, Any], cfg: ModelCon
         if not part.version:  # its header did not parse: its GGUF_INVALID, not a second model to choose
             findings += part.header.findings
         elif kinds[name] == IMATRIX:
-            findings.append(info("GGUF_NOT_A_MODEL", f"{name}: {NOT_MODELS[IMATRIX]}, {part.header.tensor_count:,} "
-                                 "tensors (*.in_sum2, *.counts): not a model, not audited as one", shard=name))
+            findings += _renamed(name, part, IMATRIX) or [info(
+                "GGUF_NOT_A_MODEL", f"{name}: {NOT_MODELS[IMATRIX]}, {part.header.tensor_count:,} tensors "
+                "(*.in_sum2, *.counts): not a model, not audited as one", shard=name)]
     projectors = [n for n, k in kinds.items() if k == MMPROJ]
     headers: dict[str, ShardHeader] = {}
     for name in projectors:
         part = others[name]
-        findings += _renamed(name, part)
+        findings += _renamed(name, part, MMPROJ)
         arch = gguf_projector(part.kv.get(PROJECTOR_TYPE))
         p = None if arch is None or arch.gguf is None else arch.gguf.projector
         refused = _clip_findings(name, part, p)
@@ -97,8 +102,10 @@ def beside(others: Mapping[str, GgufPart], raw: Mapping[str, Any], cfg: ModelCon
             continue
         if len(projectors) > 1 or refused or not cfg.layout_supported or not part.header.columns.names:
             continue
+        kv, miscounted = _block_count(name, part)
+        findings += miscounted
         try:
-            own = model_config_from_dict(p.config(part.kv, raw, _shapes(part)))
+            own = model_config_from_dict(p.config(kv, raw, _shapes(part)))
         except ConfigError as e:  # a value clip.cpp loads but no layout can be built for (a bound of this tool's)
             findings.append(error("GGUF_KEY_VALUE", f"{name}: its clip.vision.* keys imply no vision tower "
                                   f"kimi-audit lays out ({e}): its tensors are not checked", shard=name))
@@ -112,19 +119,42 @@ def beside(others: Mapping[str, GgufPart], raw: Mapping[str, Any], cfg: ModelCon
     return layout, headers, findings
 
 
+def _block_count(name: str, part: GgufPart) -> tuple[Mapping[str, Any], list[Finding]]:
+    """The projector's keys with clip.vision.block_count as its tensors count the blocks (`v.blk.N.`, clip.cpp's
+    names), and one CONFIG_DISAGREES where the key says otherwise: one cause, not each tensor of the blocks it
+    adds or leaves out."""
+    declared = part.kv.get(BLOCK_COUNT)
+    numbers = [int(m.group(1)) for n in part.header.columns.names if (m := VISION_BLOCK.match(n))]
+    stored = max(numbers, default=-1) + 1
+    if not numbers or not isinstance(declared, int) or isinstance(declared, bool) or declared == stored:
+        return part.kv, []
+    per_block = numbers.count(stored - 1)  # the tensors of a block: the last one's
+    covers = sum(1 for b in numbers if b >= declared) if declared < stored else per_block * (declared - stored)
+    return {**part.kv, BLOCK_COUNT: stored}, [error(
+        "CONFIG_DISAGREES", f"{name}: {BLOCK_COUNT} is {declared:,}, but its tensors are those of {stored:,} "
+        f"blocks (v.blk.0 to v.blk.{stored - 1}): one cause, the key and the tensors disagree; the tensors are "
+        f"checked as {stored:,} blocks", tensor=BLOCK_COUNT, shard=name, expected=declared, actual=stored,
+        covers=covers)]
+
+
 def _shapes(part: GgufPart) -> dict[str, tuple[int, ...]]:
     return dict(zip(part.header.columns.names, part.header.columns.shapes))
 
 
-def _renamed(name: str, part: GgufPart) -> list[Finding]:
-    """A projector named as a split part (`X-00002-of-00002.gguf` beside `X.gguf`): not a part of the set."""
+RENAME = {MMPROJ: "mtmd reads it with --mmproj; rename it mmproj-*.gguf",
+          IMATRIX: "llama-quantize reads it with --imatrix; rename it imatrix*.gguf"}
+
+
+def _renamed(name: str, part: GgufPart, kind: str) -> list[Finding]:
+    """A projector or an importance matrix named as a split part (`X-00002-of-00002.gguf` beside `X.gguf`): not a
+    part of the set, whatever part 1 says (a set missing its part 2 is no set llama.cpp loads)."""
     numbered = part_number(name)
     if numbered is None:
         return []
     return [error("GGUF_SPLIT_INVALID", f"{name} is named part {numbered[0]} of {numbered[1]} of {set_key(name)}'s "
-                  "split set but is a multimodal projector (general.architecture clip, no split keys): not a part of "
-                  "this model's set (llama.cpp's loader never reads it as one; mtmd reads it with --mmproj); "
-                  "rename it mmproj-*.gguf", shard=name, expected="a part of the set", actual=MMPROJ)]
+                  f"split set but is {NOT_MODELS[kind]}, with no split keys: not a part of this model's set "
+                  f"(llama.cpp's loader never reads it as one; {RENAME[kind]})", shard=name,
+                  expected="a part of the set", actual=kind)]
 
 
 def _clip_findings(name: str, part: GgufPart, p: GgufProjector | None) -> list[Finding]:

@@ -1,0 +1,66 @@
+"""A block count the stored blocks contradict is one CONFIG_DISAGREES naming the key (checks.block_counts,
+model.gguf_beside), not every tensor of the blocks it adds or removes: the layers and the leading dense layers of a
+safetensors checkpoint and of a GGUF written by llama-quantize, and a projector's clip.vision.block_count."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import gguf_builder as gb
+from kimi_audit import audit
+from kimi_audit.replica.tiny import TINY_CONFIG, tiny_shards, write_tiny
+
+DATA = Path(__file__).resolve().parent / "data"
+Q2K = DATA / "gguf" / "tiny-Q2_K.gguf"
+K25 = DATA / "gguf_k25"
+U32 = 4
+
+
+def only_root(report: object, key: str, expected: int, actual: int) -> int:
+    """The report's one finding: CONFIG_DISAGREES naming `key`, `expected` against `actual`; its cover count."""
+    found = [(f.code, f.tensor, f.expected, f.actual) for f in report.findings]  # type: ignore[attr-defined]
+    assert found == [("CONFIG_DISAGREES", key, expected, actual)], found
+    return int(report.findings[0].covers)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("field", "delta"), [("num_hidden_layers", -1), ("num_hidden_layers", 1),
+                                              ("first_k_dense_replace", 1)])
+def test_a_safetensors_block_count_is_one_cause(tmp_path: Path, field: str, delta: int) -> None:
+    stored = TINY_CONFIG[field]
+    d = write_tiny(tmp_path / "ckpt", tiny_shards(), {**TINY_CONFIG, field: stored + delta})
+    report = audit(d)
+    assert report.exit_code() == 1
+    assert only_root(report, f"config.json {field}", stored + delta, stored) > 2
+
+
+@pytest.mark.parametrize(("key", "value"), [("deepseek2.block_count", 2), ("deepseek2.block_count", 4),
+                                            ("deepseek2.leading_dense_block_count", 0),
+                                            ("deepseek2.leading_dense_block_count", 2)])
+def test_a_gguf_block_count_is_one_cause(tmp_path: Path, key: str, value: int) -> None:
+    g = gb.read(Q2K)
+    stored = int(g.kv[key][1])
+    g.set(key, U32, value)
+    gb.write(g, tmp_path / "t.gguf")
+    report = audit(tmp_path / "t.gguf")
+    assert report.exit_code() == 1
+    covers = only_root(report, key, value, stored)
+    per_block = sum(1 for t in g.tensors if t.name.startswith("blk.2."))
+    if key.endswith(".block_count"):  # one whole block added or removed
+        assert covers == per_block
+
+
+@pytest.mark.parametrize("value", [2, 5])
+def test_a_projector_block_count_is_one_cause(tmp_path: Path, value: int) -> None:
+    d = tmp_path / "pair"
+    d.mkdir()
+    shutil.copy(K25 / "Kimi-K25-tiny-Q8_0.gguf", d)
+    g = gb.read(K25 / "mmproj-Kimi-K25-tiny-F16.gguf")
+    g.set("clip.vision.block_count", U32, value)
+    gb.write(g, d / "mmproj-Kimi-K25-tiny-F16.gguf")
+    report = audit(d)
+    assert report.exit_code() == 1
+    per_block = sum(1 for t in g.tensors if t.name.startswith("v.blk.0."))
+    assert only_root(report, "clip.vision.block_count", value, 3) == per_block * abs(value - 3)
