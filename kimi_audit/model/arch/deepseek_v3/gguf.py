@@ -20,6 +20,12 @@ if TYPE_CHECKING:
 GGUF_ARCH = "deepseek2"
 GGUF_TOP = (("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"),
             ("lm_head.weight", "output.weight"))
+NEXTN_LAYER = tuple((f"{hf}.weight", f"nextn.{gguf}.weight") for hf, gguf in (
+    ("eh_proj", "eh_proj"), ("enorm", "enorm"), ("hnorm", "hnorm"), ("shared_head.norm", "shared_head_norm"),
+    ("embed_tokens", "embed_tokens"), ("shared_head.head", "shared_head_head")))
+"""A NextN (MTP) layer's own tensors beside its decoder layer (gguf-py TENSOR_NAMES NEXTN_*, mapped from
+`model.layers.{bid}.*`), which the converters that keep it write (GLM-4.7-Flash's Glm4MoeLiteModel, GLM-4.x's
+Glm4MoeModel); DeepseekV2Model drops the MTP layers."""
 GGUF_LAYER = tuple((f"{hf}.weight", f"{gguf}.weight") for hf, gguf in (
     ("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"), ("self_attn.q_proj", "attn_q"),
     ("self_attn.q_a_proj", "attn_q_a"), ("self_attn.q_a_layernorm", "attn_q_a_norm"),
@@ -30,9 +36,11 @@ GGUF_LAYER = tuple((f"{hf}.weight", f"{gguf}.weight") for hf, gguf in (
     ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down"), ("mlp.experts.gate_proj", "ffn_gate_exps"),
     ("mlp.experts.up_proj", "ffn_up_exps"), ("mlp.experts.down_proj", "ffn_down_exps"),
     ("mlp.shared_experts.gate_proj", "ffn_gate_shexp"), ("mlp.shared_experts.up_proj", "ffn_up_shexp"),
-    ("mlp.shared_experts.down_proj", "ffn_down_shexp"))) + (("mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),)
+    ("mlp.shared_experts.down_proj", "ffn_down_shexp"))) + (("mlp.gate.e_score_correction_bias", "exp_probs_b.bias"),
+                                                             *NEXTN_LAYER)
 """GGUF's names of the llama.cpp tree (gguf-py/gguf/constants.py TENSOR_NAMES and tensor_mapping.py, llama.cpp
-0c1e5709: MODEL_ARCH.DEEPSEEK2's tensors; tests/test_gguf.py holds them to gguf-py's TensorNameMap)."""
+0c1e5709: MODEL_ARCH.DEEPSEEK2's tensors; tests/test_gguf.py holds them to gguf-py's TensorNameMap), the NextN
+layer's appended."""
 GGUF_ROUTER_BIAS = ".exp_probs_b.bias"
 """The router's correction bias as GGUF names it (its value role: model.kinds.ROUTER_BIAS)."""
 SIGMOID = 2
@@ -42,6 +50,9 @@ GLM47_FLASH_VOCAB = 154_880
 GATING = {"softmax": 1, "sigmoid": SIGMOID}
 """config.json `scoring_func` -> `expert_gating_func` (the converter writes it only when the config has one)."""
 TOKENIZER_PRE = "tokenizer.ggml.pre"
+PRE_MODEL_TYPES = {"kimi-k2": ("kimi_k2", "DeepseekV3ForCausalLM"), "glm4": ("glm4_moe_lite", "Glm4MoeLiteForCausalLM")}
+"""The release a `deepseek2` file's pre-tokenizer names, where it is not DeepSeek's: Kimi-K2's (DeepseekV2Model's
+`kimi-k2`), GLM-4.7-Flash's (Glm4MoeLiteModel's `_set_vocab_glm`: `glm4`; GLM-5 is `glm-dsa`)."""
 DIRECT = (
     ("block_count", "num_hidden_layers"), ("context_length", "max_position_embeddings"),
     ("embedding_length", "hidden_size"), ("feed_forward_length", "intermediate_size"),
@@ -62,12 +73,14 @@ KEY_TYPES = {
                             "attention.kv_lora_rank", "attention.key_length", "attention.value_length",
                             "attention.key_length_mla", "attention.value_length_mla", "expert_shared_count",
                             "expert_gating_func", "rope.dimension_count", "leading_dense_block_count",
-                            "rope.scaling.original_context_length", "nextn_predict_layers")},
+                            "rope.scaling.original_context_length", "nextn_predict_layers",
+                            "attention.temperature_length")},
     **{key: U32_OR_PER_LAYER for key in ("feed_forward_length", "attention.head_count", "attention.head_count_kv",
                                          "expert_feed_forward_length", "expert_used_count")},
     **{key: F32 for key in ("attention.layer_norm_rms_epsilon", "expert_weights_scale", "rope.freq_base",
                             "rope.scaling.factor", "rope.scaling.yarn_log_multiplier",
-                            "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow")},
+                            "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
+                            "attention.temperature_scale")},
     "expert_weights_norm": FLAG, "rope.scaling.type": STR,
 }
 """The `deepseek2.` keys and the types llama.cpp's loader reads them with (llama-model.cpp
@@ -183,16 +196,18 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         findings.append(error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
                               f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
                               expected=vocab, actual=embed[0]))
+    nextn = k("nextn_predict_layers") or 0  # block_count counts them (llama-model.cpp: n_layer_all)
+    model_type, class_name = PRE_MODEL_TYPES.get(str(kv.get(TOKENIZER_PRE)), ("deepseek_v3", "DeepseekV3ForCausalLM"))
     cfg: dict[str, Any] = {config: k(key) for key, config in DIRECT if k(key) is not None}
     cfg.update({
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "kimi_k2" if kv.get(TOKENIZER_PRE) == "kimi-k2" else "deepseek_v3",
+        "model_type": model_type, "architectures": [class_name],
         "intermediate_size": k("feed_forward_length", 0), "moe_intermediate_size": k("expert_feed_forward_length", 0),
         "first_k_dense_replace": k("leading_dense_block_count", 0), "moe_layer_freq": 1,
         "n_routed_experts": k("expert_count") or None, "qk_nope_head_dim": nope, "v_head_dim": v,
         "vocab_size": embed[0] if vocab is None and embed else vocab,
         "topk_method": "noaux_tc" if bias or gating == SIGMOID else "greedy",
-        "tie_word_embeddings": "output.weight" not in stored, "num_nextn_predict_layers": 0,
+        "tie_word_embeddings": "output.weight" not in stored, "num_nextn_predict_layers": nextn,
+        "num_hidden_layers": k("block_count") - nextn,
         "torch_dtype": "float32",
         "quantization_config": {"quant_method": "gguf", **({"format": "kv_b"} if whole and not split else {})},
     })
@@ -231,6 +246,10 @@ def gguf_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
                     f"{a}.rope.scaling.yarn_beta_slow": rope_scaling.get("beta_slow")})
         if rope_scaling.get("mscale_all_dim") is not None:
             out[f"{a}.rope.scaling.yarn_log_multiplier"] = 0.1 * rope_scaling["mscale_all_dim"]
+        if rope_scaling.get("llama_4_scaling_beta") is not None:  # Mistral's params.json (MistralMoeModel: the
+            # scaling's beta with yarn's original length, conversion/mistral.py lines 108-110, 177)
+            out.update({f"{a}.attention.temperature_scale": rope_scaling["llama_4_scaling_beta"],
+                        f"{a}.attention.temperature_length": rope_scaling.get("original_max_position_embeddings")})
     return {key: value for key, value in out.items() if value is not None}
 
 
@@ -248,13 +267,20 @@ def converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...]
     return converted_as(name, layers, stored, GGUF_DIALECT.rename)
 
 
+def kept_nextn(layers: int, stored: Container[str], rename: Callable[[str], str]) -> bool:
+    """The file holds the NextN (MTP) layers, as llama.cpp's loader probes for them (deepseek2.cpp, glm4-moe.cpp:
+    `blk.{n_layer}.nextn.eh_proj.weight`): the converter kept them (GLM's converters do, but with `--no-mtp`)."""
+    return rename(f"model.layers.{layers}.eh_proj.weight") in stored
+
+
 def converted_as(name: str, layers: int, stored: Container[str], rename: Callable[[str], str],
                  expert: re.Pattern[str] = EXPERT) -> tuple[str, ...]:
     """`converted`, the names spelled by `rename` and the routed experts found by `expert` (its groups: the
     experts' module, the index, the weight): another architecture whose converter stacks experts and splits kv_b
-    as DeepseekV2Model does (Kimi-Linear's)."""
+    as DeepseekV2Model does (Kimi-Linear's). An MTP layer's tensors are written where the file keeps that layer."""
     m = LAYER.match(name)
-    if name.endswith(DROPPED) or (m is not None and int(m.group(1)) >= layers):
+    mtp = m is not None and int(m.group(1)) >= layers
+    if name.endswith(DROPPED) or (mtp and not kept_nextn(layers, stored, rename)):
         return ()
     e = expert.match(name)
     if e is not None:
@@ -279,12 +305,13 @@ Values = tuple[tuple[int, ...], Iterator["np.ndarray"]]
 def release_values_as(gguf_name: str, read: ReleaseReader, experts: int, heads: int, nope: int,
                       dialect: GgufDialect, stacked: re.Pattern[str],
                       special: Callable[[str, ReleaseReader], Values | None] | None = None) -> Values | None:
-    """`release_values` for an architecture whose converter stacks experts and splits kv_b as DeepseekV2Model
-    does (Kimi-Linear's): its names (`dialect`), its routed experts (`stacked`: the experts' module and the
-    weight), and `special`, the values of its own tensors the converter transforms (None: none here)."""
+    """`release_values` for an architecture whose converter stacks experts (and splits kv_b) as DeepseekV2Model
+    does (Kimi-Linear's, DeepSeek-V4's): its names (`dialect`, its layers under its `layer_prefix`), its routed
+    experts (`stacked`: the experts' module and the weight), and `special`, the values of its own tensors the
+    converter transforms (None: none here)."""
     tree = {v: k for k, v in dialect._table.items()}
     m = re.match(r"^blk\.(\d+)\.(.*)$", gguf_name)
-    name = f"model.layers.{m.group(1)}.{tree.get(m.group(2), '')}" if m else tree.get(gguf_name, "")
+    name = f"{dialect.layer_prefix}{m.group(1)}.{tree.get(m.group(2), '')}" if m else tree.get(gguf_name, "")
     if not name or name.endswith("."):
         return None
     s = stacked.match(name)

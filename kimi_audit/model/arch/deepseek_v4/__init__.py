@@ -23,6 +23,7 @@ the stages are DSpark's (`dspark`); its config declares one where the release st
 Dialect `transformers`: transformers 5.x's save_pretrained writes the leaf names under `model.layers.N.`
 (`kv_norm` as `norm`), `model.embed_tokens`, `model.norm`, `model.hc_head.hc_*` (`head.weight` unchanged), and
 no MTP stage (MTP_ABSENT). Quantization naming (FP8 `.scale`, FP4 experts) is model.quant's, not this tree's.
+llama.cpp's GGUF (`deepseek4`) writes the tree its converter makes: the dialect in model.arch.deepseek_v4.gguf.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from kimi_audit.errors import ConfigError
+from kimi_audit.model.arch.deepseek_v4.gguf import GGUF_DIALECT, gguf_tree
 from kimi_audit.model.arch.spec import (
     BLOCK_KEYS,
     DTYPE_KEYS,
@@ -47,16 +49,10 @@ from kimi_audit.model.arch.spec import (
     register,
     w123_mlp,
 )
-from kimi_audit.model.config_fields import (
-    I64_MAX,
-    ModelConfig,
-    read_eps,
-    read_int,
-    read_layer_types,
-    scheduled,
-)
+from kimi_audit.model.config_fields import I64_MAX, ModelConfig, read_eps, read_int, read_layer_types, scheduled
 from kimi_audit.model.kinds import ROUTER_BIAS
 from kimi_audit.model.quant.deepseek import V4_SCALE_SUFFIX
+from kimi_audit.model.quant.gguf import GGUF_TREE
 from kimi_audit.model.quant.scheme import ReleaseQuant
 from kimi_audit.numerics.grid import DEEPSEEK_FP8_BLOCK
 
@@ -173,7 +169,8 @@ def dspark(cfg: dict[str, Any], n: int) -> dict[str, int]:
 
 
 def describe(cfg: ModelConfig) -> ModelTree:
-    return _Describe(cfg).tree()
+    tree = _Describe(cfg).tree()
+    return gguf_tree(tree) if cfg.quant is not None and cfg.quant.tree == GGUF_TREE else tree
 
 
 def hyper_connection(c: ModelConfig, key: str, name: str, title: str, stem: str, head: bool = False,
@@ -217,8 +214,7 @@ class _Describe:
         norm = "norm.weight"
         after: list[Node] = [
             Leaf("norm", "norm", "Final RMSNorm", "final_norm", (Param(GAIN, norm, (h,), NORM),), ("rms_norm_eps",)),
-            self.hyper("hc_head", "hc_head", "Output hyper-connection", "hc_head_",
-                       head=True),
+            self.hyper("hc_head", "hc_head", "Output hyper-connection", "hc_head_", head=True),
         ]
         if not c.tie_word_embeddings:
             after.append(Leaf("lm_head", "head", "Output head", "lm_head", (Linear("head", (v,), (h,)),),
@@ -386,7 +382,7 @@ class _Describe:
 
 ARCHITECTURE = register(Architecture(
     name="DeepSeek-V4", model_types=MODEL_TYPES, read=read, describe=describe, dialects=dialects,
-    class_names=("DeepseekV4ForCausalLM",),
+    class_names=("DeepseekV4ForCausalLM",), writer_trees=(GGUF_TREE,), gguf=GGUF_DIALECT,
     quant=ReleaseQuant(scale_suffix=V4_SCALE_SUFFIX, e8m0_scales=True, blocks=(DEEPSEEK_FP8_BLOCK, (32, 32)),
                        fp4_experts=True, plain=("head",),
                        plain_suffixes=(".compressor.wkv", ".compressor.wgate", ".indexer.weights_proj"),
