@@ -123,6 +123,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """pytest's `tmp_path_retention_policy = "failed"` keeps the whole base folder of a red run: every session
     and module fixture's folder beside the failed test's (the full-scale replicas: 2.7 GB). Keep only what a
     failed test made itself (its tmp_path, its own mktemp folders); with --basetemp, pytest's rules alone."""
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: its replica count goes to the controller
+        session.config.workeroutput["replicas"] = len(BUILDS)
     factory = session.config._tmp_path_factory  # type: ignore[attr-defined]
     if factory._given_basetemp is not None or factory._retention_policy != "failed":
         return
@@ -131,8 +133,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+WORKER_BUILDS: list[int] = []
+"""Under pytest-xdist (README's command runs `-n 2`): the replicas each worker built, sent back at its end."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    WORKER_BUILDS.append(int(getattr(node, "workeroutput", {}).get("replicas", 0)))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    terminalreporter.write_line(f"full-scale replicas built in this session: {len(BUILDS)}")
+    workers = f" (by {len(WORKER_BUILDS)} workers)" if WORKER_BUILDS else ""
+    terminalreporter.write_line(f"full-scale replicas built in this session: {len(BUILDS) + sum(WORKER_BUILDS)}"
+                                f"{workers}")
 
 
 @pytest.fixture(scope="session")
