@@ -118,8 +118,8 @@ def test_against_an_architecture_the_tool_does_not_describe(tmp_path: Path) -> N
     src = tmp_path / "src"
     shutil.copytree(SOURCE, src)
     cfg = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps({**cfg["text_config"], "model_type": "glm4_moe_lite",
-                                                 "architectures": ["Glm4MoeLiteForCausalLM"]}))
+    (src / "config.json").write_text(json.dumps({**cfg["text_config"], "model_type": "qwen3_moe",
+                                                 "architectures": ["Qwen3MoeForCausalLM"]}))
     r = audit(folder(tmp_path, TEXT), against=src)
     f = next(f for f in r.findings if f.code == "AGAINST_ARCHITECTURE")
     assert "does not describe" in f.message and "does not convert" not in f.message

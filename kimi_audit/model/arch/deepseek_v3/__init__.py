@@ -102,8 +102,8 @@ def read_family(cfg: dict[str, Any], defaults: dict[str, Any], *, indexer: bool,
     moe_layer_freq = i("moe_layer_freq")
     if moe_layer_freq == 0:
         raise ConfigError("config.json moe_layer_freq must be at least 1")
-    # mlx-lm's sanitize and llama.cpp's converter drop the MTP layer (`model.layers.61`): their files hold none
-    mtp = 0 if plan is not None and plan.tree in WRITER_TREES else i("num_nextn_predict_layers")
+    # mlx-lm's sanitize drops them; llama.cpp's GGUF config says how many its file keeps (GLM's converters keep them)
+    mtp = 0 if plan is not None and plan.tree == MLX_TREE else i("num_nextn_predict_layers")
     bounded(i("num_hidden_layers") + mtp, i("n_routed_experts", optional=True) or 0)
     return ModelConfig(
         model_type=str(cfg.get("model_type", MODEL_TYPES[0])),
@@ -355,7 +355,8 @@ class _Describe:
         lk = (*k, QUANT_KEYS)
         return Group("mtp_head", "MTP embedding, projection and head", (
             Leaf("embed_tokens", "embed_tokens", "MTP token embedding", "embed_tokens",
-                 (Param("Embedding table", "embed_tokens.weight", (v, h), c.dtype),), k, MTP_EMBED_NOTE),
+                 (Linear("embed_tokens", (v,), (h,)) if self.stacked else
+                  Param("Embedding table", "embed_tokens.weight", (v, h), c.dtype),), k, MTP_EMBED_NOTE),
             self.gain("enorm", "enorm", "MTP embedding RMSNorm", "enorm", "enorm.weight", h),
             self.gain("hnorm", "hnorm", "MTP hidden-state RMSNorm", "hnorm", "hnorm.weight", h),
             Leaf("eh_proj", "eh_proj", "MTP combining projection", "eh_proj", (Linear("eh_proj", (h,), (two_h,)),), lk),

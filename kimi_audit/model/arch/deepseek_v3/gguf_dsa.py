@@ -60,17 +60,14 @@ def respell(findings: list[Finding], arch: str) -> list[Finding]:
 
 def dsa_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]],
                arch: str) -> tuple[dict[str, Any], list[Finding]]:
-    """deepseek2's config of a DSA arch's metadata, with the indexer's dimensions and the main layers (the
-    loader's block_count counts the NextN layers the converter appends)."""
+    """deepseek2's config of a DSA arch's metadata, with the indexer's dimensions (deepseek2's reads the main
+    layers and the NextN layers the converter appends, which the loader's block_count counts)."""
     absent = [f"{arch}.{key}" for key, _ in INDEXER if kv.get(f"{arch}.{key}") is None]
     if absent:  # src/models/deepseek32.cpp and glm-dsa.cpp get_key each of the three, required
         raise GgufKeyError(f"the GGUF metadata lacks {', '.join(absent)}: llama.cpp cannot load it", absent[0],
                            "GGUF_KEY_MISSING")
     cfg, findings = gguf_config(as_deepseek2(kv, arch), stored)
     cfg.update({c: kv[f"{arch}.{key}"] for key, c in INDEXER if kv.get(f"{arch}.{key}") is not None})
-    nextn = kv.get(f"{arch}.{NEXTN}") or 0
-    if nextn:
-        cfg["num_hidden_layers"] -= nextn
     return cfg, respell(findings, arch)
 
 
