@@ -179,13 +179,13 @@ def layout_unsupported(ckpt: Checkpoint) -> Finding:
     raw = ckpt.config_raw
     if ckpt.container == "gguf":
         return warning("LAYOUT_UNSUPPORTED", f"{unsupported_reason(ckpt)}: only the container and split checks ran, "
-                       "no tensor was checked against a layout (exit 3, inconclusive)",
+                       "no tensor was checked against a layout: inconclusive (exit 3 where no other finding fails it)",
                        tensor="general.architecture", actual=raw.get(GGUF_ARCHITECTURE))
     wrapped, model_type = unread_text_model(raw), raw.get("model_type")
     key, near, actual = (("text_config.model_type", None, wrapped) if wrapped is not None
                          else ("model_type", near_model_type(model_type), model_type))
     return warning("LAYOUT_UNSUPPORTED", f"{unsupported_reason(ckpt)}: only the format, index and file checks ran, "
-                   "no tensor was checked against a layout (exit 3, inconclusive)",
+                   "no tensor was checked against a layout: inconclusive (exit 3 where no other finding fails it)",
                    tensor=key, expected=near, actual=actual)
 
 
