@@ -64,3 +64,13 @@ def test_a_projector_block_count_is_one_cause(tmp_path: Path, value: int) -> Non
     assert report.exit_code() == 1
     per_block = sum(1 for t in g.tensors if t.name.startswith("v.blk.0."))
     assert only_root(report, "clip.vision.block_count", value, 3) == per_block * abs(value - 3)
+
+
+def test_a_count_the_tree_has_no_block_for_is_no_traceback(tmp_path: Path) -> None:
+    """Kimi-Linear has no MTP block: a count tried for it (num_nextn_predict_layers) builds no layout, and the audit
+    of a layer switched from KDA to MLA still ends in its findings (once a KeyError out of the layout)."""
+    g = gb.read(DATA / "gguf_archs" / "kimi-linear" / "tiny-Q8_0.gguf")
+    g.set("kimi-linear.attention.head_count_kv", 9, [0, 1, 1], U32)
+    gb.write(g, tmp_path / "t.gguf")
+    report = audit(tmp_path / "t.gguf")
+    assert report.exit_code() == 1 and {f.code for f in report.findings} <= {"TENSOR_MISSING", "TENSOR_UNEXPECTED"}

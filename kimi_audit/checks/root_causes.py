@@ -323,7 +323,7 @@ def layout_with(ckpt: Checkpoint, field_name: str, value: int) -> ExpectedLayout
     try:
         changed: dict[str, Any] = {field_name: value}
         layout = expected_layout(replace(ckpt.config, **changed))
-    except (KimiAuditError, TypeError, ValueError):
+    except (KimiAuditError, TypeError, ValueError, KeyError, IndexError):  # a value this tree has no layout for
         return None
     if ckpt.container == "gguf":
         arch = gguf_architecture(ckpt.metadata.get("general.architecture"))
