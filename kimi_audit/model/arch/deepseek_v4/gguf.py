@@ -179,13 +179,13 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
     findings = loader_asserts(kv, a, stored)
     n = k("block_count") - (k("nextn_predict_layers") or 0)
     key = f"{a}.attention.compress_ratios"
-    ratios = getattr(kv[key], "values", None)
-    if getattr(kv[key], "count", 0) < k("block_count"):
-        raise GgufKeyError(f"{key} holds {getattr(kv[key], 'count', 0):,} values for {k('block_count')} blocks: "
-                           "llama.cpp refuses it (\"compress_ratios is shorter than block_count\")", key)
-    if ratios is None:  # longer than format.gguf keeps: the compressors stored say (ratio 4 has an indexer)
-        ratios = [0 if f"blk.{i}.attn_compressor_ape.weight" not in stored else
-                  4 if f"blk.{i}.indexer.proj.weight" in stored else 128 for i in range(n)]
+    count, ratios = getattr(kv[key], "count", 0), getattr(kv[key], "values", None)
+    if count < k("block_count") or ratios is None:
+        raise GgufKeyError(f"{key} holds {count:,} values for {k('block_count')} blocks: llama.cpp refuses it "
+                           f"(\"compress_ratios is shorter than block_count\", or more than {KEEP_ARRAY} layers)", key)
+    if any(r not in RATIOS for r in ratios[:k("block_count")]):
+        raise GgufKeyError(f"{key} is {list(ratios)[:8]}: llama.cpp's DeepSeek-V4 loader builds layers of ratio 0, 4 "
+                           "and 128 alone (\"only supports compression ratios 0, 4, and 128\")", key)
     gating = k("expert_gating_func")
     if gating != SQRT_SOFTPLUS:
         findings.append(error("GGUF_KEY_VALUE", f"{a}.expert_gating_func is {gating!r}: llama.cpp's DeepSeek-V4 "
