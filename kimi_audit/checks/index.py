@@ -1,8 +1,8 @@
-"""Headers against model.safetensors.index.json: what loaders will look up, and where."""
+"""Headers against the index (model.safetensors.index.json, or Mistral's consolidated.safetensors.index.json: each
+finding names the file, IndexFile.name): what loaders will look up, and where."""
 
 from __future__ import annotations
 
-from kimi_audit.constants import INDEX_FILE
 from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.format.index import IndexFile
@@ -26,10 +26,10 @@ def index_findings(
             if where is None:
                 if name in invalid:
                     continue
-                out.append(error("INDEX_ENTRY_MISSING", f"{name} is in {shard} but not in {INDEX_FILE}: loaders "
+                out.append(error("INDEX_ENTRY_MISSING", f"{name} is in {shard} but not in {index.name}: loaders "
                                  "will not find it", tensor=name, shard=shard))
             elif where != shard:
-                out.append(error("INDEX_SHARD_MISMATCH", f"{name}: {INDEX_FILE} says {where}, found in {shard}",
+                out.append(error("INDEX_SHARD_MISMATCH", f"{name}: {index.name} says {where}, found in {shard}",
                                  tensor=name, shard=shard, expected=where, actual=shard))
     # Every actual name listed where it is, and as many names listed: then none is listed in vain.
     located = actual.row_of
@@ -37,7 +37,7 @@ def index_findings(
     for name in in_vain:
         shard = wm[name]
         if shard in headers and not (unusable and shard in unusable):
-            out.append(error("INDEX_TENSOR_ABSENT", f"{name}: {INDEX_FILE} maps it to {shard}, whose header "
+            out.append(error("INDEX_TENSOR_ABSENT", f"{name}: {index.name} maps it to {shard}, whose header "
                              "lacks it", tensor=name, shard=shard))
     return out + ([] if unusable else index_total_size_findings(index, headers, counts_files))
 
@@ -51,7 +51,7 @@ def index_total_size_findings(index: IndexFile, headers: dict[str, ShardHeader],
         payload = sum(h.file_size if counts_files else h.payload_bytes for h in headers.values())
         what = "files' sizes (this writer counts whole files)" if counts_files else "tensor payloads"
         if payload != index.total_size:
-            out.append(warning("INDEX_TOTAL_SIZE", f"{INDEX_FILE} metadata.total_size is {index.total_size:,}; "
+            out.append(warning("INDEX_TOTAL_SIZE", f"{index.name} metadata.total_size is {index.total_size:,}; "
                                f"the shards' {what} sum to {payload:,}",
                                expected=payload, actual=index.total_size))
     return out
@@ -69,14 +69,14 @@ def index_total_parameters_findings(index: IndexFile | None, parameters: int, st
         return []
     given = index.total_parameters
     if given == stored_elements:
-        return [info("INDEX_TOTAL_PARAMETERS", f"{INDEX_FILE} metadata.total_parameters is {given:,}: the stored "
+        return [info("INDEX_TOTAL_PARAMETERS", f"{index.name} metadata.total_parameters is {given:,}: the stored "
                      f"elements (packed words, scales and metadata counted as they are stored); the model has "
                      f"{parameters:,} parameters", expected=parameters, actual=given)]
     less = next((b for b in stored_buffers if b and given == stored_elements - b), None)
     if less is not None:
-        return [info("INDEX_TOTAL_PARAMETERS", f"{INDEX_FILE} metadata.total_parameters is {given:,}: the stored "
+        return [info("INDEX_TOTAL_PARAMETERS", f"{index.name} metadata.total_parameters is {given:,}: the stored "
                      f"elements less {less:,} buffer elements, as llmcompressor writes it; the model has "
                      f"{parameters:,} parameters", expected=parameters, actual=given)]
-    return [warning("INDEX_TOTAL_PARAMETERS", f"{INDEX_FILE} metadata.total_parameters is {given:,}; the model "
+    return [warning("INDEX_TOTAL_PARAMETERS", f"{index.name} metadata.total_parameters is {given:,}; the model "
                     f"has {parameters:,} parameters ({stored_elements:,} stored elements)",
                     expected=parameters, actual=given)]

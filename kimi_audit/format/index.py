@@ -1,5 +1,6 @@
 """model.safetensors.index.json: `{"metadata": {"total_size": N}, "weight_map": {tensor: shard}}` (llmcompressor
-also writes `metadata.total_parameters`)."""
+also writes `metadata.total_parameters`). The one reader of a checkpoint's index, whatever the file is called: Mistral's
+own layout names it `consolidated.safetensors.index.json` (the caller says which file, `load_index`'s `name`)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class IndexFile:
     unreadable: bool = False
     """No weight_map could be read at all (not JSON, cut short, no weight_map): its INDEX_INVALID is the one
     finding of that cause, and the audit goes on as if there were no index."""
+    name: str = INDEX_FILE
+    """The file it was read from (model.safetensors.index.json, or Mistral's consolidated.safetensors.index.json):
+    what every finding about it names."""
 
     @property
     def shards(self) -> list[str]:
@@ -64,10 +68,10 @@ class _IndexDoc(msgspec.Struct, forbid_unknown_fields=True):
 _DECODER = msgspec.json.Decoder(_IndexDoc)
 
 
-def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> IndexFile:
+def parse_index(raw: bytes, name: str = INDEX_FILE) -> IndexFile:
     def invalid(message: str) -> IndexFile:
         return IndexFile(None, {}, (error("INDEX_INVALID", f"{name}: {message}; the checkpoint is audited as if it "
-                                          "had no index", shard=name),), unreadable=True)
+                                          "had no index", shard=name),), unreadable=True, name=name)
 
     # The common form is decoded by msgspec; anything it refuses or that holds a \u escape (a lone
     # surrogate must be named) goes through json.loads, which says what is wrong.
@@ -135,7 +139,7 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
             pass  # sort it out entry by entry below
         else:
             wm.update(zip(wm, map(canonical.__getitem__, wm.values())))  # in place: same keys, no new table
-            return IndexFile(total_size, wm, tuple(findings), total_parameters)
+            return IndexFile(total_size, wm, tuple(findings), total_parameters, name=name)
 
     weight_map = {}
     unsafe: dict[str, str] = {}
@@ -162,7 +166,7 @@ def parse_index(raw: bytes, name: str = "model.safetensors.index.json") -> Index
         weight_map[tensor] = shard
     for shard, why in unsafe.items():
         findings.append(error("INDEX_UNSAFE_PATH", f"{name}: refused to open {why}", shard=str(shard)[:200]))
-    return IndexFile(total_size, weight_map, tuple(findings), total_parameters)
+    return IndexFile(total_size, weight_map, tuple(findings), total_parameters, name=name)
 
 
 def _too_many(n: int) -> str:
@@ -184,13 +188,14 @@ def _duplicates(text: str, name: str) -> list[Finding]:
             for k in dups]
 
 
-def load_index(source: Source, files: tuple[str, ...]) -> tuple[IndexFile | None, list[Finding]]:
-    """The index of a checkpoint whose files are `files`, or None when it has none (or it is refused)."""
-    if INDEX_FILE not in files:
+def load_index(source: Source, files: tuple[str, ...],
+               name: str = INDEX_FILE) -> tuple[IndexFile | None, list[Finding]]:
+    """The index `name` of a checkpoint whose files are `files`, or None when it has none (or it is refused)."""
+    if name not in files:
         return None, []
     try:
-        return parse_index(source.read_file(INDEX_FILE, MAX_INDEX_BYTES), INDEX_FILE), []
+        return parse_index(source.read_file(name, MAX_INDEX_BYTES), name), []
     except FileTooLargeError as e:
-        return None, [error("INDEX_TOO_LARGE", str(e), shard=INDEX_FILE)]
+        return None, [error("INDEX_TOO_LARGE", str(e), shard=name)]
     except UnsafePathError:  # a symlink out of the directory: reported as SYMLINK_OUTSIDE, never read
         return None, []

@@ -28,6 +28,7 @@ from kimi_audit.format.fetch import SKIPPED, Fetched, HeaderBudget, fetch_header
 from kimi_audit.format.gguf_split import mixed_quant_findings, split_findings
 from kimi_audit.format.header import ShardHeader, read_shard_header
 from kimi_audit.format.index import IndexFile, load_index, natural_key
+from kimi_audit.model import mistral_layout
 from kimi_audit.model.arch.mistral_params import PARAMS_FILE
 from kimi_audit.model.config import parse_config_bytes, parse_params_bytes
 from kimi_audit.model.config_fields import ModelConfig
@@ -103,12 +104,14 @@ def load_model(source: Source) -> tuple[dict[str, Any], ModelConfig, Callable[[s
 
 
 def shards_to_read(files: tuple[str, ...], index: IndexFile | None,
-                   index_present: bool = False,
-                   loader_reads: str = "", loader: str = "") -> tuple[list[str], list[Finding]]:
+                   index_present: bool = False, loader_reads: str = "", loader: str = "",
+                   index_name: str = INDEX_FILE) -> tuple[list[str], list[Finding]]:
     """The shards to read, and what the index says of them (`index_present`: an index file is there but none
     of it could be read, so INDEX_MISSING does not apply; `loader_reads`: the glob of files the format's loader
     (`loader`) reads whatever the index says (Scheme.loader_reads), so a shard matching it that the index does not
-    list is SHARD_LOADED_UNINDEXED, an error)."""
+    list is SHARD_LOADED_UNINDEXED, an error; `index_name`: the index file the layout has, model.mistral_layout's)."""
+    if index is not None:
+        index_name = index.name
     on_disk = [f for f in files if f.endswith(SAFETENSORS_SUFFIX)]
     findings: list[Finding] = []
     present = set(on_disk)
@@ -116,18 +119,18 @@ def shards_to_read(files: tuple[str, ...], index: IndexFile | None,
         listed = Counter(index.weight_map.values())
         for shard, count in listed.items():
             if shard not in present:
-                findings.append(error("INDEX_SHARD_ABSENT", f"{INDEX_FILE} maps {count:,} tensors to {shard}, "
+                findings.append(error("INDEX_SHARD_ABSENT", f"{index_name} maps {count:,} tensors to {shard}, "
                                       "which is not in the checkpoint", shard=shard, actual=count))
         for shard in on_disk:
             if shard not in listed and loader_reads and fnmatchcase(shard, loader_reads):
-                findings.append(error("SHARD_LOADED_UNINDEXED", f"{shard} is not listed in {INDEX_FILE}, but this "
+                findings.append(error("SHARD_LOADED_UNINDEXED", f"{shard} is not listed in {index_name}, but this "
                                       f"format's loader ({loader or 'its own'}) reads every {loader_reads}: its "
                                       "tensors load and may replace the indexed ones", shard=shard))
             elif shard not in listed:
-                findings.append(warning("SHARD_NOT_IN_INDEX", f"{shard} is not listed in {INDEX_FILE}; loaders "
+                findings.append(warning("SHARD_NOT_IN_INDEX", f"{shard} is not listed in {index_name}; loaders "
                                         "that follow the index will not read it", shard=shard))
     elif len(on_disk) > 1 and not index_present:
-        findings.append(warning("INDEX_MISSING", f"{len(on_disk)} shards but no {INDEX_FILE}"))
+        findings.append(warning("INDEX_MISSING", f"{len(on_disk)} shards but no {index_name}"))
     for f in files:
         if f.endswith(PICKLE_SUFFIXES):
             findings.append(warning("PICKLE_NOT_INSPECTED", f"{f} is a pickle-based file: not inspected "
@@ -236,13 +239,13 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
     if remote and source.parallel_reads > 1:
         # The index (megabytes) downloads while config.json is fetched and the layout derived from it.
         with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(load_index, source, files)
+            pending = pool.submit(load_index, source, files, mistral_layout.index_name(files))
             config_raw, config = load_config(source)
             expected = expected_layout(config)
             index, findings = pending.result()
     else:
         config_raw, config = load_config(source)
-        index, findings = load_index(source, files)
+        index, findings = load_index(source, files, mistral_layout.index_name(files))
         expected = expected_layout(config) if remote else None
     for link in source.outside_links():
         findings.append(error("SYMLINK_OUTSIDE", f"{link} is a symlink that leaves the checkpoint directory: "
@@ -252,10 +255,12 @@ def _load(source: Source, files: tuple[str, ...], remote: bool, progress: Progre
         findings += index.findings
         index = None
     plan = config.quant
-    shards, shard_findings = shards_to_read(files, index, index_present=unreadable,
-                                            loader_reads=plan.loader_reads if plan is not None else "",
-                                            loader=plan.tree if plan is not None else "")
-    findings += shard_findings
+    reads, loader = mistral_layout.loader_reads(files, plan.loader_reads if plan is not None else "",
+                                                plan.tree if plan is not None else "")
+    read_from, aside = mistral_layout.set_aside(files, index)
+    shards, shard_findings = shards_to_read(read_from, index, index_present=unreadable, loader_reads=reads,
+                                            loader=loader, index_name=mistral_layout.index_name(files))
+    findings += aside + shard_findings + mistral_layout.findings(source, files, config_raw, config)
     headers, failures = read_headers(source, shards, index, progress, expected)
     stored = [h.columns.names for h in headers.values()]
     config, stage_findings = with_stored_stages(config_raw, config, stored)

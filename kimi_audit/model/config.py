@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.arch.mistral_params import parse_params
+from kimi_audit.model.arch.mistral_params import blamed, parse_params
 from kimi_audit.model.arch.registry import architecture_of
 from kimi_audit.model.config_fields import ModelConfig, unsupported_config
 
@@ -59,7 +59,10 @@ def parse_params_bytes(raw: bytes) -> tuple[dict[str, Any], ModelConfig]:
     """Mistral's params.json (a folder of consolidated shards with no config.json): the config dict its one
     adapter makes of it (model.arch.mistral_params), read as any config.json is."""
     cfg = parse_params(raw)
-    return cfg, model_config_from_dict(cfg)
+    try:
+        return cfg, model_config_from_dict(cfg)
+    except ConfigError as e:  # the field readers name config.json and its keys: name params.json and its own
+        raise ConfigError(blamed(str(e))) from None
 
 
 def pinned_config_bytes() -> bytes:

@@ -5,12 +5,17 @@ converter with `--mistral-format`:
 - `bf16/`: BF16, two layers (one dense, one MoE with a shared expert), q_lora, and a Pixtral vision encoder
   (`vision_encoder.*`, `pre_mm_projector_norm`, `patch_merger`, `vision_language_adapter`): the text model
   converted as MistralMoeModel (`--outtype q8_0`), the vision encoder as PixtralModel (`--mmproj`);
+- `rope/`: the text model with other `yarn` / `llama_4_scaling` values (the two original lengths differ), converted
+  to show which keys of them the GGUF holds;
 - `fp8/`: the same text model with Mistral's FP8 (`quantization: {qformat_weight: fp8_e4m3}`; `weight` F8_E4M3,
   `qscale_weight` and `qscale_act` F32 scalars). At 0c1e57098 the converter refuses it: MistralMoeModel renames
   `qscale_act` to `input_scale` and `qscale_weight` to `weight_scale` (conversion/mistral.py lines 189-192) but,
   unlike MistralModel.dequant_model (lines 41-51), never turns params.json's `quantization` into the
   `quantization_config` its base's dequantization keys on, so the scales reach the name map unconverted ("Can
   not map tensor 'layers.0.attention.wkv_a_with_mqa.input_scale'"): PROVENANCE.json records the refusal.
+
+Each text GGUF's `deepseek2.*` metadata is recorded in PROVENANCE.json (tests/test_mistral_layout.py holds the
+metadata the tool derives from params.json to it).
 
 The names and params.json keys are those llama.cpp@0c1e57098 reads (tests/data/loader_names/
 mistral_format.llamacpp.json). Not run by the test suite (it needs mistral-common for the tokenizer). Run as:
@@ -46,9 +51,9 @@ PARAMS: dict[str, Any] = {
     "moe": {"num_experts": 4, "num_experts_per_tok": 2, "expert_hidden_dim": 64, "num_shared_experts": 1,
             "first_k_dense_replace": 1, "route_every_n": 1, "routed_scale": 1.0, "num_expert_groups": 1,
             "num_expert_groups_per_tok": 1},
-    "yarn": {"original_max_position_embeddings": 4096, "factor": 1.0, "apply_scale": False, "beta": 32.0,
-             "alpha": 1.0},
-    "llama_4_scaling": {"original_max_position_embeddings": 4096, "beta": 0.1},
+    "yarn": {"original_max_position_embeddings": 1024, "factor": 4.0, "apply_scale": False, "beta": 32.0,
+             "alpha": 2.0},
+    "llama_4_scaling": {"original_max_position_embeddings": 1024, "beta": 0.1},
 }
 """Every row a multiple of 32 (Q8_0's block); vocab_size is the tokenizer's 256 bytes + 20 special tokens."""
 VISION: dict[str, Any] = {
@@ -58,6 +63,11 @@ VISION: dict[str, Any] = {
     "mm_projector_id": "patch_merge", "add_pre_mm_projector_layer_norm": True,
 }
 FP8 = {"qformat_weight": "fp8_e4m3"}
+ROPE = {"yarn": {**PARAMS["yarn"], "apply_scale": True},
+        "llama_4_scaling": {"original_max_position_embeddings": 2048, "beta": 0.25}}
+"""The `rope` variant's blocks: the two original lengths differ, so its GGUF shows which one the converter writes as
+attention.temperature_length."""
+VARIANTS = ("bf16", "fp8", "rope")
 
 
 def params(variant: str) -> dict[str, Any]:
@@ -66,6 +76,8 @@ def params(variant: str) -> dict[str, Any]:
         out["vision_encoder"] = VISION
     if variant == "fp8":
         out["quantization"] = FP8
+    if variant == "rope":
+        out.update(ROPE)
     return out
 
 
@@ -164,11 +176,17 @@ def sha256(path: Path) -> str:
 
 
 def gguf_counts(path: Path) -> dict[str, Any]:
+    """The file's tensor and element counts, its architecture, and (a text model's) every `ARCH.` key as gguf-py
+    reads it back: the metadata the converter wrote from params.json."""
     from gguf import GGUFReader
 
     r = GGUFReader(str(path))
-    return {"tensors": len(r.tensors), "elements": int(sum(int(t.n_elements) for t in r.tensors)),
-            "architecture": str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8")}
+    arch = str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8")
+    out: dict[str, Any] = {"tensors": len(r.tensors), "elements": int(sum(int(t.n_elements) for t in r.tensors)),
+                           "architecture": arch}
+    if arch != "clip":
+        out["metadata"] = {k: f.contents() for k, f in r.fields.items() if k.startswith(f"{arch}.")}
+    return out
 
 
 def convert(llama: Path, d: Path, out: Path, *extra: str) -> None:
@@ -194,7 +212,7 @@ def main(target: Path) -> None:
         "writer": "tests/writers/mistral_format_generate.py", "writer_sha256": sha256(Path(__file__)),
         "converter": "ggml-org/llama.cpp convert_hf_to_gguf.py --mistral-format --outtype q8_0",
         "llama_cpp_commit": commit.strip() or "0c1e57098", "seed": SEED, "variants": {}}
-    for variant in ("bf16", "fp8"):
+    for variant in VARIANTS:
         d = target / variant
         numel = write_checkpoint(d, variant)
         with tempfile.TemporaryDirectory() as tmp:

@@ -6,6 +6,7 @@ fuller description and what to do about it. SARIF's `tool.driver.rules` and `aud
 from __future__ import annotations
 
 from kimi_audit.report.rules.gguf import GGUF_RULES
+from kimi_audit.report.rules.mistral import MISTRAL_RULES
 from kimi_audit.report.rules.rule import Rule
 from kimi_audit.report.rules.same_model import SAME_MODEL_RULES
 
@@ -355,6 +356,7 @@ RULES: dict[str, Rule] = {
 }
 RULES.update(GGUF_RULES)
 RULES.update(SAME_MODEL_RULES)
+RULES.update(MISTRAL_RULES)
 
 
 def rule(code: str) -> Rule:
