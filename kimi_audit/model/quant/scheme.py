@@ -182,8 +182,7 @@ class Scheme:
 
     @classmethod
     def format_mismatch(cls, planned: int, want: str, count: int, got: str, first: str) -> str:
-        """The words of one QUANT_FORMAT_MISMATCH (checks.root_causes): `count` of the `planned` weights this
-        format expects in `want` are stored `got` (`first` the first of them)."""
+        """QUANT_FORMAT_MISMATCH's words: `count` of the `planned` weights in `want` are stored `got`."""
         which = "every one is" if count == planned else f"{count:,} of them are"
         return (f"quantization_config plans {planned:,} weights as {cls.key} ({want}); {which} stored {got}: the "
                 f"config describes another format than the files hold (first: {first})")
