@@ -181,11 +181,10 @@ class Scheme:
         raise NotImplementedError
 
     @classmethod
-    def format_mismatch(cls, planned: int, want: str, count: int, got: str, first: str) -> str:
-        """QUANT_FORMAT_MISMATCH's words: `count` of the `planned` weights in `want` are stored `got`."""
-        return (f"quantization_config plans {planned:,} weights as {cls.key} ({want}); "
-                f"{'every one is' if count == planned else f'{count:,} of them are'} stored {got}: the config "
-                f"describes another format than the files hold (first: {first})")
+    def format_mismatch(cls, planned: int, want: str, count: int, got: str, first: str) -> str:  # its words
+        which = "every one is" if count == planned else f"{count:,} of them are"
+        return (f"quantization_config plans {planned:,} weights as {cls.key} ({want}); {which} stored {got}: the "
+                f"config describes another format than the files hold (first: {first})")
 
     def summary(self) -> dict[str, Any]:
         """The scheme's settings as plain data (`model.quantization` in `audit --json`)."""
