@@ -52,8 +52,11 @@ VISION = ("vision_encoder.", "pre_mm_projector_norm.", "patch_merger.", "vision_
 
 
 def text_params() -> dict[str, Any]:
-    return generate.params("rope") | {"yarn": generate.PARAMS["yarn"],
-                                      "llama_4_scaling": generate.PARAMS["llama_4_scaling"]}
+    """The text model's params.json with the committed checkpoint's RoPE blocks, a copy (the writer's dicts are
+    never mutated)."""
+    p = generate.params("rope") | {"yarn": generate.PARAMS["yarn"],
+                                   "llama_4_scaling": generate.PARAMS["llama_4_scaling"]}
+    return json.loads(json.dumps(p))
 
 
 def split(d: Path, variant: str = "bf16", p: dict[str, Any] | None = None) -> dict[str, str]:
