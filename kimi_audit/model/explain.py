@@ -12,7 +12,8 @@ Pure: everything comes from an Accounting (kimi_audit.model.accounting) and the 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kimi_audit.errors import KimiAuditError
@@ -99,8 +100,6 @@ def tensor_groups(tensors: tuple[FoundTensor, ...] | list[FoundTensor]) -> tuple
 
 
 def _natural(s: str) -> list[Any]:
-    import re
-
     return [int(p) if p.isascii() and p.isdigit() else p for p in re.split(r"(\d+)", s)]
 
 
@@ -162,6 +161,24 @@ def config_value(raw: dict[str, Any], key: str) -> Any:
     return None
 
 
+BLOCK_PREFIX = re.compile(r"^.*?(?:\b(?:blk|layers)\.\d+\.)")
+
+
+def as_stored(parts: tuple[StoredPart, ...], found: tuple[FoundTensor, ...]) -> tuple[StoredPart, ...]:
+    """One instance's tensors in the checkpoint's own spelling and dtypes where it spells them otherwise than the
+    release (a GGUF's `attn_q_b.weight` in Q2_K, not `self_attn.q_b_proj.weight` in "any ggml type"): the found
+    tensors of the first instance, matched to the parts in order where they are as many; else the parts as they
+    are."""
+    if not found or any(t.name.endswith(p.component) for t in found for p in parts):
+        return parts
+    first = BLOCK_PREFIX.match(found[0].name)
+    prefix = first.group(0) if first else ""
+    instance = [t for t in found if t.name.startswith(prefix)] if prefix else list(found[:len(parts)])
+    if len(instance) != len(parts):
+        return parts
+    return tuple(replace(p, component=t.name[len(prefix):], dtype=t.dtype) for p, t in zip(parts, instance))
+
+
 def build_card(acc: Accounting, cfg: ModelConfig, config_raw: dict[str, Any], node: Node) -> Card:
     path = acc.path_to(node.key)
     crumbs = tuple(n.title for n in path[1:-1])
@@ -171,7 +188,7 @@ def build_card(acc: Accounting, cfg: ModelConfig, config_raw: dict[str, Any], no
         rows = tuple((p.label, p.calculation(), p.numel) for p in node.parts)
         tensors = tensor_groups(node.tensors)
         scales = tensor_groups(node.scales)
-        stored = node.stored_parts
+        stored = as_stored(node.stored_parts, node.tensors)
     else:
         div = node.instances or 1
         rows = tuple((c.title, _per_instance_calc(c, div), c.derived // div) for c in node.children)
