@@ -136,6 +136,17 @@ def loader_asserts(kv: Mapping[str, Any], a: str, stored: Mapping[str, tuple[int
     return out
 
 
+def nextn_layers(kv: Mapping[str, Any], a: str) -> int:
+    """The NextN (MTP) layers `block_count` counts beside the main ones (llama-model.cpp: n_layer_all holds them,
+    n_layer_nextn the last ones); more than the blocks is the loader's GGML_ASSERT, and no model to derive."""
+    nextn, blocks = kv.get(f"{a}.nextn_predict_layers") or 0, kv.get(f"{a}.block_count") or 0
+    if nextn > blocks:
+        raise GgufKeyError(f"{a}.nextn_predict_layers is {nextn}, more NextN layers than the {blocks} blocks: "
+                           "llama.cpp's loader asserts (n_layer_nextn <= n_layer_all)", f"{a}.nextn_predict_layers",
+                           "GGUF_KEY_VALUE")
+    return int(nextn)
+
+
 def loader_gating(stored: Any, main_layers: int, vocab: Any) -> Any:
     """The expert gating function llama.cpp routes by: the key's value, or where it is absent the loader's own
     default (src/models/deepseek2.cpp load_arch_hparams: sigmoid for 47 or 48 main layers and a 154,880-token
@@ -196,7 +207,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         findings.append(error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
                               f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
                               expected=vocab, actual=embed[0]))
-    nextn = k("nextn_predict_layers") or 0  # block_count counts them (llama-model.cpp: n_layer_all)
+    nextn = nextn_layers(kv, a)
     model_type, class_name = PRE_MODEL_TYPES.get(str(kv.get(TOKENIZER_PRE)), ("deepseek_v3", "DeepseekV3ForCausalLM"))
     cfg: dict[str, Any] = {config: k(key) for key, config in DIRECT if k(key) is not None}
     cfg.update({

@@ -86,8 +86,9 @@ uint32_t / float / std::string, get_key_or_arr for the per-layer ones; glm4-moe.
 LOADER_REQUIRED = ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon",
                    "expert_feed_forward_length", "expert_shared_count")
 """What llama.cpp's loader requires of a glm4moe file (get_key / get_key_or_arr without `required = false`)."""
-REQUIRED = ("block_count", "embedding_length", "attention.head_count", "expert_count", "expert_used_count")
-"""What this tool cannot read the model without (the experts: glm4-moe.cpp asserts n_expert and n_expert_used)."""
+REQUIRED = (*LOADER_REQUIRED, "attention.head_count", "expert_count", "expert_used_count")
+"""What this tool reads no model without: what the loader requires (one GGUF_KEY_MISSING, no layout from a file
+llama.cpp does not load), the heads, the experts (glm4-moe.cpp asserts n_expert and n_expert_used)."""
 
 
 def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Any], list[Finding]]:
@@ -118,7 +119,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
                               f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
                               expected=vocab, actual=embed[0]))
     hidden, heads = k("embedding_length"), k("attention.head_count")
-    nextn = k(NEXTN) or 0
+    nextn = deepseek2.nextn_layers(kv, a)
     head_dim = k("attention.key_length") or (hidden // heads if heads else 0)
     cfg: dict[str, Any] = {
         "architectures": [CLASS_NAME], "model_type": MODEL_TYPE,
