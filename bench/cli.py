@@ -1,8 +1,8 @@
 """Benchmark: the kimi-audit CLI against its peers, as whole processes, in one run.
 
     python bench/cli.py [--replica DIR] [--repeats 5] [--latency-ms 20]
-                        [--only local|version|remote|family|formats|scale|gguf]
-                        [--json]
+                        [--only local|version|remote|family|formats|scale|gguf|verify]
+                        [--verify-gb 3] [--json]
 
 Every command is a fresh process started with this Python (`sys.executable`); kimi-audit runs as
 `python -m kimi_audit ...` (not the console-script wrapper), each peer as a small script written to a
@@ -50,6 +50,11 @@ gguf: `kimi-audit audit GGUF --json` on the Kimi-K2 GGUF replica (`demo --model 
   offsets; and gguf-py's GGUFReader on every part, for scale. Target: audit wall <= 1.5x the struct script's.
   Then the same audit over the loopback FakeHub (no latency): part 1's requests and bytes (the hub counts them
   per path) against its header. Targets: <= 3 requests, <= 1.3x the header's bytes.
+verify: `kimi-audit verify CKPT --json` against bench/verify.py's parallel sha256 script (imported from it, not
+  copied: ProcessPoolExecutor(os.cpu_count()) over the shards, 16 MiB reads through hashlib.sha256) on a real
+  (not sparse) FP8 checkpoint of --verify-gb GB written by bench/verify.py's generator in a child process, from
+  the page cache (one untimed warm-up run of each). CPU is that of the process and the workers it reaped.
+  Target: verify wall <= 1.25x the sha256 script's.
 Replicas are built by a child process of this script (--build), so that its own peak RSS stays below the
 commands' (Linux starts a child's ru_maxrss at its starter's peak).
 It is a benchmark, not a test: nothing is asserted; each target is shown PASS or MISS.
@@ -685,6 +690,36 @@ def bench_scale(repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
     return lines, _json_group(cmds, targets)
 
 
+def bench_verify(repeats: int, size_gb: float, tmp: Path) -> tuple[list[str], dict[str, object]]:
+    """verify against bench/verify.py's sha256 script, on the checkpoint its generator writes."""
+    import verify as verify_bench  # bench/verify.py: this script's own folder is sys.path[0]
+
+    ckpt = tmp / "verify-ckpt"
+    t0 = time.perf_counter()
+    gen = subprocess.run([sys.executable, verify_bench.__file__, "--generate-into", str(ckpt), "--size-gb",
+                          str(size_gb)], stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=ROOT)
+    if gen.returncode:
+        raise RuntimeError(f"bench/verify.py's generator failed: {gen.stderr[-500:]}")
+    layers, experts = map(int, gen.stdout.split())
+    built = time.perf_counter() - t0
+    nbytes = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
+    env = base_env()
+    py = sys.executable
+    kimi = Cmd("kimi-audit verify --json", [py, "-m", "kimi_audit", "verify", str(ckpt), "--json"], env)
+    sha = Cmd("parallel sha256 script", [py, script(tmp, "sha256_files.py", verify_bench.SHA256_SCRIPT), str(ckpt)],
+              env)
+    cmds = [kimi, sha]
+    alternate(cmds, repeats, tmp)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    wall = kimi.median_wall() / sha.median_wall()
+    targets = [Target("verify wall <= 1.25x the parallel sha256 script's", f"{wall:.2f}x", wall <= 1.25)]
+    lines = [f"generated the FP8 checkpoint ({layers} layers, {experts} routed experts, {nbytes / 1e9:.2f} GB of "
+             f"shards) in {built:.0f} s with bench/verify.py; warm page cache"]
+    lines += table(f"verify, {repeats} alternating runs", cmds, targets)
+    lines.append(ratios("verify / sha256", kimi, sha) + f"; verify {nbytes / kimi.median_wall() / MB:,.0f} MB/s")
+    return lines, _json_group(cmds, targets)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -692,8 +727,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of each command (default 5)")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="the hub's latency per request (default 20)")
     ap.add_argument("--only", action="append",
-                    choices=("local", "version", "remote", "family", "formats", "scale", "gguf"),
+                    choices=("local", "version", "remote", "family", "formats", "scale", "gguf", "verify"),
                     help="run only this part (repeatable; default: all)")
+    ap.add_argument("--verify-gb", type=float, default=3.0, help="verify's generated checkpoint, GB (default 3)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     ap.add_argument("--build", nargs=2, metavar=("MODEL", "DIR"), help=argparse.SUPPRESS)  # build_replica's child
     args = ap.parse_args()
@@ -701,7 +737,7 @@ def main() -> int:
         sys.path.insert(0, str(ROOT))
         _build(args.build[0], Path(args.build[1]))
         return 0
-    parts = args.only or ["local", "version", "remote", "family", "formats", "scale", "gguf"]
+    parts = args.only or ["local", "version", "remote", "family", "formats", "scale", "gguf", "verify"]
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
 
@@ -746,6 +782,10 @@ def main() -> int:
         if "gguf" in parts:
             lines.append("")
             text, results["gguf"] = bench_gguf(args.repeats, tmp)
+            lines += text
+        if "verify" in parts:
+            lines.append("")
+            text, results["verify"] = bench_verify(args.repeats, args.verify_gb, tmp)
             lines += text
     print(json.dumps(results, indent=2) if args.json else "\n".join(lines))
     return 0
