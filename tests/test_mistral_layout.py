@@ -157,6 +157,25 @@ def test_shards_without_their_index_are_one_warning_naming_it(tmp_path: Path) ->
     assert [(f.code, f.message) for f in found] == [("INDEX_MISSING", f"2 shards but no {INDEX}")]
 
 
+def test_a_root_shard_finding_and_the_sarif_artifact_name_the_consolidated_index(tmp_path: Path) -> None:
+    from kimi_audit.report.sarif import sarif_dict
+
+    d = tmp_path / "m"
+    split(d)
+    (d / SHARDS[1]).write_bytes(b"\x00" * 4)  # unreadable: the tensors the index puts there are its one finding
+    report = kimi_audit.audit(d)
+    root = [f for f in report.findings if f.shard == SHARDS[1]]
+    assert len(root) == 1 and f"tensors {INDEX} lists in it not checked" in root[0].message, root
+    split(tmp_path / "n")
+    doc = json.loads((tmp_path / "n" / INDEX).read_text())
+    doc["metadata"]["total_size"] += 1
+    (tmp_path / "n" / INDEX).write_text(json.dumps(doc))
+    report = kimi_audit.audit(tmp_path / "n")
+    assert [f.code for f in report.findings] == ["INDEX_TOTAL_SIZE"]
+    (result,) = sarif_dict(report)["runs"][0]["results"]
+    assert result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == INDEX
+
+
 # --- 2. yarn and llama_4_scaling: the GGUF the converter writes, and malformed blocks -----------------------------
 
 

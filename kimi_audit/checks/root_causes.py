@@ -25,12 +25,12 @@ from dataclasses import dataclass, field, replace
 from itertools import compress
 from typing import Any
 
-from kimi_audit.constants import INDEX_FILE
 from kimi_audit.findings import Finding, Severity, error, info, warning
 from kimi_audit.model.arch.registry import undescribed
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.layout import ExpectedLayout
+from kimi_audit.model.mistral_layout import index_name
 from kimi_audit.model.quant.dispatch import formats
 from kimi_audit.model.quant.scheme import Unquantized
 
@@ -118,6 +118,7 @@ def attribute(findings: list[Finding], ckpt: Checkpoint, cov: Covered) -> list[F
         return findings
     done: set[str] = set()
     out = []
+    named = ckpt.index.name if ckpt.index is not None else index_name(ckpt.files)  # Mistral's, or transformers'
     for f in findings:
         shard = f.shard
         if shard in cov.counts and shard not in done and f.severity is Severity.ERROR and (
@@ -125,7 +126,7 @@ def attribute(findings: list[Finding], ckpt: Checkpoint, cov: Covered) -> list[F
             n = cov.counts[shard]
             done.add(shard)
             if f.code != "INDEX_SHARD_ABSENT":  # whose message already says how many
-                f = replace(f, message=f"{f.message} ({n:,} tensors {INDEX_FILE} lists in it not checked)")
+                f = replace(f, message=f"{f.message} ({n:,} tensors {named} lists in it not checked)")
             f = replace(f, covers=n)
         elif f.code == "CHECKPOINT_TOO_LARGE" and cov.counts:
             n = sum(c for s, c in cov.counts.items() if s not in ckpt.headers and s in ckpt.files)
@@ -133,7 +134,7 @@ def attribute(findings: list[Finding], ckpt: Checkpoint, cov: Covered) -> list[F
         elif cov.everything and f.severity is Severity.ERROR and f.code in ("NO_SAFETENSORS", *ROOT_SHARD_CODES) \
                 and "everything" not in done:
             done.add("everything")
-            f = replace(f, message=f"{f.message} (with no {INDEX_FILE}, the tensors it may hold are unknown: "
+            f = replace(f, message=f"{f.message} (with no {named}, the tensors it may hold are unknown: "
                         "none is reported missing)")
         out.append(f)
     return out

@@ -19,6 +19,7 @@ from urllib.parse import quote
 from kimi_audit.checks.audit import AuditReport
 from kimi_audit.constants import CONFIG_FILE, INDEX_FILE, VERSION
 from kimi_audit.findings import Finding, Severity
+from kimi_audit.model.mistral_layout import index_name
 from kimi_audit.report.junit import CHECKS, check_of, not_run
 from kimi_audit.report.rules import RULES, rule
 from kimi_audit.text import clip, json_dumps, printable
@@ -39,14 +40,14 @@ def _safe_relative(name: str) -> bool:
         and ":" not in parts[0] and all(parts)
 
 
-def artifact(f: Finding, home: Callable[[Finding], str] | None = None) -> str:
+def artifact(f: Finding, home: Callable[[Finding], str] | None = None, index: str = INDEX_FILE) -> str:
     """The file a finding is about, relative to the checkpoint root: its shard; else the index for the index's
     findings; else, in a GGUF set, the part holding the tensor or the set's first part (a GGUF folder has no
     config.json: its metadata is in part 1); else config.json."""
     if f.shard and f.code != "INDEX_UNSAFE_PATH" and _safe_relative(f.shard):
         return f.shard
     if f.code.startswith(INDEX_CODES):
-        return INDEX_FILE
+        return index
     return home(f) if home is not None else CONFIG_FILE
 
 
@@ -97,8 +98,8 @@ def _rules(codes: list[str]) -> list[dict[str, Any]]:
 
 
 def _result(f: Finding, index: int, fingerprint: str, suppressed_by: str | None,
-            home: Callable[[Finding], str] | None = None) -> dict[str, Any]:
-    uri = artifact(f, home)
+            home: Callable[[Finding], str] | None = None, index_file: str = INDEX_FILE) -> dict[str, Any]:
+    uri = artifact(f, home, index_file)
     res: dict[str, Any] = {
         "ruleId": f.code,
         "ruleIndex": index,
@@ -134,12 +135,14 @@ def sarif_dict(report: AuditReport, fail_on: Severity = Severity.ERROR,
     seen: dict[str, int] = {}
     results: list[dict[str, Any]] = []
     home = gguf_home(report)
+    ckpt = report.checkpoint  # the index findings' file: the checkpoint's (Mistral's consolidated one, or not)
+    named = INDEX_FILE if ckpt is None else ckpt.index.name if ckpt.index is not None else index_name(ckpt.files)
     for f, by in entries:  # fingerprints over every finding, so the kept ones do not depend on the cap
-        key = hashlib.sha256("\0".join((f.code, subject(f), artifact(f, home))).encode(
+        key = hashlib.sha256("\0".join((f.code, subject(f), artifact(f, home, named))).encode(
             "utf-8", "backslashreplace")).hexdigest()
         n = seen[key] = seen.get(key, 0) + 1
         if len(results) < max_results:
-            results.append(_result(f, index[f.code], f"{key}:{n}", by, home))
+            results.append(_result(f, index[f.code], f"{key}:{n}", by, home, named))
     left_out = len(entries) - len(results)
     invocation: dict[str, Any] = {"executionSuccessful": True, "exitCode": report.exit_code(fail_on)}
     if left_out:
