@@ -93,8 +93,9 @@ HPARAMS = (
 """(the key, the config.json keys the converter takes its value from, the first present: find_hparam)."""
 GATING_KEYS = ("score_function", "scoring_func", "score_func", "moe_router_activation",
                "moe_router_activation_func", "expert_selection_fn")
-GATING = {**deepseek2.GATING, "sqrtsoftplus": 3}
-"""TextModel.set_gguf_parameters: the router's function -> `expert_gating_func` (gguf-py ExpertGatingFuncType)."""
+GATING = {**deepseek2.GATING, "sqrtsoftplus": 4}
+"""TextModel.set_gguf_parameters: the router's function -> `expert_gating_func` (gguf-py ExpertGatingFuncType:
+SQRTSOFTPLUS is 4; 3 is llama-hparams.h's SOFTMAX_WEIGHT, which no converter writes)."""
 
 KEY_TYPES = {**deepseek2.KEY_TYPES, **{key: U32 for key, _ in KDA}}
 """The `kimi-linear.` keys and the types the loader reads them with (deepseek2's, and the KDA keys into
