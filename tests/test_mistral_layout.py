@@ -204,6 +204,7 @@ ROPE_FAULTS: list[tuple[str, Any, str]] = [
     ("yarn", None, "yarn missing"), ("yarn", [1], "yarn is a list"),
     ("yarn", {"factor": 4.0}, "beta missing"), ("yarn.apply_scale", "false", "apply_scale 'false'"),
     ("yarn.factor", 0.5, "factor 0.5"), ("yarn.factor", True, "factor True"),
+    ("yarn.factor", 10**400, "factor 1000000"), ("llama_4_scaling.beta", -(10**400), "beta -1000000"),
     ("yarn.original_max_position_embeddings", 0, "original_max_position_embeddings 0"),
     ("yarn.original_max_position_embeddings", 2**40, "original_max_position_embeddings 1099511627776"),
     ("yarn.original_max_position_embeddings", 1024.0, "original_max_position_embeddings 1024.0"),

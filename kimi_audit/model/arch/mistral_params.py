@@ -154,7 +154,10 @@ def rope_scaling(params: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _finite(v: Any) -> bool:
-    return type(v) in (int, float) and math.isfinite(v)
+    """A JSON number a float holds (not a bool; an integer past the float range is not one)."""
+    if type(v) is int:
+        return abs(v) <= 2**1023
+    return type(v) is float and math.isfinite(v)
 
 
 def _length(v: Any) -> bool:
