@@ -290,7 +290,8 @@ def fold_config_dimension(findings: list[Finding], ckpt: Checkpoint) -> list[Fin
     for (want, got), fs in groups.items():
         if len(fs) < 2 or any(id(f) in folded for f in fs):
             continue
-        for key in (k for k in CONFIG_DIMENSIONS if getattr(ckpt.config, k, None) == want):
+        dims = dict(ckpt.config.dims)  # an architecture's own dimensions (GLM-4.x's head_dim) too
+        for key in (k for k in (*CONFIG_DIMENSIONS, *dims) if getattr(ckpt.config, k, dims.get(k)) == want):
             layout = layout_with(ckpt, key, got)
             if layout is None or not all(_fits(layout, f) for f in fs):
                 continue
@@ -314,15 +315,17 @@ def _fits(layout: ExpectedLayout, f: Finding) -> bool:
 
 
 def layout_with(ckpt: Checkpoint, field_name: str, value: int) -> ExpectedLayout | None:
-    """The checkpoint's layout derived again with one config field at another value, in the checkpoint's own
-    spelling (a GGUF set's names); None where no layout follows."""
+    """The checkpoint's layout derived again with one config field (or one of its architecture's `dims`) at another
+    value, in the checkpoint's own spelling (a GGUF set's names); None where no layout follows."""
     from kimi_audit.errors import KimiAuditError
     from kimi_audit.model.arch.registry import gguf_architecture
     from kimi_audit.model.dialect import respelled
     from kimi_audit.model.layout import expected_layout
 
     try:
-        changed: dict[str, Any] = {field_name: value}
+        dims = dict(ckpt.config.dims)
+        changed: dict[str, Any] = ({"dims": tuple(sorted({**dims, field_name: value}.items()))} if field_name in dims
+                                   else {field_name: value})
         layout = expected_layout(replace(ckpt.config, **changed))
     except (KimiAuditError, TypeError, ValueError, KeyError, IndexError):  # a value this tree has no layout for
         return None
