@@ -368,6 +368,17 @@ def test_expert_count_changed(arch: str, tmp_path: Path) -> None:
     assert one.tensor == f"{PREFIX[arch]}.expert_count" and (one.expected, one.actual) == (8, 4) and one.covers >= 4
 
 
+def test_key_length_changed(tmp_path: Path) -> None:
+    """glm4moe.attention.key_length (the head_dim) 16 over heads of 32: one CONFIG_DISAGREES naming the key, the
+    attention tensors it sizes (q/k/v/o and their biases through heads × head_dim, the q/k norms) beneath, exit 1."""
+    out = tmp_path / FILE
+    rewrite(DATA / "glm4moe" / FILE, out, lambda g: g.set("glm4moe.attention.key_length", 4, 16))
+    report = audit(out)
+    assert [(f.code, f.tensor, f.expected, f.actual) for f in report.findings] == [
+        ("CONFIG_DISAGREES", "glm4moe.attention.key_length", 16, 32)]
+    assert report.findings[0].covers == 9 * BLOCKS and report.exit_code() == 1
+
+
 CONFIG_FAULTS = {("glm4moe", "routed_scaling_factor"): (1.5, "glm4moe.expert_weights_scale"),
                  ("glm4moe", "partial_rotary_factor"): (1.0, "glm4moe.rope.dimension_count"),
                  ("glm4moe", "rope_theta"): (5e5, "glm4moe.rope.freq_base"),
