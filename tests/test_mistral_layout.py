@@ -360,6 +360,14 @@ ATTACKS: list[tuple[str, Any, str]] = [
                                                                               '"norm_eps": 1e999')),
      "params.json norm_eps (read as rms_norm_eps) must be a non-negative number"),
     ("moe a number", lambda d: _params(d, json.dumps(_set(text_params(), "moe", 3))), "params.json moe is a int"),
+    ("tied a string", lambda d: _params(d, json.dumps(_set(text_params(), "tied_embeddings", "false"))),
+     "params.json tied_embeddings must be true or false, got 'false'"),
+    ("a negative vision width", lambda d: _params(d, json.dumps(generate.params("bf16") | {
+        "vision_encoder": {**generate.VISION, "hidden_size": -1}})),
+     "params.json 'vision_encoder.hidden_size' (read as vision_config.hidden_size) must be a non-negative integer"),
+    ("no patch merge", lambda d: _params(d, json.dumps(generate.params("bf16") | {
+        "vision_encoder": {**generate.VISION, "spatial_merge_size": 0}})),
+     "params.json vision_encoder.spatial_merge_size (read as spatial_merge_size) must be positive, got 0"),
 ]
 
 

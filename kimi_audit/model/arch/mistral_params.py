@@ -102,7 +102,10 @@ def config_from_params(params: Any) -> dict[str, Any]:
     cfg.update({new: params[old] for old, new in TOP.items() if old in params})
     cfg.update({k: params[k] for k in SAME if k in params})
     cfg.update({new: moe[old] for old, new in MOE.items() if old in moe})
-    cfg["tie_word_embeddings"] = params.get("tied_embeddings", False)
+    tied = params.get("tied_embeddings", False)
+    if not isinstance(tied, bool):  # both readers take any truthy value: "false" would tie the head
+        raise ConfigError(f"{PARAMS_FILE} tied_embeddings must be true or false, got {tied!r}")
+    cfg["tie_word_embeddings"] = tied
     # what MistralMoeModel.__init__ and vLLM's _remap_moe_args write for every Mistral MoE
     cfg.update(norm_topk_prob=True, scoring_func="softmax",
                max_position_embeddings=params.get("max_position_embeddings", 128_000))
@@ -235,7 +238,9 @@ def rope_findings(cfg: dict[str, Any]) -> list[Finding]:
 
 
 PARAMS_PATH = {**{new: old for old, new in TOP.items()}, **{new: f"moe.{old}" for old, new in MOE.items()},
-               "tie_word_embeddings": "tied_embeddings", "vision_config": "vision_encoder"}
+               "tie_word_embeddings": "tied_embeddings", "vision_config": "vision_encoder",
+               "spatial_merge_size": "vision_encoder.spatial_merge_size",
+               "multimodal_projector_bias": "vision_encoder.adapter_bias"}
 """config key -> where params.json holds it: what a field reader's error names."""
 QUOTED = re.compile(r"config\.json( lacks)? '([^']*)'")
 BARE = re.compile(r"config\.json ([a-z_][a-z0-9_.]*)")
@@ -243,15 +248,19 @@ BARE = re.compile(r"config\.json ([a-z_][a-z0-9_.]*)")
 
 def blamed(message: str) -> str:
     """A field reader's error about the config the adapter made, naming params.json and its own key."""
+    def where(key: str) -> str | None:
+        head = key.split(".")[0]
+        if head not in PARAMS_PATH and head not in SAME:
+            return None
+        return f"{PARAMS_PATH.get(head, head)}{key[len(head):]}"
+
     def quoted(m: re.Match[str]) -> str:
         key = m.group(2)
-        return f"{PARAMS_FILE}{m.group(1) or ''} '{PARAMS_PATH.get(key, key)}' (read as {key})"
+        return f"{PARAMS_FILE}{m.group(1) or ''} '{where(key) or key}' (read as {key})"
 
     def bare(m: re.Match[str]) -> str:
         key = m.group(1)
-        head = key.split(".")[0]
-        if head not in PARAMS_PATH and head not in SAME:
-            return f"{PARAMS_FILE} {key}"
-        return f"{PARAMS_FILE} {PARAMS_PATH.get(head, head)}{key[len(head):]} (read as {key})"
+        ours = where(key)
+        return f"{PARAMS_FILE} {key}" if ours is None else f"{PARAMS_FILE} {ours} (read as {key})"
 
     return BARE.sub(bare, QUOTED.sub(quoted, message))

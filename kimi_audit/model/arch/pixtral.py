@@ -60,7 +60,10 @@ def read_dims(cfg: dict[str, Any], absent: dict[str, Any]) -> dict[str, int]:
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError("config.json vision_config is not an object")
     defaults = DEFAULTS if raw is not None else absent
-    dims = {f"vision_{k}": read_int(raw or {}, k, defaults) for k in defaults}
+    try:
+        dims = {f"vision_{k}": read_int(raw or {}, k, defaults) for k in defaults}
+    except ConfigError as e:  # the key is vision_config's, not the text model's of the same name
+        raise ConfigError(str(e).replace("config.json '", "config.json 'vision_config.", 1)) from None
     dims["vision_merge"] = read_int(cfg, "spatial_merge_size", {"spatial_merge_size": 2})
     bias = cfg.get("multimodal_projector_bias", False)
     if not isinstance(bias, bool):
@@ -73,9 +76,11 @@ def read_dims(cfg: dict[str, Any], absent: dict[str, Any]) -> dict[str, int]:
         dims["vision_feature_layers"] = 1
     else:
         raise ConfigError(f"config.json vision_feature_layer must be a layer index or a list of them, got {layers!r}")
+    keys = {"vision_merge": "spatial_merge_size", "vision_feature_layers": "vision_feature_layer"}
     for k, v in dims.items():
         if v < 1 and k != "projector_bias":
-            raise ConfigError(f"config.json {k.replace('vision_', 'vision_config.')} must be positive, got {v}")
+            raise ConfigError(f"config.json {keys.get(k, k.replace('vision_', 'vision_config.'))} must be positive, "
+                              f"got {v}")
     return dims
 
 
