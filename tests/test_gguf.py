@@ -691,3 +691,16 @@ def test_grouped_part_names_keep_their_zero_padding() -> None:
     assert group_findings(parts)[0].pattern == "m-{00001-00003}-of-00004.gguf"
     layers = [error("TENSOR_MISSING", "x", tensor=f"model.layers.{i}.mlp.weight") for i in (1, 2, 10)]
     assert group_findings(layers)[0].pattern == "model.layers.{1-2,10}.mlp.weight"
+
+
+def test_integer_types_encode_exactly_or_not_at_all() -> None:
+    """ggml's integer types hold integers as they are (DeepSeek-V4's I32 hash table): a value with a fraction, or
+    past the type's range, has no encoding (ValueError), never a truncated one that would compare equal."""
+    import numpy as np
+
+    from kimi_audit.numerics.ggml import encode
+
+    assert encode(np.array([[1, -2], [3, 2**31 - 1]]), "I32") == np.array([1, -2, 3, 2**31 - 1], "<i4").tobytes()
+    for bad, t in ((np.array([1.5]), "I32"), (np.array([2**31]), "I32"), (np.array([300]), "I8")):
+        with pytest.raises(ValueError):
+            encode(bad, t)

@@ -178,8 +178,8 @@ def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_so
     total = sum(compared.values())
     where = ", ".join(f"{n:,} of {part}" for part, n in compared.items())
     out.append(info("AGAINST_CHECKED", f"{total:,} of the {len(rows):,} GGUF tensors compared with {hf.label}'s "
-                    f"values{' (' + where + ')' if where else ''}: F32/F16/BF16/Q8_0 byte for byte, other types "
-                    "dequantized within their type's relative error bound"
+                    f"values{' (' + where + ')' if where else ''}: F32/F16/BF16/Q8_0 and integers byte for byte, "
+                    "other types dequantized within their type's relative error bound"
                     f"{' (worst/bound: ' + bounds + ')' if bounds else ''}", actual=total,
                     tensor=max(worst.values())[1] if worst else None))
     if not_compared:
@@ -239,7 +239,7 @@ def _same_bytes(want: tuple[tuple[int, ...], Iterator[np.ndarray]], shape: tuple
     reading for the whole tensor."""
     import numpy as np
 
-    from kimi_audit.numerics.ggml import encode
+    from kimi_audit.numerics.ggml import INTEGERS, encode
     from kimi_audit.numerics.tensor_io import read_exact
 
     expected, pieces = want
@@ -248,13 +248,16 @@ def _same_bytes(want: tuple[tuple[int, ...], Iterator[np.ndarray]], shape: tuple
     readings = {"as is", "bf16"} if dtype == "Q8_0" else {"as is"}
     at, elements = begin, 0
     for piece in pieces:
-        values = np.asarray(piece, dtype=np.float32)
+        values = np.asarray(piece) if dtype in INTEGERS else np.asarray(piece, dtype=np.float32)
         if values.ndim == 0 or (len(shape) > 1 and values.shape[-1] != shape[-1]):
             return False
         elements += values.size
         if elements > math.prod(shape):
             return False
-        encoded = encode(values, dtype)
+        try:
+            encoded = encode(values, dtype)
+        except ValueError:  # not integers an integer type holds
+            return False
         raw = read_exact(gguf_source, part, at, len(encoded))
         at += len(encoded)
         if raw != encoded:

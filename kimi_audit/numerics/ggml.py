@@ -2,6 +2,7 @@
 converted from known values (`audit --against`).
 
 - F32, F16, BF16: the values rounded to nearest-even (ggml's FP32_TO_FP16 and FP32_TO_BF16).
+- I8, I16, I32, I64: the integers as they are (an exact cast, or no encoding).
 - Q8_0: ggml-quants.c `quantize_row_q8_0_ref`: per block of 32, d = amax / 127 (float32), stored F16; each
   value's code roundf(x * (1 / d)), half away from zero (gguf-py quants.py `Q8_0.quantize_blocks` does the same
   in numpy; tests/test_ggml.py holds this to it).
@@ -12,8 +13,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-ENCODED = ("F32", "F16", "BF16", "Q8_0")
-"""The ggml types whose bytes this module can compute from float values."""
+INTEGERS = {"I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}
+"""ggml's integer types (DeepSeek-V4's I32 hash-routing table): their values as they are, little-endian."""
+ENCODED = ("F32", "F16", "BF16", "Q8_0", *INTEGERS)
+"""The ggml types whose bytes this module can compute from values."""
 QK8_0 = 32
 
 
@@ -40,7 +43,14 @@ def quantize_q8_0(values: np.ndarray) -> bytes:
 
 
 def encode(values: np.ndarray, ggml_type: str) -> bytes:
-    """The bytes of `values` stored as `ggml_type` (one of ENCODED)."""
+    """The bytes of `values` stored as `ggml_type` (one of ENCODED); ValueError where an integer type cannot hold
+    them exactly (a fraction, a value out of its range)."""
+    if ggml_type in INTEGERS:
+        v = np.asarray(values)
+        out = v.astype(INTEGERS[ggml_type])
+        if not np.array_equal(out, v):
+            raise ValueError(f"values that {ggml_type} does not hold exactly")
+        return out.tobytes()
     x = np.asarray(values, dtype=np.float32)
     if ggml_type == "F32":
         return x.astype("<f4").tobytes()
