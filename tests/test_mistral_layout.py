@@ -294,6 +294,35 @@ def test_vllm_remaps_every_text_name_the_tool_lays_out_to_the_tree_it_describes(
     assert (variant == "fp8") == any(n.endswith(tuple(VLLM["suffixes"])) for n in text)
 
 
+@pytest.mark.parametrize("scheme", ["TENSOR", "NO_SCALES", "absent", "PER_CHANNEL"])
+def test_the_fp8_activation_scheme_is_vllms(scheme: str) -> None:
+    """qscheme_act as vLLM's adapter reads it: a static scheme stores qscale_act, a dynamic one none; another value
+    is QUANT_UNSUPPORTED (vLLM asserts against it)."""
+    p = generate.params("fp8")
+    if scheme != "absent":
+        p = p | {"quantization": {**generate.FP8, "qscheme_act": scheme}}
+    cfg = model_config_from_dict(mistral_params.config_from_params(p))
+    said = VLLM["quantization_fp8_e4m3_qscheme_act"].get(scheme)
+    if said is None:
+        assert cfg.quant is None and "qscheme_act 'PER_CHANNEL'" in str(cfg.quant_unsupported)
+        return
+    acts = {n for n in expected_layout(cfg).names if n.endswith(".qscale_act")}
+    assert bool(acts) == (said == "static")
+    assert cfg.quant is not None and cfg.quant.quantized.summary()["activations"] == said
+
+
+def test_a_dynamic_fp8_release_without_activation_scales_audits_clean(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "m"
+    generate.write_checkpoint(d, "fp8", p=generate.params("fp8") | {"quantization": {**generate.FP8,
+                                                                                      "qscheme_act": "NO_SCALES"}})
+    kept = {k: v for k, v in load_file(d / "consolidated.safetensors").items() if not k.endswith(".qscale_act")}
+    save_file(kept, str(d / "consolidated.safetensors"))
+    report = kimi_audit.audit(d)
+    assert report.findings == () and report.stats.parameters == PROVENANCE["variants"]["fp8"]["parameters"]
+
+
 def vllm_rope(params: dict[str, Any]) -> dict[str, Any]:
     """_remap_mistral_yarn_args, from the record."""
     yarn = dict(params["yarn"])

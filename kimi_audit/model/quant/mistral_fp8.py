@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 __all__ = ["MistralFp8"]
 
 FORMAT_KEY = "qformat_weight"
+ACT_KEY = "qscheme_act"
+ACT_SCHEMES = {None: True, "TENSOR": True, "NO_SCALES": False}
+"""`quantization.qscheme_act` -> whether each module stores a static `qscale_act`, as vLLM's adapter reads it
+(vllm-project/vllm@01da88c5 transformers_utils/configs/mistral.py _remap_mistral_quantization_args: TENSOR or absent
+is `activation_scheme: static`, NO_SCALES `dynamic`; any other value it asserts against)."""
 WEIGHT_SCALE = ".qscale_weight"
 ACT_SCALE = ".qscale_act"
 
@@ -44,6 +49,8 @@ ACT_SCALE = ".qscale_act"
 class MistralFp8(Scheme):
     key: ClassVar[str] = "mistral/fp8"
     roles: ClassVar[tuple[tuple[str, str], ...]] = ((WEIGHT_SCALE, GROUP_SCALE), (ACT_SCALE, INPUT_SCALE))
+    static_activations: bool = True
+    """A `qscale_act` beside each weight (qscheme_act TENSOR, the default); NO_SCALES: dynamic, none stored."""
 
     @classmethod
     def claims(cls, q: dict[str, Any], config: Mapping[str, Any]) -> bool:
@@ -55,23 +62,29 @@ class MistralFp8(Scheme):
         fmt = q.get(FORMAT_KEY)
         if fmt != "fp8_e4m3":  # llama.cpp's converter asserts it
             raise UnsupportedQuantization(f"Mistral {FORMAT_KEY} {fmt!r}")
-        return QuantPlan(cls(), plain, ignore_names=frozenset(release.plain),
+        act = q.get(ACT_KEY)
+        if not isinstance(act, (str, type(None))) or act not in ACT_SCHEMES:  # vLLM's adapter asserts it
+            raise UnsupportedQuantization(f"Mistral {ACT_KEY} {act!r}")
+        return QuantPlan(cls(static_activations=ACT_SCHEMES[act]), plain, ignore_names=frozenset(release.plain),
                          ignore_re=compile_patterns(release.unreached, "the architecture's unquantized modules"),
                          by_name=bool(release.plain or release.unreached))
 
     def summary(self) -> dict[str, Any]:
-        return {"method": "mistral", FORMAT_KEY: "fp8_e4m3", "scale": "per-tensor", "activations": "static"}
+        return {"method": "mistral", FORMAT_KEY: "fp8_e4m3", "scale": "per-tensor",
+                "activations": "static" if self.static_activations else "dynamic"}
 
     @property
     def name(self) -> str:
         return "FP8"
 
     def stored(self, out: int, inp: int) -> tuple[Stored, ...]:
-        return (Stored(".weight", FP8_DTYPE, (out, inp), PARAMETER, out * inp),
-                Stored(WEIGHT_SCALE, "F32", (), SCALE), Stored(ACT_SCALE, "F32", (), SCALE))
+        act = (Stored(ACT_SCALE, "F32", (), SCALE),) if self.static_activations else ()
+        return (Stored(".weight", FP8_DTYPE, (out, inp), PARAMETER, out * inp), Stored(WEIGHT_SCALE, "F32", (), SCALE),
+                *act)
 
     def describe(self) -> str:
-        return "FP8 e4m3, one F32 qscale_weight per tensor, a static qscale_act (Mistral's format)"
+        act = "a static qscale_act" if self.static_activations else "dynamic activations (no qscale_act)"
+        return f"FP8 e4m3, one F32 qscale_weight per tensor, {act} (Mistral's format)"
 
     def dequantize(self, tensors: Mapping[str, np.ndarray], out: int, inp: int) -> np.ndarray:
         """``weight.float() * qscale_weight``, rounded to bf16 (llama.cpp's dequant_simple with no block)."""
