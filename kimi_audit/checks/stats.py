@@ -6,6 +6,7 @@ parameters of their module, never for their stored elements; SCALE (metadata) an
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from math import prod
@@ -114,13 +115,23 @@ def compute_stats(
     return _stats(acc, headers, _components(expected, found))
 
 
+INDEX = re.compile(r"\.\d+(?=\.)")
+BLOCK_PREFIX = re.compile(r"^(?:.*\.)?(?:blk|layers)\.")
+
+
 def _components(expected: ExpectedLayout, found: dict[int, int]) -> tuple[ComponentRow, ...]:
-    """Derived and found parameters per (block kind, component), in checkpoint order."""
+    """Derived and found parameters per (block kind, component), in checkpoint order; each component as the
+    checkpoint spells it (a GGUF's `attn_q_b.weight`, where the release's is `self_attn.q_b_proj.weight`)."""
     rows: dict[tuple[str | None, str], list[int]] = {}
+    names, specs = expected.names, expected.specs
+    respelled = bool(names) and not INDEX.sub("", names[0]).endswith(specs[expected.spec_of[0]].component)
+    first = dict(zip(reversed(expected.spec_of), reversed(names))) if respelled else {}  # each spec's first name
     for i, n in Counter(expected.spec_of).items():
-        s = expected.specs[i]
+        s = specs[i]
         if s.logical or found.get(i):
-            row = rows.setdefault((s.block, s.component), [0, 0])
+            spelled = INDEX.sub("", first.get(i, s.component))
+            component = s.component if spelled.endswith(s.component) else BLOCK_PREFIX.sub("", spelled)
+            row = rows.setdefault((s.block, component), [0, 0])
             row[0] += n * s.logical
             row[1] += found.get(i, 0)
     if found.get(-1):
