@@ -20,6 +20,8 @@ VALUE_TYPE_NAMES = {0: "UINT8", 1: "INT8", 2: "UINT16", 3: "INT16", 4: "UINT32",
                     8: "STRING", 9: "ARRAY", 10: "UINT64", 11: "INT64", 12: "FLOAT64"}
 """gguf.cpp's gguf_type."""
 UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY = 4, 5, 6, 7, 8, 9
+UNDESCRIBED = "LAYOUT_UNSUPPORTED"
+"""The finding of hyperparameters llama.cpp loads and no layout of this tool describes (a warning: exit 3)."""
 
 KeyType = tuple[tuple[int, int | None], ...]
 """The (value type, array element type or None) pairs a key may be stored as."""
@@ -30,6 +32,40 @@ STR: KeyType = ((STRING, None),)
 STRINGS: KeyType = ((ARRAY, STRING),)
 U32_OR_PER_LAYER: KeyType = ((UINT32, None), (ARRAY, UINT32), (ARRAY, INT32), (ARRAY, BOOL))
 """`get_key_or_arr`: one value for every layer, or an array of them (llama_model_loader::get_arr)."""
+F32_OR_PER_LAYER: KeyType = ((FLOAT32, None), (ARRAY, FLOAT32))
+"""`get_key_or_arr` into floats: one value, or an array of FLOAT32 (get_arr refuses any other element type)."""
+
+
+def per_layer(t: KeyType) -> bool:
+    """A key read with `get_key_or_arr`: a scalar, or an array of one value per layer."""
+    return any(item is None for _, item in t) and any(kind == ARRAY for kind, _ in t)
+
+
+def one_value(value: Any, key: str) -> Any:
+    """A `get_key_or_arr` key's one value: a scalar, or an array whose values agree. An array whose values differ
+    by layer llama.cpp loads, but no layout this tool derives has per-layer widths: GgufKeyError whose finding is
+    LAYOUT_UNSUPPORTED (inconclusive, not a fault)."""
+    from kimi_audit.errors import GgufKeyError
+
+    values = getattr(value, "values", value)
+    if not isinstance(values, (list, tuple)):
+        return values
+    if len(set(values)) != 1:
+        raise GgufKeyError(f"{key} differs by layer ({list(values)[:6]}): llama.cpp loads such a model, kimi-audit "
+                           "describes none, and no tensor was checked against a layout", key, UNDESCRIBED)
+    return values[0]
+
+
+def wrong_lengths(kv: Mapping[str, Any], table: Mapping[str, KeyType], layers: int) -> list[tuple[str, int]]:
+    """(key, its length) for each `get_key_or_arr` key stored as an array of another length than the layers:
+    llama_model_loader::get_key_or_arr throws "key %s has wrong array length; expected %u, got %u"
+    (src/llama-model-loader.cpp lines 473-478)."""
+    out = []
+    for key, t in table.items():
+        count = getattr(kv.get(key), "count", None)
+        if per_layer(t) and isinstance(count, int) and count != layers:
+            out.append((key, count))
+    return out
 
 LOADER_KEYS: Mapping[str, KeyType] = {
     "general.architecture": STR,

@@ -15,10 +15,17 @@ from typing import Any
 
 from kimi_audit.constants import GGUF_SUFFIX, SAFETENSORS_SUFFIX
 from kimi_audit.errors import ConfigError, GgufKeyError, GgufSetError
-from kimi_audit.findings import Finding, error
+from kimi_audit.findings import Finding, error, warning
 from kimi_audit.format.columns import label
 from kimi_audit.format.gguf import GgufPart, read_gguf_part
-from kimi_audit.format.gguf_keys import LOADER_KEYS, loader_required, loader_value_findings, mistyped
+from kimi_audit.format.gguf_keys import (
+    LOADER_KEYS,
+    UNDESCRIBED,
+    loader_required,
+    loader_value_findings,
+    mistyped,
+    wrong_lengths,
+)
 from kimi_audit.format.gguf_split import NOT_MODELS, SPLIT_NO, gguf_sets, not_a_model, part_number
 from kimi_audit.format.gguf_types import GGML_BY_NAME, ggml_dims
 from kimi_audit.format.header import ShardHeader
@@ -187,6 +194,14 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
                               "loader requires it (\"key not found in model\") and cannot load the model",
                               tensor=absent[0], shard=part, covers=len(absent)))
     findings += loader_value_findings(kv, part)
+    layers = kv.get(f"{name}.block_count")
+    lengths = wrong_lengths(kv, table, layers) if isinstance(layers, int) else []
+    findings += [error("GGUF_KEY_VALUE", f"{part}: {label(key)} holds {got:,} values, not one per layer "
+                       f"({label(f'{name}.block_count')} is {layers:,}): llama.cpp refuses it (\"key {key} has wrong "
+                       f"array length; expected {layers}, got {got}\")", tensor=key, shard=part, expected=layers,
+                       actual=got) for key, got in lengths]
+    if lengths:  # llama.cpp stops at the key: no layout derived from it
+        return _no_layout(None, findings)
     stored = {n: s for h in headers.values() for n, s in zip(h.columns.names, h.columns.shapes)}
     try:
         raw, meta = arch.gguf.config(kv, stored)
@@ -194,7 +209,9 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
     except ConfigError as e:
         # The metadata names no model llama.cpp loads (a key absent or refused, said above or here): a finding
         # naming the key, and no layout derived from it (not an exit 2: the file was read, and is wrong).
-        if isinstance(e, GgufKeyError):
+        if isinstance(e, GgufKeyError) and e.finding_code == UNDESCRIBED:
+            findings.append(warning(UNDESCRIBED, f"{part}: {e}", tensor=e.key, shard=part))
+        elif isinstance(e, GgufKeyError):
             if not (absent and e.finding_code == "GGUF_KEY_MISSING"):
                 findings.append(error(e.finding_code, f"{part}: {e}", tensor=e.key, shard=part))
         elif not absent:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kimi_audit.errors import GgufKeyError, KimiAuditError
 from kimi_audit.findings import Finding, error, warning
-from kimi_audit.format.gguf_keys import F32, FLAG, STR, U32, U32_OR_PER_LAYER
+from kimi_audit.format.gguf_keys import F32, FLAG, STR, U32, U32_OR_PER_LAYER, one_value
 from kimi_audit.model.arch.spec import GgufDialect, ReleaseReader
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
     findings: list[Finding] = []
 
     def k(key: str, default: Any = None) -> Any:
-        return kv.get(f"{a}.{key}", default)
+        return one_value(kv.get(f"{a}.{key}", default), f"{a}.{key}")
 
     absent = [f"{a}.{key}" for key in REQUIRED if k(key) is None]
     if absent:

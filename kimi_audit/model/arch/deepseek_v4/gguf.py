@@ -34,6 +34,7 @@ from kimi_audit.format.gguf_keys import (
     ARRAY,
     BOOL,
     F32,
+    F32_OR_PER_LAYER,
     FLAG,
     FLOAT32,
     INT32,
@@ -42,6 +43,7 @@ from kimi_audit.format.gguf_keys import (
     U32_OR_PER_LAYER,
     UINT32,
     KeyType,
+    one_value,
 )
 from kimi_audit.model.arch.deepseek_v3.gguf import loader_asserts, release_values_as
 from kimi_audit.model.arch.spec import (
@@ -117,8 +119,6 @@ DIRECT = (("block_count", "num_hidden_layers"), ("context_length", "max_position
           ("rope.freq_base", "rope_theta"))
 """(the `deepseek4.` key, the config.json key) written one value each way."""
 
-F32_OR_PER_LAYER: KeyType = ((FLOAT32, None), (ARRAY, FLOAT32))
-"""`get_key_or_arr` into floats: one value, or an array of FLOAT32 (get_arr refuses any other element type)."""
 INT_ARRAY: KeyType = ((ARRAY, INT32), (ARRAY, UINT32), (ARRAY, BOOL))
 """`get_arr` into uint32_t: an array of integers (a scalar is "array key not found")."""
 KEY_TYPES: dict[str, KeyType] = {
@@ -156,21 +156,13 @@ REQUIRED = ("block_count", "embedding_length", "attention.head_count", "attentio
 """What this tool derives no layout without."""
 
 
-def _one(value: Any) -> Any:
-    """A `get_key_or_arr` key's one value: a scalar, or an array whose values agree (else None)."""
-    values = getattr(value, "values", value)
-    if not isinstance(values, (list, tuple)):
-        return values
-    return values[0] if values and len(set(values)) == 1 else None
-
-
 def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Any], list[Finding]]:
     """The config.json a `deepseek4` GGUF was converted from, as the loader reads its hyperparameters, and what in
     the metadata llama.cpp refuses."""
     a = GGUF_ARCH
 
     def k(key: str) -> Any:
-        return _one(kv.get(f"{a}.{key}"))
+        return one_value(kv.get(f"{a}.{key}"), f"{a}.{key}")
 
     absent = [f"{a}.{key}" for key in REQUIRED if kv.get(f"{a}.{key}") is None]
     if absent:

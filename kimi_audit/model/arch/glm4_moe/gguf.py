@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from kimi_audit.errors import GgufKeyError
 from kimi_audit.findings import Finding, error
-from kimi_audit.format.gguf_keys import U32, U32_OR_PER_LAYER
+from kimi_audit.format.gguf_keys import U32, U32_OR_PER_LAYER, one_value
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
 from kimi_audit.model.arch.kimi_linear.gguf import HPARAMS as TEXT_HPARAMS
-from kimi_audit.model.arch.kimi_linear.gguf import find_hparam, one_value, rope_keys
+from kimi_audit.model.arch.kimi_linear.gguf import find_hparam, rope_keys
 from kimi_audit.model.arch.spec import GgufDialect, ReleaseReader
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
     a = GGUF_ARCH
 
     def k(key: str, default: Any = None) -> Any:
-        return one_value(kv.get(f"{a}.{key}", default), key, a)
+        return one_value(kv.get(f"{a}.{key}", default), f"{a}.{key}")
 
     absent = [f"{a}.{key}" for key in REQUIRED if not kv.get(f"{a}.{key}")]
     if absent:

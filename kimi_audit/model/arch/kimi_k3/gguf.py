@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from kimi_audit.errors import GgufKeyError
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.gguf import KEEP_ARRAY, GgufArray
-from kimi_audit.format.gguf_keys import F32, INT32, U32
+from kimi_audit.format.gguf_keys import F32, INT32, U32, one_value
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
 from kimi_audit.model.arch.kimi_linear import gguf as kl
 from kimi_audit.model.arch.spec import GgufDialect, ReleaseReader
@@ -79,7 +79,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
     a = GGUF_ARCH
 
     def k(key: str, default: Any = None) -> Any:
-        return kl.one_value(kv.get(f"{a}.{key}", default), key, a)
+        return one_value(kv.get(f"{a}.{key}", default), f"{a}.{key}")
 
     absent = [f"{a}.{key}" for key in REQUIRED if kv.get(f"{a}.{key}") is None]
     if absent:

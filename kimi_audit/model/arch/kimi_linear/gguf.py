@@ -24,10 +24,10 @@ import re
 from collections.abc import Container, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from kimi_audit.errors import ConfigError, GgufKeyError
+from kimi_audit.errors import GgufKeyError
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.gguf import KEEP_ARRAY, GgufArray
-from kimi_audit.format.gguf_keys import INT32, U32
+from kimi_audit.format.gguf_keys import INT32, U32, one_value
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
 from kimi_audit.model.arch.spec import GgufDialect, ReleaseReader
 
@@ -111,15 +111,6 @@ REQUIRED = ("block_count", "embedding_length", "attention.head_count", "attentio
 """What this tool cannot read the model without."""
 
 
-def one_value(value: Any, key: str, a: str = GGUF_ARCH) -> Any:
-    """A `get_key_or_arr` key's one value: a scalar, or an array whose values agree (`a`: the arch, kimi-k3's
-    loader reads them as kimi-linear's)."""
-    values = getattr(value, "values", value)
-    if not isinstance(values, (list, tuple)):
-        return values
-    if len(set(values)) != 1:
-        raise ConfigError(f"{a}.{key} differs by layer ({list(values)[:6]}): not a model kimi-audit describes")
-    return values[0]
 
 
 def layer_types(kv: Mapping[str, Any], n: int, a: str = GGUF_ARCH) -> list[str]:
@@ -142,7 +133,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
     a = GGUF_ARCH
 
     def k(key: str, default: Any = None) -> Any:
-        return one_value(kv.get(f"{a}.{key}", default), key)
+        return one_value(kv.get(f"{a}.{key}", default), f"{a}.{key}")
 
     absent = [f"{a}.{key}" for key in REQUIRED if kv.get(f"{a}.{key}") is None]
     if absent:

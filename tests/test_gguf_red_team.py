@@ -1,0 +1,58 @@
+"""What a stranger's attack on the GGUF dialects found (this session's red team), each fixed at its root and held
+here: per-layer arrays of the wrong length (llama.cpp's get_key_or_arr refuses them), per-layer widths that differ
+(llama.cpp loads them; no layout here describes them: inconclusive, not PASS, not a false FAIL)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import gguf_builder as gb
+from kimi_audit import audit
+
+DATA = Path(__file__).resolve().parent / "data"
+ARCHS = DATA / "gguf_archs"
+Q2K = DATA / "gguf" / "tiny-Q2_K.gguf"
+U32, F32, ARRAY = 4, 6, 9
+
+
+def audited(tmp_path: Path, source: Path, edit: Callable[[gb.Gguf], object]) -> object:
+    g = gb.read(source)
+    edit(g)
+    gb.write(g, tmp_path / "t.gguf")
+    return audit(tmp_path / "t.gguf")
+
+
+@pytest.mark.parametrize(("source", "key", "values", "item"), [
+    (ARCHS / "deepseek4" / "tiny-Q8_0.gguf", "deepseek4.swiglu_clamp_exp", [10.0, 10.0], F32),
+    (ARCHS / "deepseek4" / "tiny-Q8_0.gguf", "deepseek4.expert_feed_forward_length", [64] * 4, U32),
+    (ARCHS / "glm4moe" / "tiny-Q8_0.gguf", "glm4moe.expert_feed_forward_length", [64] * 7, U32),
+    (ARCHS / "kimi-k3" / "tiny-Q8_0.gguf", "kimi-k3.expert_feed_forward_length", [64], U32),
+    (Q2K, "deepseek2.expert_feed_forward_length", [256, 256], U32),
+])
+def test_a_per_layer_array_of_the_wrong_length_is_refused(tmp_path: Path, source: Path, key: str,
+                                                          values: list[object], item: int) -> None:
+    """llama_model_loader::get_key_or_arr: "key %s has wrong array length; expected %u, got %u" (once a PASS)."""
+    report = audited(tmp_path, source, lambda g: g.set(key, ARRAY, values, item))
+    found = [(f.code, f.tensor) for f in report.findings]  # type: ignore[attr-defined]
+    assert found == [("GGUF_KEY_VALUE", key)] and report.exit_code() == 1  # type: ignore[attr-defined]
+    assert "wrong array length" in report.findings[0].message  # type: ignore[attr-defined]
+
+
+def test_a_per_layer_array_of_one_value_is_that_value(tmp_path: Path) -> None:
+    """An array of the right length, every layer alike, is what llama.cpp reads as the scalar (once a false FAIL
+    that printed a Python repr)."""
+    report = audited(tmp_path, Q2K, lambda g: g.set("deepseek2.expert_feed_forward_length", ARRAY, [256] * 3, U32))
+    assert report.verdict() == "PASS"  # type: ignore[attr-defined]
+
+
+def test_per_layer_widths_that_differ_are_inconclusive(tmp_path: Path) -> None:
+    """llama.cpp loads layers of different widths; no layout this tool derives has them: one LAYOUT_UNSUPPORTED
+    naming the key, exit 3, not a claim that llama.cpp refuses the file."""
+    report = audited(tmp_path, Q2K, lambda g: g.set("deepseek2.expert_feed_forward_length", ARRAY, [256, 128, 256],
+                                                     U32))
+    found = [(f.code, f.tensor) for f in report.findings]  # type: ignore[attr-defined]
+    assert found == [("LAYOUT_UNSUPPORTED", "deepseek2.expert_feed_forward_length")]
+    assert report.exit_code() == 3 and "llama.cpp loads" in report.findings[0].message  # type: ignore[attr-defined]
