@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
+from kimi_audit.cli.coercion import plain_coercion
 from kimi_audit.cli.help import compact, compact_help
 from kimi_audit.constants import VERSION
 from kimi_audit.errors import KimiAuditError
@@ -120,14 +120,16 @@ class HelpGroup(TyperGroup):
     """Typer's group, with every command's help read as sentences and its flags shown as flags.
 
     Help texts are plain prose: their paragraphs are reflowed and anything that looks like rich markup
-    (`owner/name[@revision]`) is escaped, once, when typer builds the group. (Click's types are `Any`
-    here: typer 0.29 vendors its own click, older typers use click's.)
+    (`owner/name[@revision]`) is escaped, once, when typer builds the group; str, bool and Path parameters are
+    coerced without typer's pydantic adapters (cli/coercion.py). (Click's types are `Any` here: typer 0.29 vendors
+    its own click, older typers use click's.)
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for cmd in (self, *self.commands.values()):
             cmd.help, cmd.short_help = _prose(cmd.help), _prose(cmd.short_help)
+            plain_coercion(cmd.params)  # str, bool and Path values without pydantic (cli/coercion.py)
             for param in plain_flags(cmd.params):
                 if getattr(param, "help", None):
                     param.help = escape(param.help)
@@ -139,12 +141,14 @@ class HelpGroup(TyperGroup):
             super().format_help(ctx, formatter)
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return plain_flags(super().get_params(ctx))
+        params = plain_flags(super().get_params(ctx))
+        plain_coercion(params)
+        return params
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         cmd = super().get_command(ctx, cmd_name)
         if cmd is not None and (help_option := cmd.get_help_option(ctx)) is not None:
-            plain_flags([help_option])
+            plain_coercion(plain_flags([help_option]))
         return cmd
 
 
@@ -272,6 +276,8 @@ def shard_progress(description: str, enabled: bool = True) -> Iterator[Callable[
     if not enabled or not stderr.is_terminal:
         yield None
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.fields[shard]}"), console=stderr, transient=True,
@@ -290,7 +296,14 @@ def byte_progress(description: str, enabled: bool = True) -> Iterator[Callable[[
     if not enabled or not stderr.is_terminal:
         yield None
         return
-    from rich.progress import DownloadColumn, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
     with Progress(
         TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),

@@ -10,7 +10,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from kimi_audit.checks.audit import AuditReport, audit_source
@@ -21,7 +20,6 @@ from kimi_audit.replica.models import DEFAULT_MODEL, REPLICA_MODELS
 from kimi_audit.replica.tiny import FAULTS as TINY_FAULTS
 from kimi_audit.replica.tiny import build_tiny
 from kimi_audit.report.json_report import render_json
-from kimi_audit.report.table import render_table
 from kimi_audit.sources import LocalSource, open_source
 
 
@@ -29,6 +27,8 @@ def emit_report(report: AuditReport, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(render_json(report))
     else:
+        from kimi_audit.report.table import render_table
+
         render_table(report, stdout)
 
 
@@ -202,6 +202,8 @@ def _build_demo(target: Path, tiny: bool, fault: str | None, model: str, shards:
     if tiny:
         build_tiny(target, fault=fault)
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from kimi_audit.replica.build import build_replica
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -9,8 +9,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from kimi_audit.checks.audit import AuditReport
 from kimi_audit.checks.ignore import IgnoreRule
@@ -19,6 +18,9 @@ from kimi_audit.findings import Severity
 from kimi_audit.outputs import refuse_input, write_atomic
 from kimi_audit.sources.base import Source
 from kimi_audit.text import clip, printable
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 FORMATS = ("table", "json", "junit", "markdown", "sarif", "html")
 FAIL_ON = {"error": Severity.ERROR, "warning": Severity.WARNING}
@@ -107,6 +109,8 @@ def render(report: AuditReport, fmt: str, fail_on: Severity, elapsed: float, wid
     if fmt == "html":
         from kimi_audit.report.html import render_html
         return render_html(report, fail_on)
+    from rich.console import Console
+
     from kimi_audit.report.table import render_table
     buf = io.StringIO()
     render_table(report, Console(file=buf, width=width or 120, color_system=None, soft_wrap=False), fail_on)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
-import ssl
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
@@ -87,6 +85,9 @@ def host_port(endpoint: str) -> str:
 
 def connect_failure(error: BaseException) -> str:
     """What failed under an httpx2 ConnectError, from the OS error at the bottom of its chain."""
+    import socket  # here, not at the top: a local audit loads no TLS (ssl: ~8 ms of its start)
+    import ssl
+
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:
