@@ -12,6 +12,10 @@ each (page cache, bytecode, the hub's hashes of its small files); the medians ar
   CPU: user + system time of that process (all its threads), from os.wait4;
   peak RSS: ru_maxrss of that one process, from os.wait4 (MB = 10^6 bytes).
 stdout and stderr go to files (nothing to drain, no pipe to fill); a run that exits non-zero is shown.
+Every command runs from compiled bytecode, as an installed package does: PYTHONDONTWRITEBYTECODE is dropped and
+PYTHONPYCACHEPREFIX points into the temp dir, so the warm-up run writes each module's .pyc there (this checkout's
+__pycache__ is left alone). Without it, in a checkout edited while measured (and with PYTHONDONTWRITEBYTECODE set),
+every changed module was compiled from source in every timed run: +40-80 ms of a GGUF audit, none of the peers'.
 
 local (the full-scale replica, 61 shards; built in a temp dir unless --replica names one):
   `kimi-audit audit REPLICA --json` against
@@ -367,11 +371,17 @@ def _json_group(cmds: list[Cmd], targets: list[Target]) -> dict[str, object]:
 
 
 # --- the groups -------------------------------------------------------------------------------
+PYCACHE: Path | None = None
+"""Where every command's bytecode is cached (PYTHONPYCACHEPREFIX, in the temp dir): set by main()."""
+
+
 def base_env() -> dict[str, str]:
     env = dict(os.environ)
-    for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT"):
+    for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "PYTHONDONTWRITEBYTECODE"):
         env.pop(k, None)
     env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+    if PYCACHE is not None:
+        env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     return env
 
 
@@ -744,8 +754,10 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     lines: list[str] = []
     results: dict[str, object] = {"python": sys.executable, "repeats": args.repeats}
+    global PYCACHE
     with tempfile.TemporaryDirectory(prefix="kimi-audit-bench-cli-") as tmp_name:
         tmp = Path(tmp_name)
+        PYCACHE = tmp / "pycache"
         replica = args.replica
         if replica is None and (set(parts) & {"local", "remote", "family", "formats"}):
             t0 = time.perf_counter()
