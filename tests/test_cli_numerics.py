@@ -310,20 +310,25 @@ def test_rmsnorm_and_tensor_over_the_hub(hub, tiny_dir: Path) -> None:
 # ------------------------------------------------------------------ audit --values
 
 
-def _small_counts(d: Path) -> tuple[int, int, int]:
-    names = [n for p in d.glob("*.safetensors") for n in header_of(p)[1] if n != "__metadata__"]
-    return (sum(n.endswith("norm.weight") for n in names),
-            sum(n.endswith(".e_score_correction_bias") for n in names),
-            sum(n.endswith(".weight_scale_inv") for n in names))
+def _small_counts(d: Path) -> tuple[int, int, int, int]:
+    """Gains, router biases, FP8 scales and the other float tensors up to 256 KiB the values pass reads (the tiny
+    router gates, the rotary inv_freq), from the headers."""
+    entries = [(n, v) for p in d.glob("*.safetensors") for n, v in header_of(p)[1].items() if n != "__metadata__"]
+    classed = ("norm.weight", ".e_score_correction_bias", ".weight_scale_inv")
+    return (sum(n.endswith(classed[0]) for n, _ in entries), sum(n.endswith(classed[1]) for n, _ in entries),
+            sum(n.endswith(classed[2]) for n, _ in entries),
+            sum(not n.endswith(classed) and v["dtype"] in ("F32", "F16", "BF16", "F64")
+                and v["data_offsets"][1] - v["data_offsets"][0] <= 1 << 18 for n, v in entries))
 
 
 def test_values_pass_clean_tiny(tiny_dir: Path) -> None:
     doc = run_json("audit", str(tiny_dir), "--values", "--no-progress")
     codes = [f["code"] for f in doc["findings"]]
     assert codes == ["VALUES_CHECKED"]
-    gains, biases, scales = _small_counts(tiny_dir)
-    assert doc["findings"][0]["actual"] == gains + biases + scales
-    assert f"({gains} gains, {biases} router biases, {scales} FP8 scales)" in doc["findings"][0]["message"]
+    gains, biases, scales, others = _small_counts(tiny_dir)
+    assert doc["findings"][0]["actual"] == gains + biases + scales + others and others
+    assert (f"({gains} gains, {biases} router biases, {scales} FP8 scales, {others} other float tensors up to "
+            "256 KiB)") in doc["findings"][0]["message"]
 
 
 def test_values_pass_on_a_gguf_counts_no_fp8_scales_and_says_1_read() -> None:
@@ -392,9 +397,9 @@ def test_values_pass_on_the_replica(replica_copy: Path, replica_dir: Path) -> No
     errors = [f for f in doc["findings"] if f["severity"] == "error"]
     assert [(f["code"], f["tensor"], f["actual"]) for f in errors] == [("SCALE_NOT_POSITIVE", victim, 1)]
     checked = next(f for f in doc["findings"] if f["code"] == "VALUES_CHECKED")
-    gains, biases, scales = _small_counts(replica_dir)
-    assert checked["actual"] == gains + biases + scales == 69_913
-    assert (biases, scales) == (60, 69_608)
+    gains, biases, scales, others = _small_counts(replica_dir)
+    assert checked["actual"] == gains + biases + scales + others == 69_913 + 61
+    assert (biases, scales, others) == (60, 69_608, 61)  # others: each layer's rotary inv_freq
 
 
 def test_values_pass_over_the_hub_reads_only_small_tensors(hub, tiny_dir: Path) -> None:
@@ -413,8 +418,9 @@ def test_values_pass_over_the_hub_reads_only_small_tensors(hub, tiny_dir: Path) 
     for r in data:
         shard = r.path.rsplit("/", 1)[-1]
         start, header = header_of(tiny_dir / shard)
-        small = [v["data_offsets"] for n, v in header.items()
-                 if n.endswith(("norm.weight", "_scale_inv", "e_score_correction_bias"))]
+        small = [v["data_offsets"] for n, v in header.items() if n != "__metadata__" and (
+                 n.endswith(("norm.weight", "_scale_inv", "e_score_correction_bias")) or (
+                     v["dtype"] in ("F32", "F16", "BF16") and v["data_offsets"][1] - v["data_offsets"][0] <= 1 << 18))]
         lo, hi = (int(x) for x in r.range[len("bytes="):].split("-"))
         assert start + min(b for b, _ in small) <= lo and hi < start + max(e for _, e in small)
 

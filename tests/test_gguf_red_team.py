@@ -56,3 +56,29 @@ def test_per_layer_widths_that_differ_are_inconclusive(tmp_path: Path) -> None:
     found = [(f.code, f.tensor) for f in report.findings]  # type: ignore[attr-defined]
     assert found == [("LAYOUT_UNSUPPORTED", "deepseek2.expert_feed_forward_length")]
     assert report.exit_code() == 3 and "llama.cpp loads" in report.findings[0].message  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("source", "name"), [
+    (ARCHS / "deepseek4" / "tiny-Q8_0.gguf", "blk.1.attn_sinks.weight"),
+    (ARCHS / "deepseek4" / "tiny-Q8_0.gguf", "output_hc_fn.weight"),
+    (ARCHS / "kimi-k3" / "tiny-Q8_0.gguf", "blk.0.ssm_a"),
+    (ARCHS / "kimi-k3" / "tiny-Q8_0.gguf", "output_res_score.weight"),
+    (ARCHS / "kimi-linear" / "tiny-Q8_0.gguf", "blk.0.ssm_dt.bias"),
+])
+def test_values_reads_every_small_float_tensor(tmp_path: Path, source: Path, name: str) -> None:
+    """`audit --values` reads any float tensor up to 256 KiB for NaN and Inf, not only the classes it knows by name
+    (an attention sink, a hyper-connection mix, KDA's A, a residual score: each once a PASS with a NaN)."""
+    import math
+    import struct
+
+    from kimi_audit.checks.values import audit_with_values
+    from kimi_audit.sources import LocalSource
+
+    g = gb.read(source)
+    t = g.tensor(name)
+    assert t.type_id == 0  # F32
+    t.data = struct.pack("<f", math.nan) + t.data[4:]
+    (tmp_path / "d").mkdir()
+    gb.write(g, tmp_path / "d" / "t.gguf")
+    report = audit_with_values(LocalSource(tmp_path / "d"))
+    assert [(f.code, f.tensor) for f in report.findings if f.severity.name == "ERROR"] == [("VALUE_NAN", name)]

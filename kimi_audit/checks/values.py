@@ -40,6 +40,7 @@ from kimi_audit.checks.value_rules import (
     QUANT_STATE,
     ROUTER_BIAS,
     SCALE,
+    VALUES,
     WEIGHT_SHAPE,
     check_values,
     value_kind,
@@ -70,6 +71,10 @@ MAX_SMALL_BYTES = 1 << 26
 MAX_GGML_BYTES = 1 << 22
 """A quantized GGUF tensor bigger than this is not read for its block scales (they lie inside each block: no range
 read takes them alone); the pass says how many it left to `verify`, which reads every block."""
+MAX_OTHER_BYTES = 1 << 18
+"""A float tensor of no class of its own (an attention sink, a hyper-connection mix, KDA's A and dt bias, a residual
+score) up to this size is read too, for NaN and Inf: the small parameters an architecture adds, not its weights."""
+FLOATS = ("F32", "F16", "BF16", "F64")
 MAX_PER_CODE = 50
 """Findings listed one by one per code; the rest are counted in one summary finding."""
 
@@ -89,6 +94,8 @@ def small_tensors(headers: dict[str, ShardHeader]) -> list[tuple[str, TensorInfo
         for name, t in header.tensors.items():
             ggml = GGML_BY_NAME.get(t.dtype)
             kind = GGML_SCALES if ggml is not None and ggml.quantized and ggml.scales else value_kind(name, t.dtype)
+            if kind is None and t.dtype in FLOATS and 0 <= t.nbytes <= MAX_OTHER_BYTES:
+                kind = VALUES
             if kind is not None:
                 mine.append((shard, t, kind))
         mine.sort(key=lambda r: r[1].begin)
@@ -197,7 +204,7 @@ def value_findings(
     checked = 0
     checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0, GROUP_SCALE: 0, GLOBAL_SCALE: 0, WEIGHT_SHAPE: 0,
                      AFFINE_SCALE: 0, AFFINE_BIAS: 0, BNB_ABSMAX: 0, BNB_QUANT_MAP: 0, QUANT_STATE: 0,
-                     ACTIVATION_SCALE: 0, GGML_SCALES: 0}
+                     ACTIVATION_SCALE: 0, GGML_SCALES: 0, VALUES: 0}
     shapes = weight_shapes or {}
     fetched_bytes = 0
     workers = max(1, min(source.parallel_reads, 32))
@@ -253,6 +260,8 @@ def value_findings(
         + (f", the block scales of {_n(counts[GGML_SCALES], 'quantized GGUF tensor')}, each read whole"
            if counts[GGML_SCALES] else "")
         + (f", {_n(counts[AFFINE_SCALE], 'group scale')} (MLX, GPTQ, AWQ)" if counts[AFFINE_SCALE] else "")
+        + (f", {_n(counts[VALUES], 'other float tensor')} up to {MAX_OTHER_BYTES // 1024} KiB" if counts[VALUES]
+           else "")
         + (f", {_n(counts[AFFINE_BIAS], 'affine bias', 'affine biases')}" if counts[AFFINE_BIAS] else "")
         + (f", {counts[BNB_ABSMAX]:,} absmax/SCB, {_n(counts[BNB_QUANT_MAP], 'quant map')}, "
            f"{_n(counts[QUANT_STATE], 'quant state')}" if counts[BNB_ABSMAX] or counts[QUANT_STATE] else "") + "), "
