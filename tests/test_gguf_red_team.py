@@ -82,3 +82,23 @@ def test_values_reads_every_small_float_tensor(tmp_path: Path, source: Path, nam
     gb.write(g, tmp_path / "d" / "t.gguf")
     report = audit_with_values(LocalSource(tmp_path / "d"))
     assert [(f.code, f.tensor) for f in report.findings if f.severity.name == "ERROR"] == [("VALUE_NAN", name)]
+
+
+def test_a_hash_routing_id_past_the_experts_is_found(tmp_path: Path) -> None:
+    """DeepSeek-V4's hash-routing table indexes the stacked experts: an id of 99 among 4 experts was a PASS, with
+    and without --values; --values reads the table (an expert-id class, model.arch.deepseek_v4's value_roles)."""
+    import numpy as np
+
+    from kimi_audit.checks.values import audit_with_values
+    from kimi_audit.sources import LocalSource
+
+    g = gb.read(ARCHS / "deepseek4" / "tiny-Q8_0.gguf")
+    t = g.tensor("blk.0.ffn_gate_tid2eid.weight")
+    ids = np.frombuffer(t.data, "<i4").copy()
+    ids[5] = 99
+    t.data = ids.tobytes()
+    (tmp_path / "d").mkdir()
+    gb.write(g, tmp_path / "d" / "t.gguf")
+    report = audit_with_values(LocalSource(tmp_path / "d"))
+    errors = [(f.code, f.tensor, f.expected) for f in report.findings if f.severity.name == "ERROR"]
+    assert errors == [("EXPERT_ID_RANGE", "blk.0.ffn_gate_tid2eid.weight", "0..3")]

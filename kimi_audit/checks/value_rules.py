@@ -44,6 +44,8 @@ GGML_SCALES = "ggml_scales"
 """A GGUF tensor of a quantized ggml type, read by its blocks' scale fields (numerics.scan.ggml_scales; the values
 pass's class, not value_kind's: the `tensor` command reads such a tensor dequantized): NaN and ±Inf refused, as
 llama.cpp's `--check-tensors` refuses them (a zero or negative `d` it takes)."""
+EXPERT_ID = "expert_id"
+"""A hash-routing table's expert ids: each in [0, the routed experts) (llama.cpp indexes the experts with them)."""
 VALUES = "values"
 """Any other tensor (check_values: NaN and Inf only)."""
 
@@ -61,7 +63,7 @@ VALUE_KINDS = {kinds.BLOCK_SCALE: SCALE, kinds.V4_SCALE: SCALE, kinds.GROUP_SCAL
                kinds.GLOBAL_SCALE: GLOBAL_SCALE, kinds.WEIGHT_SHAPE: WEIGHT_SHAPE, kinds.ROUTER_BIAS: ROUTER_BIAS,
                kinds.GAIN: GAIN, kinds.AFFINE_SCALE: AFFINE_SCALE, kinds.AFFINE_BIAS: AFFINE_BIAS,
                kinds.BNB_ABSMAX: BNB_ABSMAX, kinds.BNB_QUANT_MAP: BNB_QUANT_MAP, kinds.QUANT_STATE: QUANT_STATE,
-               kinds.INPUT_SCALE: ACTIVATION_SCALE, kinds.KV_SCALE: ACTIVATION_SCALE}
+               kinds.INPUT_SCALE: ACTIVATION_SCALE, kinds.KV_SCALE: ACTIVATION_SCALE, kinds.EXPERT_IDS: EXPERT_ID}
 """The roles (model.kinds) of the small tensors this pass reads, and the class it checks each as."""
 
 
@@ -92,7 +94,8 @@ def scale_values(values: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = False,
-                 expected_shape: tuple[int, ...] | None = None, shard: str | None = None) -> list[Finding]:
+                 expected_shape: tuple[int, ...] | None = None, shard: str | None = None,
+                 experts: int | None = None) -> list[Finding]:
     """What is wrong with one tensor's values, as findings (`actual`: how many values or tensors).
 
     `kind` is a small-tensor class (GAIN, ROUTER_BIAS, SCALE, GROUP_SCALE, GLOBAL_SCALE, ACTIVATION_SCALE,
@@ -114,6 +117,8 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
         return []
     if kind == QUANT_STATE:
         return _quant_state_findings(name, values, expected_shape, shard)
+    if kind == EXPERT_ID:
+        return _expert_id_findings(name, values, experts, shard)
     if kind in SCALE_KINDS and values.dtype == np.uint8:
         values = scale_values(values, "U8")
     flat = values.reshape(-1)
@@ -170,6 +175,23 @@ def check_values(name: str, kind: str, values: np.ndarray, *, ue8m0: bool = Fals
                          "(the normalized output is identically zero)", actual=n,
                          expected=_expected("GAIN_ALL_ZERO"), **where))
     return out
+
+
+def _expert_id_findings(name: str, values: np.ndarray, experts: int | None, shard: str | None) -> list[Finding]:
+    """A hash-routing table's ids outside [0, experts): an expert llama.cpp would read past its stacked experts
+    (deepseek4.cpp builds the routing from the table, ggml_get_rows by these ids)."""
+    import numpy as np
+
+    flat = values.reshape(-1)
+    if flat.dtype.kind not in "iu" or not experts:
+        return []
+    out = np.count_nonzero((flat < 0) | (flat >= experts))
+    if not out:
+        return []
+    first = int(flat[np.flatnonzero((flat < 0) | (flat >= experts))[0]])
+    return [error("EXPERT_ID_RANGE", f"{name}: {out:,} of {flat.size:,} expert ids lie outside 0..{experts - 1} "
+                  f"(the first: {first}): a token routed there reads no expert of this model", tensor=name,
+                  shard=shard, expected=f"0..{experts - 1}", actual=int(out))]
 
 
 def _quant_state_findings(name: str, values: np.ndarray, logical: tuple[int, ...] | None,

@@ -33,6 +33,7 @@ from kimi_audit.checks.value_rules import (
     AFFINE_SCALE,
     BNB_ABSMAX,
     BNB_QUANT_MAP,
+    EXPERT_ID,
     GAIN,
     GGML_SCALES,
     GLOBAL_SCALE,
@@ -143,10 +144,12 @@ def value_findings(
     max_gap: int = MAX_GAP,
     ue8m0: bool = False,
     weight_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    experts: int | None = None,
 ) -> list[Finding]:
-    """Fetch every small tensor (gains, router biases, FP8 and INT4 scales, INT4 weight_shapes) and report bad
-    values. `ue8m0`: FP8 scales must be powers of two; `weight_shapes`: `X.weight_shape` name -> the [out, in]
-    it must hold (from the layout)."""
+    """Fetch every small tensor (gains, router biases, FP8 and INT4 scales, INT4 weight_shapes, hash-routing
+    tables, any other float tensor up to 256 KiB) and report bad values. `ue8m0`: FP8 scales must be powers of
+    two; `weight_shapes`: `X.weight_shape` name -> the [out, in] it must hold (from the layout); `experts`: the
+    routed experts a hash-routing table's ids index."""
     from kimi_audit.numerics.dtypes import NumericsError, decode
     from kimi_audit.numerics.scan import ggml_scales
 
@@ -204,7 +207,7 @@ def value_findings(
     checked = 0
     checked_kinds = {GAIN: 0, ROUTER_BIAS: 0, SCALE: 0, GROUP_SCALE: 0, GLOBAL_SCALE: 0, WEIGHT_SHAPE: 0,
                      AFFINE_SCALE: 0, AFFINE_BIAS: 0, BNB_ABSMAX: 0, BNB_QUANT_MAP: 0, QUANT_STATE: 0,
-                     ACTIVATION_SCALE: 0, GGML_SCALES: 0, VALUES: 0}
+                     ACTIVATION_SCALE: 0, GGML_SCALES: 0, VALUES: 0, EXPERT_ID: 0}
     shapes = weight_shapes or {}
     fetched_bytes = 0
     workers = max(1, min(source.parallel_reads, 32))
@@ -226,7 +229,7 @@ def value_findings(
                     skipped.append(skipped_finding(t, shard, f"not decoded ({e})"))
                     continue
                 for finding in check_values(t.name, kind, arr, ue8m0=ue8m0, expected_shape=shapes.get(t.name),
-                                            shard=shard):
+                                            shard=shard, experts=experts):
                     key = (finding.code, finding.severity)
                     totals[key] = totals.get(key, 0) + 1
                     lst = issues.setdefault(key, [])
@@ -262,6 +265,7 @@ def value_findings(
         + (f", {_n(counts[AFFINE_SCALE], 'group scale')} (MLX, GPTQ, AWQ)" if counts[AFFINE_SCALE] else "")
         + (f", {_n(counts[VALUES], 'other float tensor')} up to {MAX_OTHER_BYTES // 1024} KiB" if counts[VALUES]
            else "")
+        + (f", {_n(counts[EXPERT_ID], 'hash-routing table')}" if counts[EXPERT_ID] else "")
         + (f", {_n(counts[AFFINE_BIAS], 'affine bias', 'affine biases')}" if counts[AFFINE_BIAS] else "")
         + (f", {counts[BNB_ABSMAX]:,} absmax/SCB, {_n(counts[BNB_QUANT_MAP], 'quant map')}, "
            f"{_n(counts[QUANT_STATE], 'quant state')}" if counts[BNB_ABSMAX] or counts[QUANT_STATE] else "") + "), "
@@ -341,5 +345,6 @@ def audit_with_values(source: Source, progress: ProgressFn | None = None,
     plan = ckpt.config.quant
     ue8m0 = plan is not None and any(s.power_of_two_scales for s in plan.schemes)
     extra = value_findings(source, ckpt.headers, values_progress, ue8m0=ue8m0,
-                           weight_shapes=packed_shapes(ckpt.expected, ckpt.config))
+                           weight_shapes=packed_shapes(ckpt.expected, ckpt.config),
+                           experts=ckpt.config.n_routed_experts or None)
     return dataclasses.replace(report, findings=tuple(report.findings) + tuple(extra), values_checked=True)

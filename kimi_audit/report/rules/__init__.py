@@ -243,11 +243,15 @@ RULES: dict[str, Rule] = {
                      "speculative decoding with it is not possible. Its tensors are covered by this finding.",
                      "Ship the MTP layer's tensors, or set num_nextn_predict_layers to 0."),
     # Values: audit --values, tensor, rmsnorm.
-    "VALUE_NAN": Rule("error", "a gain, router bias or scale holds NaN (`verify`: any float tensor; a GGUF "
-                      "block's scale, MXFP4's E8M0 0xFF included)",
+    "VALUE_NAN": Rule("error", "a gain, router bias, scale or other float tensor up to 256 KiB holds NaN (`verify`: "
+                      "any float tensor; a GGUF block's scale, MXFP4's E8M0 0xFF included)",
                     "A tensor holds NaN values.", VALUES_HELP),
-    "VALUE_INF": Rule("error", "a gain, router bias or scale holds ±Inf (`verify`: any float tensor; a GGUF "
-                      "block's scale)",
+    "EXPERT_ID_RANGE": Rule("error", "a hash-routing table (DeepSeek-V4's `tid2eid`) holds an expert id outside "
+                            "0..experts-1",
+                            "A token routed by that entry reads past the model's stacked experts (llama.cpp gathers "
+                            "the experts by these ids).", VALUES_HELP),
+    "VALUE_INF": Rule("error", "a gain, router bias, scale or other float tensor up to 256 KiB holds ±Inf "
+                      "(`verify`: any float tensor; a GGUF block's scale)",
                     "A tensor holds infinite values.", VALUES_HELP),
     "SCALE_NOT_POSITIVE": Rule("error", "a weight's block, group or global scale, or an input or KV-cache scale, "
                                "≤ 0",

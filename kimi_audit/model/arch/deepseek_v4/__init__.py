@@ -50,7 +50,7 @@ from kimi_audit.model.arch.spec import (
     w123_mlp,
 )
 from kimi_audit.model.config_fields import I64_MAX, ModelConfig, read_eps, read_int, read_layer_types, scheduled
-from kimi_audit.model.kinds import ROUTER_BIAS
+from kimi_audit.model.kinds import EXPERT_IDS, ROUTER_BIAS
 from kimi_audit.model.quant.deepseek import V4_SCALE_SUFFIX
 from kimi_audit.model.quant.gguf import GGUF_TREE
 from kimi_audit.model.quant.scheme import ReleaseQuant
@@ -88,6 +88,8 @@ V4_DEFAULTS: dict[str, Any] = {
 }
 """transformers 5.25 DeepseekV4Config's defaults (the V4-Flash dimensions; `default_num_hash_layers` 3)."""
 V4_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+HASH_TABLES = (("ffn.gate.tid2eid", EXPERT_IDS), ("ffn_gate_tid2eid.weight", EXPERT_IDS))
+"""The hash-routing table, as the release and (its GGUF dialect's name) llama.cpp's converter name it: expert ids."""
 
 def read(cfg: dict[str, Any]) -> ModelConfig:
     """DeepSeek-V4: every layer MoE (the first `num_hash_layers` hash-routed), attention sliding-window (SWA),
@@ -387,7 +389,8 @@ ARCHITECTURE = register(Architecture(
                        fp4_experts=True, plain=("head",),
                        plain_suffixes=(".compressor.wkv", ".compressor.wgate", ".indexer.weights_proj"),
                        aliases=(("lm_head", "head"),)),
-    float32_routers=("ffn.gate.bias",), buffered=("ffn.gate.bias",), value_roles=(("ffn.gate.bias", ROUTER_BIAS),),
+    float32_routers=("ffn.gate.bias",), buffered=("ffn.gate.bias",),
+    value_roles=(("ffn.gate.bias", ROUTER_BIAS), *HASH_TABLES),
     stages_from_files=lambda cfg: bool(cfg.dim("dspark_targets")),  # 0731 declares 1 stage, stores 3
     block_titles={**{f"{m}_{a}": f"{'hash-routed MoE' if m == 'moe_hash' else 'MoE'} {a.upper()}"
                      for m in V4_MLP.values() for a in V4_ATTENTION.values()},
