@@ -102,3 +102,38 @@ def test_a_hash_routing_id_past_the_experts_is_found(tmp_path: Path) -> None:
     report = audit_with_values(LocalSource(tmp_path / "d"))
     errors = [(f.code, f.tensor, f.expected) for f in report.findings if f.severity.name == "ERROR"]
     assert errors == [("EXPERT_ID_RANGE", "blk.0.ffn_gate_tid2eid.weight", "0..3")]
+
+
+@pytest.mark.parametrize("count", [0, 513, 600])
+def test_a_block_count_llama_cpp_aborts_on_is_one_finding(tmp_path: Path, count: int) -> None:
+    """llama.cpp asserts 0 < block_count <= LLAMA_MAX_LAYERS (512) as it reads the key: one GGUF_KEY_VALUE naming
+    it, no layout derived from it (600 was a fold claiming 'num_hidden_layers is 599')."""
+    report = audited(tmp_path, ARCHS / "glm4moe" / "tiny-Q8_0.gguf", lambda g: g.set("glm4moe.block_count", U32,
+                                                                                      count))
+    assert [(f.code, f.tensor) for f in report.findings] == [  # type: ignore[attr-defined]
+        ("GGUF_KEY_VALUE", "glm4moe.block_count")]
+
+
+def test_the_block_count_fold_hides_no_second_fault(tmp_path: Path) -> None:
+    """block_count 2 over 3 stored blocks folds the third block's tensors into one CONFIG_DISAGREES, but a tensor
+    of that block stored in a type its role never takes (a norm in Q8_0) is still its own DTYPE_MISMATCH."""
+    def edit(g: gb.Gguf) -> None:
+        g.set("deepseek2.block_count", U32, 2)
+        t = g.tensor("blk.2.attn_norm.weight")
+        t.type_id, t.data = 8, bytes(t.ne[0] // 32 * 34)  # Q8_0
+
+    report = audited(tmp_path, Q2K, edit)
+    found = [(f.code, f.tensor) for f in report.findings]  # type: ignore[attr-defined]
+    assert found == [("CONFIG_DISAGREES", "deepseek2.block_count"), ("DTYPE_MISMATCH", "blk.2.attn_norm.weight")]
+
+
+@pytest.mark.parametrize(("count", "stored"), [(3, 4), (5, 4)])
+def test_the_fold_names_the_keys_own_values_beside_a_nextn_layer(tmp_path: Path, count: int, stored: int) -> None:
+    """GLM-4.7-Flash's deepseek2 file counts its NextN layer in block_count (4 = 3 + 1): the fold says the key's
+    value and the one the tensors imply (3 and 4), not num_hidden_layers' (2 and 3)."""
+    report = audited(tmp_path, ARCHS / "glm4moe-lite" / "tiny-Q8_0.gguf",
+                     lambda g: g.set("deepseek2.block_count", U32, count))
+    root = report.findings[0]  # type: ignore[attr-defined]
+    assert (root.code, root.tensor, root.expected, root.actual) == ("CONFIG_DISAGREES", "deepseek2.block_count",
+                                                                    count, stored)
+    assert f"deepseek2.block_count is {count}, but the stored tensors are those of {stored}" in root.message

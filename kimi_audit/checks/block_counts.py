@@ -9,10 +9,13 @@ every tensor the old one held and explains at least two of the findings; those f
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from kimi_audit.checks.root_causes import config_key, layout_with
+from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, error
 from kimi_audit.model.checkpoint import Checkpoint
+from kimi_audit.model.quant.scheme import fits
 
 COUNT_FIELDS = ("num_hidden_layers", "first_k_dense_replace", "num_nextn_predict_layers")
 """Config fields that count blocks: a wrong value adds or removes blocks' tensors, not a dimension."""
@@ -31,6 +34,7 @@ def fold_block_count(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]
     if len(missing) + len(unexpected) < 2 or not blocks:
         return findings
     shapes = {n: list(s) for h in ckpt.headers.values() for n, s in zip(h.columns.names, h.columns.shapes)}
+    dtypes = {n: d for h in ckpt.headers.values() for n, d in zip(h.columns.names, h.columns.dtypes)}
     candidates = sorted({v for b in blocks for v in (b - 1, b, b + 1) if v >= 0})
     tries = 0
     before = layout_with(ckpt, COUNT_FIELDS[0], ckpt.config.num_hidden_layers)  # the layout as audited
@@ -54,14 +58,40 @@ def fold_block_count(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]
             if len(gone) + len(held) < 2 or added or lost or any(
                     list(layout.get(n).shape) != shapes[n] for n in held):
                 continue
-            named = config_key(ckpt, key, current)
+            named, was, would = key_values(ckpt, key, current, value)
             first = sorted(held or gone)[0]
+            cast = [error("DTYPE_MISMATCH", f"{n}: stored {dtypes[n]}, the layout expects {e.dtype} (the blocks "
+                          f"{named} leaves out hold it)", tensor=n, expected=e.dtype, actual=dtypes[n])
+                    for n in sorted(held) for e in (layout.get(n),) if e is not None
+                    and not fits(e.dtype, dtypes[n], tuple(shapes[n]))]  # a second fault the fold must not hide
             what = " and ".join(w for n, w in ((len(gone), f"{len(gone):,} tensors it expects are in no shard"),
                                                (len(held), f"{len(held):,} stored it does not account for")) if n)
-            root = error("CONFIG_DISAGREES", f"{named} is {current:,}, but the stored tensors are those of {value:,}: "
+            root = error("CONFIG_DISAGREES", f"{named} is {was:,}, but the stored tensors are those of {would:,}: "
                          f"{what} (first: {first}); one cause, the config and the files disagree",
-                         tensor=named, expected=current, actual=value, covers=len(gone) + len(held))
+                         tensor=named, expected=was, actual=would, covers=len(gone) + len(held))
             explained = gone | held
-            return [root] + [f for f in findings if f.code not in MISSING + UNEXPECTED
-                             or str(f.tensor) not in explained]
+            return [root, *cast] + [f for f in findings if f.code not in MISSING + UNEXPECTED
+                                    or str(f.tensor) not in explained]
     return findings
+
+
+def key_values(ckpt: Checkpoint, field_name: str, current: int, value: int) -> tuple[str, Any, Any]:
+    """Where a config field is written and what it holds there now and would hold at `value`: config.json's key
+    and the two values, or (a GGUF set) the metadata key its dialect writes that changes with it (block_count
+    counts the NextN layers beside num_hidden_layers: 3 and 4, not 2 and 3)."""
+    if ckpt.container == "gguf":
+        from kimi_audit.model.arch.registry import gguf_architecture
+
+        arch = gguf_architecture(ckpt.metadata.get("general.architecture"))
+        if arch is not None and arch.gguf is not None:
+            raw = dict(ckpt.config_raw)
+            try:
+                now, then = arch.gguf.metadata({**raw, field_name: current}), arch.gguf.metadata({**raw, field_name:
+                                                                                                  value})
+            except (KimiAuditError, TypeError, ValueError, KeyError):
+                now = then = {}
+            for k, v in now.items():  # the key as the file holds it, moved by as much as the field moves it
+                if isinstance(v, int) and isinstance(then.get(k), int) and then[k] != v:
+                    held = ckpt.metadata.get(k, v)
+                    return (k, held, held + then[k] - v) if isinstance(held, int) else (k, v, then[k])
+    return config_key(ckpt, field_name, current), current, value

@@ -160,6 +160,11 @@ def gguf_names(parts: dict[str, GgufPart]) -> Callable[[str], str]:
     return str if arch is None or arch.gguf is None else arch.gguf.rename
 
 
+MAX_LAYERS = 512
+"""llama.cpp's LLAMA_MAX_LAYERS (src/llama-hparams.h): `GGML_ASSERT(n_layer_all > 0 && n_layer_all <=
+LLAMA_MAX_LAYERS)` right after block_count is read (src/llama-model.cpp)."""
+
+
 def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig, ExpectedLayout, list[Finding]]:
     """The config.json the set's metadata implies, its model, its layout in GGUF's names, and what the
     metadata holds that llama.cpp would misread."""
@@ -195,6 +200,11 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
                               tensor=absent[0], shard=part, covers=len(absent)))
     findings += loader_value_findings(kv, part)
     layers = kv.get(f"{name}.block_count")
+    if isinstance(layers, int) and not 0 < layers <= MAX_LAYERS:  # llama-model.cpp: GGML_ASSERT, an abort
+        findings.append(error("GGUF_KEY_VALUE", f"{part}: {name}.block_count is {layers:,}; llama.cpp loads 1 to "
+                              f"{MAX_LAYERS} layers (LLAMA_MAX_LAYERS) and aborts on any other count",
+                              tensor=f"{name}.block_count", shard=part, expected=f"1..{MAX_LAYERS}", actual=layers))
+        return _no_layout(None, findings)
     lengths = wrong_lengths(kv, table, layers) if isinstance(layers, int) else []
     findings += [error("GGUF_KEY_VALUE", f"{part}: {label(key)} holds {got:,} values, not one per layer "
                        f"({label(f'{name}.block_count')} is {layers:,}): llama.cpp refuses it (\"key {key} has wrong "
