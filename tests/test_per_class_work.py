@@ -62,3 +62,32 @@ def test_a_writers_width_is_one_decision_not_one_per_tensor(tmp_path: Path, monk
     assert widths.verdict() == plain.verdict() == "PASS"
     for key in ("findings", "registry unions", "writer_of", "role_of", "mismatch_findings"):
         assert at_writer[key] <= at_release[key] + CONSTANT, (key, at_writer[key], at_release[key])
+
+
+def test_diff_builds_one_accounting_per_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`diff`'s "same model" line weighs both directions (B the release of A, then A of B) with the parameter
+    counts its header diff has already built: two accountings in all, one per side, where it built six (the
+    header diff's two, and two per direction: 8.5 of a full-scale FP8 / NVFP4 pair's 13.5 s in same_model)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import kimi_audit.checks.diff as diff_check
+    import kimi_audit.checks.same_model as same_model_check
+    from kimi_audit.cli import app
+
+    built: Counter[str] = Counter()
+    for module in (diff_check, same_model_check):
+        real = module.accounting_of_checkpoint
+
+        def counted(ck: Any, real: Callable[..., Any] = real) -> Any:
+            built[ck.label] += 1
+            return real(ck)
+        monkeypatch.setattr(module, "accounting_of_checkpoint", counted)
+    data = Path(__file__).parent / "data" / "modelopt"
+    for a, b, line in (("nvfp4-kv", "fp8", "NVFP4 → FP8"), ("fp8", "nvfp4-kv", "FP8 → NVFP4")):
+        built.clear()
+        result = CliRunner().invoke(app, ["diff", str(data / a), str(data / b), "--no-progress", "--json"])
+        assert result.exit_code == 1, result.output[-2000:]
+        assert json.loads(result.stdout)["same_model"].endswith(line)
+        assert sorted(built.values()) == [1, 1], built

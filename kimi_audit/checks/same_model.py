@@ -86,8 +86,10 @@ def _storage(ck: Checkpoint) -> str:
     return " + ".join(names) or ck.config.dtype
 
 
-def held(q: Checkpoint, o: Checkpoint) -> Held:
-    """Pure, headers only: the release `q` against the original `o`."""
+def held(q: Checkpoint, o: Checkpoint, parameters: Callable[[Checkpoint], int] | None = None) -> Held:
+    """Pure, headers only: the release `q` against the original `o`. `parameters`: a checkpoint's logical
+    parameter count (by default its accounting's, built here); a caller that has the counts (`diff`: its header
+    diff's) passes them."""
     keys = list(o.config_raw) + [k for k in q.config_raw if k not in o.config_raw]
     config = tuple((k, o.config_raw.get(k), q.config_raw.get(k)) for k in keys
                    if k not in WRITER_KEYS | RUNTIME_KEYS and o.config_raw.get(k) != q.config_raw.get(k))
@@ -129,8 +131,14 @@ def held(q: Checkpoint, o: Checkpoint) -> Held:
         e = q.expected.get(name)
         if name not in used and (e is None or e.kind != SCALE):
             extra.append(name)
-    params = (accounting_of_checkpoint(o).found, accounting_of_checkpoint(q).found)
+    count = parameters or parameter_count
+    params = (count(o), count(q))
     return Held(config, tuple(pairs), tuple(missing), tuple(extra), tuple(shapes), params, (_storage(o), _storage(q)))
+
+
+def parameter_count(ck: Checkpoint) -> int:
+    """The checkpoint's logical parameter count: its accounting's (a packed weight counting its module's out x in)."""
+    return accounting_of_checkpoint(ck).found
 
 
 def _listed(names: list[str] | tuple[str, ...]) -> str:
