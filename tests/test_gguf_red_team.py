@@ -137,3 +137,20 @@ def test_the_fold_names_the_keys_own_values_beside_a_nextn_layer(tmp_path: Path,
     assert (root.code, root.tensor, root.expected, root.actual) == ("CONFIG_DISAGREES", "deepseek2.block_count",
                                                                     count, stored)
     assert f"deepseek2.block_count is {count}, but the stored tensors are those of {stored}" in root.message
+
+
+@pytest.mark.parametrize("stand_in", ["imatrix.gguf", "mmproj-Kimi-K25-tiny-F16.gguf"])
+def test_a_part_replaced_by_a_file_that_is_no_model(tmp_path: Path, stand_in: str) -> None:
+    """Part 2 of a 4-part set replaced by an importance matrix or a projector under its name: the set lacks part 2
+    (GGUF_PART_MISSING) and the file is named for what it is (GGUF_SPLIT_INVALID), not 90 findings led by a false
+    block_count and a claim that part 1 holds no split.count."""
+    import shutil
+
+    d = tmp_path / "set"
+    shutil.copytree(DATA / "gguf" / "Q8_0", d)
+    part = "tiny-Q8_0-00002-of-00004.gguf"
+    shutil.copy(DATA / "gguf_k25" / stand_in, d / part)
+    report = audit(d)
+    found = sorted((f.code, f.shard) for f in report.findings)  # type: ignore[attr-defined]
+    assert found == [("GGUF_PART_MISSING", part), ("GGUF_SPLIT_INVALID", part)]
+    assert report.exit_code() == 1  # type: ignore[attr-defined]

@@ -33,7 +33,15 @@ from kimi_audit.model.arch.mistral_params import PARAMS_FILE
 from kimi_audit.model.config import parse_config_bytes, parse_params_bytes
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.dialect import resolve_dialect
-from kimi_audit.model.gguf import choose_set, first_part, gguf_model, gguf_names, is_gguf, read_set
+from kimi_audit.model.gguf import (
+    choose_set,
+    first_part,
+    gguf_model,
+    gguf_names,
+    is_gguf,
+    posing_parts,
+    read_set,
+)
 from kimi_audit.model.gguf_beside import beside
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.model.mtp_stages import with_stored_stages
@@ -219,6 +227,10 @@ def load_checkpoint(source: Source, progress: ProgressFn | None = None) -> Check
 def _load_gguf(source: Source, files: tuple[str, ...], progress: ProgressFn | None) -> Checkpoint:
     names, read = choose_set(source, files)
     parts = read_set(source, names, progress, read)
+    posing = posing_parts(parts)
+    if posing and len(posing) < len(parts):  # an imatrix or projector in a part's name: beside the set, not in it
+        read = {**read, **{n: parts.pop(n) for n in posing}}
+        names = [n for n in names if n not in posing]
     findings = split_findings(parts) + mixed_quant_findings(parts)
     raw, config, expected, meta = gguf_model(parts)
     first = first_part(parts)

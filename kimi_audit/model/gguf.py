@@ -61,6 +61,13 @@ def _kind(part: GgufPart) -> str | None:
 UNREADABLE = "unreadable"
 
 
+def posing_parts(parts: Mapping[str, GgufPart]) -> set[str]:
+    """The files named as parts of the set that are no model (an imatrix or a projector renamed
+    `X-00002-of-00004.gguf`): not parts llama.cpp's loader reads, whatever their names; model.gguf_beside names
+    each, and the set lacks the part they stand in for."""
+    return {n for n, p in parts.items() if _kind(p) not in (None, UNREADABLE)}
+
+
 def choose_set(source: Source, files: Iterable[str]) -> tuple[list[str], dict[str, GgufPart]]:
     """The one GGUF model set among `files`, and every file whose header was read to tell (the others among them:
     an imatrix or an mmproj file, which are not models, by what llama.cpp reads them by: format.gguf_split; a file

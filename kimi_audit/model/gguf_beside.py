@@ -88,7 +88,10 @@ def beside(others: Mapping[str, GgufPart], raw: Mapping[str, Any], cfg: ModelCon
     headers: dict[str, ShardHeader] = {}
     for name in projectors:
         part = others[name]
-        findings += _renamed(name, part, MMPROJ)
+        renamed = _renamed(name, part, MMPROJ)
+        if renamed:  # no projector of this model's, whatever it holds: that one cause, no pairing
+            findings += renamed
+            continue
         arch = gguf_projector(part.kv.get(PROJECTOR_TYPE))
         p = None if arch is None or arch.gguf is None else arch.gguf.projector
         refused = _clip_findings(name, part, p)
