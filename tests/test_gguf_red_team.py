@@ -154,3 +154,19 @@ def test_a_part_replaced_by_a_file_that_is_no_model(tmp_path: Path, stand_in: st
     found = sorted((f.code, f.shard) for f in report.findings)  # type: ignore[attr-defined]
     assert found == [("GGUF_PART_MISSING", part), ("GGUF_SPLIT_INVALID", part)]
     assert report.exit_code() == 1  # type: ignore[attr-defined]
+
+
+def test_a_flipped_type_is_one_overlap_naming_the_tensor(tmp_path: Path) -> None:
+    """One header byte turning blk.0.ffn_up.weight from Q2_K into F32 makes its extent run over the 19 tensors
+    after it: one OFFSETS_OVERLAP naming it (covering the 19), where there were 19 naming the others."""
+    raw = bytearray(Q2K.read_bytes())
+    name = b"blk.0.ffn_up.weight"
+    at = raw.index(name) + len(name)
+    dims = int.from_bytes(raw[at:at + 4], "little")
+    at += 4 + 8 * dims  # n_dims, the dims: then the ggml type
+    assert int.from_bytes(raw[at:at + 4], "little") == 10  # Q2_K
+    raw[at:at + 4] = (0).to_bytes(4, "little")  # F32
+    (tmp_path / "t.gguf").write_bytes(bytes(raw))
+    report = audit(tmp_path / "t.gguf")
+    found = [(f.code, f.tensor, f.covers) for f in report.findings]  # type: ignore[attr-defined]
+    assert found == [("OFFSETS_OVERLAP", "blk.0.ffn_up.weight", 19)]

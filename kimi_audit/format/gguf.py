@@ -358,18 +358,24 @@ def _columns(infos: list[tuple[str, tuple[int, ...], int, int]], part: str, alig
         findings.append(error("GGUF_MISALIGNED", f"{part}: {label(name)}: data offset {offset:,} is not a multiple of "
                               f"the alignment {alignment}{more} (general.alignment not the one written with?)",
                               tensor=name, shard=part, expected=alignment, actual=offset, covers=len(misaligned)))
-    pos = 0
-    overlap = False
+    pos, reach = 0, ""
+    overlaps: dict[str, list[tuple[str, int, int]]] = {}  # the tensor whose data runs over -> those it runs over
     past = set(cut)  # a tensor reaching past the end of the file: its extent is DATA_PAST_EOF's, not an overlap
     for begin, end, tname in sorted(zip(begins, ends, names)):
         if tname in past:
             continue
         if begin < pos:
-            overlap = True
-            findings.append(error("OFFSETS_OVERLAP", f"{part}: {label(tname)}: data [{begin:,}, {end:,}) overlaps "
-                                  f"bytes before {pos:,}", tensor=tname, shard=part, expected=pos, actual=begin))
-        pos = max(pos, end)
-    if moved and not overlap and not misaligned and not cut:
+            overlaps.setdefault(reach, []).append((tname, begin, pos))
+        if end > pos:
+            pos, reach = end, tname
+    for runner, over in overlaps.items():  # one cause: one tensor's extent (its type or shape as the header says)
+        tname, begin, until = over[0]
+        more = f" and {len(over) - 1:,} tensors after it" if len(over) > 1 else ""
+        findings.append(error("OFFSETS_OVERLAP", f"{part}: {label(runner)}'s data runs to {until:,}, over "
+                              f"{label(tname)} at {begin:,}{more}: the header gives it more bytes than were written "
+                              "for it (its type or shape changed?), or gives them offsets inside it", tensor=runner,
+                              shard=part, expected=until, actual=begin, covers=len(over)))
+    if moved and not overlaps and not misaligned and not cut:
         findings.append(_out_of_place(part, moved))
     end_of_data = data_offset + -(-pos // alignment) * alignment
     if not cut and file_size > end_of_data:
