@@ -170,3 +170,17 @@ def test_a_flipped_type_is_one_overlap_naming_the_tensor(tmp_path: Path) -> None
     report = audit(tmp_path / "t.gguf")
     found = [(f.code, f.tensor, f.covers) for f in report.findings]  # type: ignore[attr-defined]
     assert found == [("OFFSETS_OVERLAP", "blk.0.ffn_up.weight", 19)]
+
+
+@pytest.mark.parametrize(("source", "key", "value"), [
+    (Q2K, "deepseek2.expert_weights_scale", float("nan")),
+    (Q2K, "deepseek2.expert_weights_scale", float("inf")),
+    (ARCHS / "kimi-k3" / "tiny-Q8_0.gguf", "kimi-k3.activation.situ_beta", float("nan")),
+    (ARCHS / "deepseek4" / "tiny-Q8_0.gguf", "deepseek4.swiglu_clamp_exp", float("-inf")),
+])
+def test_a_hyperparameter_that_is_no_finite_number_is_one_finding(tmp_path: Path, source: Path, key: str,
+                                                                   value: float) -> None:
+    """llama.cpp loads a NaN or infinite float hyperparameter and computes NaN with it (kimi-k3's SiTU divides by
+    its beta): one GGUF_KEY_VALUE naming the key (each was a PASS)."""
+    report = audited(tmp_path, source, lambda g: g.set(key, F32, value))
+    assert [(f.code, f.tensor) for f in report.findings] == [("GGUF_KEY_VALUE", key)]  # type: ignore[attr-defined]

@@ -212,12 +212,17 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
                               f"{MAX_LAYERS} layers (LLAMA_MAX_LAYERS) and aborts on any other count",
                               tensor=f"{name}.block_count", shard=part, expected=f"1..{MAX_LAYERS}", actual=layers))
         return _no_layout(None, findings)
+    unfinite = [k for k, v in kv.items() if k.startswith(f"{name}.") and (
+        (isinstance(v, float) and not math.isfinite(v))
+        or any(isinstance(x, float) and not math.isfinite(x) for x in getattr(v, "values", None) or ()))]
+    findings += [error("GGUF_KEY_VALUE", f"{part}: {label(k)} is not a finite number: llama.cpp loads it, and every "
+                       "output it computes with it is NaN or infinite", tensor=k, shard=part) for k in unfinite]
     lengths = wrong_lengths(kv, table, layers) if isinstance(layers, int) else []
     findings += [error("GGUF_KEY_VALUE", f"{part}: {label(key)} holds {got:,} values, not one per layer "
                        f"({label(f'{name}.block_count')} is {layers:,}): llama.cpp refuses it (\"key {key} has wrong "
                        f"array length; expected {layers}, got {got}\")", tensor=key, shard=part, expected=layers,
                        actual=got) for key, got in lengths]
-    if lengths:  # llama.cpp stops at the key: no layout derived from it
+    if lengths or unfinite:  # llama.cpp stops at the key, or computes nothing: no layout derived from it
         return _no_layout(None, findings)
     stored = {n: s for h in headers.values() for n, s in zip(h.columns.names, h.columns.shapes)}
     try:
