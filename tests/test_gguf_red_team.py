@@ -184,3 +184,11 @@ def test_a_hyperparameter_that_is_no_finite_number_is_one_finding(tmp_path: Path
     its beta): one GGUF_KEY_VALUE naming the key (each was a PASS)."""
     report = audited(tmp_path, source, lambda g: g.set(key, F32, value))
     assert [(f.code, f.tensor) for f in report.findings] == [("GGUF_KEY_VALUE", key)]  # type: ignore[attr-defined]
+
+
+def test_deepseek4_declared_nextn_without_its_tensors_is_every_block_a_layer(tmp_path: Path) -> None:
+    """deepseek4.cpp probes `blk.{n_main}.nextn.eh_proj.weight` and, absent, sets n_layer_nextn to 0: the file
+    loads with every block a layer. The audit follows the loader (was a FAIL of 28 findings)."""
+    report = audited(tmp_path, ARCHS / "deepseek4" / "tiny-Q8_0.gguf",
+                     lambda g: g.set("deepseek4.nextn_predict_layers", U32, 1))
+    assert report.verdict() == "PASS", [(f.code, f.tensor) for f in report.findings]  # type: ignore[attr-defined]

@@ -169,7 +169,10 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         raise GgufKeyError(f"the GGUF metadata lacks {', '.join(absent)}: llama.cpp cannot load it (kimi-audit "
                            "derives no layout without it)", absent[0], "GGUF_KEY_MISSING")
     findings = loader_asserts(kv, a, stored)
-    n = k("block_count") - (k("nextn_predict_layers") or 0)
+    nextn = k("nextn_predict_layers") or 0
+    if nextn and f"blk.{k('block_count') - nextn}.nextn.eh_proj.weight" not in stored:
+        nextn = 0  # deepseek4.cpp load_arch_hparams: no MTP probe tensor, n_layer_nextn = 0 (every block a layer)
+    n = k("block_count") - nextn
     key = f"{a}.attention.compress_ratios"
     count, ratios = getattr(kv[key], "count", 0), getattr(kv[key], "values", None)
     if count < k("block_count") or ratios is None:
