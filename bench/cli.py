@@ -541,8 +541,13 @@ def _build(model: str, directory: Path) -> None:  # the child of build_replica
 
 
 def tensors_of(directory: Path) -> int:
-    """The tensors a replica's index lists."""
-    return len(json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"])
+    """The tensors a replica's index lists, counted by a child process: parsing a 10-60 MB index here raised this
+    process's peak RSS past the commands', and every command started afterwards inherits it as its ru_maxrss (the
+    gguf and verify rows showed this process's 122.6 MB for every command)."""
+    counted = subprocess.run([sys.executable, "-c", "import json, sys; print(len(json.load(open(sys.argv[1]))"
+                              "['weight_map']))", str(directory / "model.safetensors.index.json")],
+                             check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return int(counted.stdout)
 
 
 def bench_family(replica: Path, repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
