@@ -112,6 +112,9 @@ def against_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_s
         out.append(error("AGAINST_UNACCOUNTED", f"{len(unaccounted):,} tensors of {hf.label} are in no GGUF tensor "
                          f"the converter writes them to ({_listed(unaccounted)})", tensor=unaccounted[0],
                          covers=len(unaccounted)))
+    projector = dialect.projector
+    if projector is not None and projector.output in names:  # the mmproj beside the model: what it copies again
+        total += projector.repeated(hf.config_raw)
     stored_total = sum(map(math.prod, stored.shapes))
     if total != stored_total and not missing and not unaccounted:
         out.append(error("AGAINST_TOTAL", f"the GGUF holds {stored_total:,} elements, {hf.label}'s tensors (scales, "

@@ -22,12 +22,25 @@ a query latent), `attention.{wkv_a_with_mqa, kv_a_norm, wkv_b, wo}`, dense `feed
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 from kimi_audit.model.arch import deepseek_v3, mistral_params, pixtral
-from kimi_audit.model.arch.spec import Architecture, Buffer, Group, Linear, ModelTree, Node, register
+from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
+from kimi_audit.model.arch.spec import (
+    Architecture,
+    Buffer,
+    GgufProjector,
+    Group,
+    Linear,
+    ModelTree,
+    Node,
+    ReleaseReader,
+    register,
+)
 from kimi_audit.model.config_fields import ModelConfig
+from kimi_audit.model.kinds import GAIN
 from kimi_audit.model.quant.scheme import ReleaseQuant
 
 MODEL_TYPES = ("mistral4",)
@@ -107,6 +120,113 @@ def describe(cfg: ModelConfig) -> ModelTree:
 
 
 
+# --- the release in Mistral's format as llama.cpp's converter writes it (`--mistral-format`) ------------------------
+
+NATIVE_LAYERS, TREE_LAYERS = "layers.", "model.layers."
+PROJECTION_OF = {theirs: ours for ours, theirs in PROJECTIONS}
+
+
+def _swap(prefixes: tuple[tuple[str, str], ...], name: str) -> str:
+    for a, b in prefixes:
+        if name.startswith(a):
+            return b + name[len(a):]
+    return name
+
+
+def _projection(rest: str, table: dict[str, str]) -> str:
+    """A dense, shared or routed MLP projection's segment renamed (`table`: w1 -> gate_proj or back)."""
+    parts = rest.split(".")
+    if rest.startswith("mlp.") and len(parts) >= 3 and parts[-2] in table:
+        parts[-2] = table[parts[-2]]
+    return ".".join(parts)
+
+
+def tree_name(name: str) -> str:
+    """A release tensor's name in Mistral's spelling as the tree spells it (transformers' DeepseekV3 names), which
+    is what llama.cpp's converter writes it as: MistralMoeModel.filter_tensors (conversion/mistral.py: `wkv_b` ->
+    `kv_b_proj`, `experts.E.w{1,2,3}` -> `model.layers.N.mlp.experts.E.{gate,down,up}_proj`) and tensor_mapping.py's
+    mistral-large and llama-pth entries lead each to the GGUF tensor the tree's name has (deepseek2's dialect).
+    Names of neither table (the vision tower) are returned as they are."""
+    if not name.startswith(NATIVE_LAYERS):
+        return _swap(tuple((b, a) for a, b in TOP), name)
+    number, _, rest = name[len(NATIVE_LAYERS):].partition(".")
+    return f"{TREE_LAYERS}{number}.{_projection(_swap(tuple((b, a) for a, b in LAYER), rest), PROJECTION_OF)}"
+
+
+def native_name(name: str) -> str:
+    """tree_name's inverse: a tree name in Mistral's spelling (the release's tensor a converter reads)."""
+    if not name.startswith(TREE_LAYERS):
+        return _swap(TOP, name)
+    number, _, rest = name[len(TREE_LAYERS):].partition(".")
+    return f"{NATIVE_LAYERS}{number}.{_swap(LAYER, _projection(rest, dict(PROJECTIONS)))}"
+
+
+class _Native:
+    """The release in Mistral's names read under the tree's (ReleaseReader)."""
+
+    def __init__(self, read: ReleaseReader) -> None:
+        self.read = read
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.read.shape(native_name(name))
+
+    def rows(self, name: str, start: int, stop: int) -> Any:
+        return self.read.rows(native_name(name), start, stop)
+
+    def bands(self, name: str) -> Iterator[Any]:
+        return self.read.bands(native_name(name))
+
+
+EMBEDDING = "tok_embeddings.weight"
+
+
+def converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...]:
+    """The GGUF tensors llama.cpp's converter writes a release tensor in Mistral's format into: the text model's as
+    deepseek2's (MistralMoeModel over DeepseekV2Model: experts stacked, kv_b split), the vision tower's into the
+    mmproj file where one is read beside it (PixtralModel), and the token embedding's [IMG_BREAK] row into it too."""
+    mmproj = pixtral.mmproj_name(name)
+    if mmproj is not None:
+        return (mmproj,) if mmproj in stored else ()
+    out = deepseek2.GGUF_DIALECT.converted(tree_name(name), layers, stored)
+    return (*out, pixtral.IMG_BREAK_GGUF) if name == EMBEDDING and pixtral.IMG_BREAK_GGUF in stored else out
+
+
+def release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int, nope: int) -> Any:
+    return deepseek2.GGUF_DIALECT.release_values(gguf_name, _Native(read), experts, heads, nope)
+
+
+def mmproj_config(kv: Mapping[str, Any], text: Mapping[str, Any],
+                  stored: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The params.json-shaped config (Mistral's names, `load_format: mistral`) an mmproj file's `clip.vision.*` keys
+    imply beside the paired text model's, as clip.cpp reads them: the text width the projector's own
+    `clip.vision.projection_dim` (MmprojModel writes params.json's `dim` there), the patch merge
+    `clip.vision.spatial_merge_size` (1 where absent, as clip.cpp), the adapter's biases where the file has them
+    (clip.cpp reads `mm.1.bias` optionally), RGB patches, and the [IMG_BREAK] row clip.cpp requires."""
+    v = "clip.vision."
+    vision = {"hidden_size": kv.get(v + "embedding_length"), "intermediate_size": kv.get(v + "feed_forward_length"),
+              "num_hidden_layers": kv.get(v + "block_count"), "num_channels": 3, "patch_size": kv.get(v + "patch_size")}
+    return {**text, "model_type": MODEL_TYPES[0], "load_format": mistral_params.LOAD_FORMAT,
+            "hidden_size": kv.get(v + "projection_dim", text.get("hidden_size")), "vision_config": vision,
+            "spatial_merge_size": kv.get(pixtral.SPATIAL_MERGE, 1), "multimodal_projector_bias": "mm.1.bias" in stored,
+            pixtral.IMG_BREAK: True}
+
+
+PROJECTOR = GgufProjector(("pixtral",), mmproj_config, pixtral.mmproj_name, "mm.2.weight", key_types=pixtral.KEY_TYPES,
+                          refuses=pixtral.refuses, release_values=pixtral.mmproj_values, repeated=pixtral.repeated)
+"""The Pixtral tower of a release in Mistral's format as llama.cpp writes it with `--mmproj` (PixtralModel,
+projector type `pixtral`) and tools/mtmd's clip.cpp loads it (PROJECTOR_TYPE_PIXTRAL, clip_n_mmproj_embd:
+`mm.2.weight`'s rows)."""
+GGUF = replace(deepseek2.GGUF_DIALECT, text_of=deepseek_v3.MODEL_TYPES[0], converted=converted,
+               release_values=release_values, projector=PROJECTOR,
+               converts=lambda cfg: cfg.get("load_format") == mistral_params.LOAD_FORMAT)
+"""llama.cpp converts a release in Mistral's own format (params.json, `--mistral-format`) twice: its text model as
+`deepseek2` (conversion/mistral.py MistralMoeModel over DeepseekV2Model: deepseek2's metadata from the params.json
+keys model.arch.mistral_params reads, its tensors renamed to DeepseekV2Model's and converted as those), which
+deepseek_v3's dialect reads back, and its vision tower as an mmproj file (PROJECTOR). A release in transformers'
+spelling (Mistral4ForCausalLM) is no converter's input (`converts`)."""
+MMPROJ_GAINS = (("v.pre_ln.weight", GAIN), (".ln1.weight", GAIN), (".ln2.weight", GAIN))
+"""The mmproj's RMSNorm gains under names without `norm.weight`: read by `audit --values` as the model's gains."""
+
 ARCHITECTURE = register(Architecture(
     name="Mistral Small 4", model_types=MODEL_TYPES, read=read, describe=describe,
-    class_names=("Mistral4ForCausalLM",), quant=MISTRAL_RELEASE))
+    class_names=("Mistral4ForCausalLM",), quant=MISTRAL_RELEASE, value_roles=MMPROJ_GAINS, gguf=GGUF))

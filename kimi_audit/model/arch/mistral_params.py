@@ -125,6 +125,8 @@ def config_from_params(params: Any) -> dict[str, Any]:
         cfg["vision_config"] = {k: vision[k] for k in VISION if k in vision}
         cfg["spatial_merge_size"] = vision.get("spatial_merge_size", 2)
         cfg["multimodal_projector_bias"] = vision.get("adapter_bias", False)
+        if "image_break_token_id" in vision:  # the token embedding's row `--mmproj` copies (model.arch.pixtral)
+            cfg["image_break_token_id"] = vision["image_break_token_id"]
     return cfg
 
 

@@ -17,11 +17,13 @@ The patch convolution has no bias; the gains are RMSNorms; the projector's two L
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.model.arch.spec import Factor, Group, Leaf, Linear, Param
+from kimi_audit.format.gguf_keys import U32
+from kimi_audit.model.arch.spec import Factor, Group, Leaf, Linear, Param, ReleaseReader
 from kimi_audit.model.config_fields import ModelConfig, read_int
 
 GAIN = "Learned gain"
@@ -76,6 +78,8 @@ def read_dims(cfg: dict[str, Any], absent: dict[str, Any]) -> dict[str, int]:
         dims["vision_feature_layers"] = 1
     else:
         raise ConfigError(f"config.json vision_feature_layer must be a layer index or a list of them, got {layers!r}")
+    if cfg.get(IMG_BREAK) is True:
+        dims["vision_img_break"] = 1
     keys = {"vision_merge": "spatial_merge_size", "vision_feature_layers": "vision_feature_layer"}
     for k, v in dims.items():
         if v < 1 and k != "projector_bias":
@@ -135,4 +139,107 @@ def projector(cfg: ModelConfig, s: Spelling) -> Group:
         Leaf(w_in.rpartition(".")[2], w_in.removeprefix(WRAPPER), "Projector in-projection", "pixtral_projector_in",
              (Linear(w_in, (h,), (features,), bias),), keys),
         Leaf(w_out.rpartition(".")[2], w_out.removeprefix(WRAPPER), "Projector out-projection", "pixtral_projector_out",
-             (Linear(w_out, (h,), (h,), bias),), keys)), role="mm_projector")
+             (Linear(w_out, (h,), (h,), bias),), keys),
+        *((img_break(cfg),) if "vision_img_break" in dict(cfg.dims) else ())), role="mm_projector")
+
+
+# --- the tower as llama.cpp's `--mmproj` converter writes it (projector type `pixtral`) ---------------------------
+
+IMG_BREAK, IMG_BREAK_GGUF = "img_break_embedding", "v.token_embd.img_break"
+"""The row of the text model's token embedding an mmproj holds as its own tensor (`v.token_embd.img_break`): a
+config key only an mmproj's config sets (the release holds that row inside `tok_embeddings`), which adds it to the
+projector's tree."""
+MMPROJ_TOP = (("vision_encoder.patch_conv.", "v.patch_embd."), ("vision_encoder.ln_pre.", "v.pre_ln."),
+              ("pre_mm_projector_norm.", "mm.input_norm."), ("patch_merger.merging_layer.", "mm.patch_merger."),
+              ("vision_language_adapter.w_in.", "mm.1."), ("vision_language_adapter.w_out.", "mm.2."),
+              (f"{IMG_BREAK}.weight", IMG_BREAK_GGUF))
+MMPROJ_BLOCK = (("attention_norm.", "ln1."), ("attention.wq.", "attn_q."), ("attention.wk.", "attn_k."),
+                ("attention.wv.", "attn_v."), ("attention.wo.", "attn_out."), ("ffn_norm.", "ln2."),
+                ("feed_forward.w1.", "ffn_gate."), ("feed_forward.w2.", "ffn_down."), ("feed_forward.w3.", "ffn_up."))
+"""Mistral's native names (NATIVE) -> the mmproj file's, as PixtralModel (llama.cpp 0c1e5709 conversion/pixtral.py:
+`vision_language_adapter.w_in/w_out` -> `mm.1/mm.2`) and gguf-py's tensor_mapping.py (MODEL_ARCH.MMPROJ: the
+`# pixtral` and `# mistral` entries, `v.blk.N.*`) write them; tests/test_mistral_gguf.py holds them to gguf-py's
+TensorNameMap and to the converter's own output."""
+BLOCKS = f"{NATIVE.tower}transformer.layers."
+
+
+def mmproj_name(name: str) -> str | None:
+    """A release tensor's (NATIVE) name in the mmproj file; None for a tensor the projector does not hold."""
+    for release, gguf in MMPROJ_TOP:
+        if name.startswith(release):
+            return gguf + name[len(release):]
+    if name.startswith(BLOCKS):
+        number, _, rest = name[len(BLOCKS):].partition(".")
+        for release, gguf in MMPROJ_BLOCK:
+            if rest.startswith(release) and number.isdigit():
+                return f"v.blk.{number}.{gguf}{rest[len(release):]}"
+    return None
+
+
+def release_name(gguf_name: str) -> str | None:
+    """mmproj_name's inverse: the release tensor an mmproj tensor is written from (the [IMG_BREAK] row: IMG_BREAK)."""
+    for release, gguf in MMPROJ_TOP:
+        if gguf_name.startswith(gguf):
+            return release + gguf_name[len(gguf):]
+    if gguf_name.startswith("v.blk."):
+        number, _, rest = gguf_name[len("v.blk."):].partition(".")
+        for release, gguf in MMPROJ_BLOCK:
+            if rest.startswith(gguf) and number.isdigit():
+                return f"{BLOCKS}{number}.{release}{rest[len(gguf):]}"
+    return None
+
+
+def img_break(cfg: ModelConfig) -> Leaf:
+    """The [IMG_BREAK] token's embedding, a row of the text model's token embedding the mmproj holds alone."""
+    h = Factor(cfg.hidden_size, "hidden", ("hidden_size",))
+    return Leaf("img_break", IMG_BREAK, "[IMG_BREAK] token embedding (a row of the token embedding)",
+                "pixtral_img_break", (Param("Embedding row", f"{IMG_BREAK}.weight", (h,), cfg.dtype),),
+                ("image_break_token_id",))
+
+
+SPATIAL_MERGE = "clip.vision.spatial_merge_size"
+KEY_TYPES = {SPATIAL_MERGE: U32}
+"""The key clip.cpp's pixtral branch reads beyond every vision projector's (tools/mtmd/clip.cpp, llama.cpp 0c1e5709,
+clip_model_loader load_hparams lines 1534-1543: get_u32(KEY_SPATIAL_MERGE_SIZE, n_merge, false), n_merge 1 where
+absent; the rope base it sets to 10000 itself, `clip.rope.freq_base` is never read)."""
+BREAK_ID = "image_break_token_id"
+"""The params.json `vision_encoder` key the converter reads the [IMG_BREAK] row's index from (conversion/llava.py
+LlavaVisionModel.__init__, find_vparam; a negative placeholder resolved from the tokenizer's special tokens)."""
+
+
+def refuses(kv: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A merge size of 0: clip.cpp divides the image's patches by it (clip_n_output_tokens, line 4266) and the
+    pixtral graph asserts it over 0 where a patch merger is stored (tools/mtmd/models/pixtral.cpp)."""
+    merge = kv.get(SPATIAL_MERGE, 1)
+    if type(merge) is int and merge < 1:
+        return [(SPATIAL_MERGE, f"is {merge}: clip.cpp divides the image's patches by it (clip_n_output_tokens, "
+                 "tools/mtmd/clip.cpp line 4266) and its pixtral graph asserts it over 0: mtmd aborts on an image")]
+    return []
+
+
+def mmproj_values(gguf_name: str, read: ReleaseReader,
+                  cfg: Mapping[str, Any]) -> tuple[tuple[int, ...], Iterator[Any]] | str | None:
+    """The values PixtralModel (conversion/pixtral.py over llava.py LlavaVisionModel.modify_tensors) writes into an
+    mmproj tensor from a release in Mistral's format: every vision and projector tensor as it is (the query and key
+    are permuted only for transformers' spelling, `not is_mistral_format`), and `v.token_embd.img_break` the row
+    `vision_encoder.image_break_token_id` of `tok_embeddings` (the adapter's `image_break_token_id`)."""
+    name = release_name(gguf_name)
+    if name is None:
+        return None
+    if name != f"{IMG_BREAK}.weight":
+        return read.shape(name), read.bands(name)
+    row, embed = cfg.get(BREAK_ID), "tok_embeddings.weight"
+    shape = read.shape(embed)
+    if type(row) is not int or row <= 0:
+        return (f"the [IMG_BREAK] token's index is {row!r} in params.json: the converter resolves a placeholder from "
+                "the tokenizer's special tokens (not modelled), and writes no row for index 0")
+    if len(shape) != 2 or row >= shape[0]:
+        return f"{embed} has shape {list(shape)}: no row {row} (the [IMG_BREAK] token) for the converter to take"
+    return (shape[1],), iter((read.rows(embed, row, row + 1).reshape(shape[1]),))
+
+
+def repeated(cfg: Mapping[str, Any]) -> int:
+    """The elements of the text model the mmproj holds again: the [IMG_BREAK] row, hidden_size wide (the converter
+    takes it for any index but 0, a negative placeholder resolved from the tokenizer)."""
+    width, row = cfg.get("hidden_size"), cfg.get(BREAK_ID)
+    return width if type(width) is int and type(row) is int and row != 0 else 0

@@ -148,7 +148,8 @@ def gguf_converts(cfg: dict[str, Any], name: object) -> GgufDialect | None:
     """The dialect a config.json's release is converted to GGUF architecture `name` by (its architecture's, a
     wrapper's converting its text model included); None where its architecture is unknown or writes another."""
     arch = architecture_of(cfg)
-    return arch.gguf if arch is not None and arch.gguf is not None and name in arch.gguf.archs else None
+    dialect = None if arch is None else arch.gguf
+    return dialect if dialect is not None and name in dialect.archs and dialect.converts(cfg) else None
 
 
 def gguf_projector(projector_type: object) -> Architecture | None:

@@ -248,6 +248,10 @@ class GgufProjector:
     """(an mmproj tensor's name, the release's reader, the release's config.json) -> the values the converter
     writes there, as GgufDialect.release_values; a string where the converter's transform is not modelled (why);
     None for a name the projector does not write from the release."""
+    repeated: Callable[[Mapping[str, Any]], int] = lambda cfg: 0
+    """(the release's config.json) -> the elements of the text model the converter writes into the mmproj again
+    (Pixtral's [IMG_BREAK] row of the token embedding), which `audit --against` adds to the release's total where
+    the mmproj is read beside the model."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,9 @@ class GgufDialect:
     required: tuple[str, ...] = ()
     """The keys (without the prefix) llama.cpp's loader cannot load the model without ("key not found in model")."""
 
+    converts: Callable[[Mapping[str, Any]], bool] = lambda cfg: True
+    """Whether llama.cpp's converter writes a release of this config.json as this dialect (Mistral Small 4: only in
+    Mistral's own format, `--mistral-format`); `audit --against` holds no other to the GGUF."""
     text_of: str = ""
     """A wrapper's dialect (a multimodal model whose converter writes its text model alone): the model_type whose
     own dialect reads such a file back. Reading a GGUF goes to that architecture; this dialect says how the
