@@ -74,3 +74,21 @@ def test_a_count_the_tree_has_no_block_for_is_no_traceback(tmp_path: Path) -> No
     gb.write(g, tmp_path / "t.gguf")
     report = audit(tmp_path / "t.gguf")
     assert report.exit_code() == 1 and "blk.1.attn_kv_a_mqa.weight" in {f.tensor for f in report.findings}
+
+
+@pytest.mark.parametrize(("key", "value", "named"), [("first_k_dense_replace", 0, "moe.first_k_dense_replace"),
+                                                     ("route_every_n", 2, "moe.route_every_n")])
+def test_a_mistral_params_count_is_one_cause_in_its_own_words(tmp_path: Path, key: str, value: int,
+                                                              named: str) -> None:
+    """Mistral's params.json: a leading-dense count or MoE spacing the stored layers contradict is one
+    CONFIG_DISAGREES naming params.json's own key (once a TENSORS_RESPELLED claiming `feed_forward` is a
+    respelling of `shared_experts`, and 14 errors for route_every_n)."""
+    import json
+
+    d = tmp_path / "mistral"
+    shutil.copytree(DATA / "mistral_format" / "bf16", d)
+    params = json.loads((d / "params.json").read_text())
+    params["moe"][key] = value
+    (d / "params.json").write_text(json.dumps(params))
+    report = audit(d)
+    assert [(f.code, f.tensor) for f in report.findings] == [("CONFIG_DISAGREES", f"params.json {named}")]

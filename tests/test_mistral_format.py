@@ -141,7 +141,7 @@ def test_a_params_field_that_disagrees_with_the_shards_names_the_tensors_it_shap
     found = kimi_audit.audit(d).findings
     assert [f.code for f in found] == ["CONFIG_DISAGREES"]  # one cause: the params.json value, its 15 tensors under it
     mlps = (*(f"experts.{i}" for i in range(4)), "shared_experts")
-    assert found[0].covers == len(mlps) * 3 and found[0].tensor == "params.json (read as moe_intermediate_size)"
+    assert found[0].covers == len(mlps) * 3 and found[0].tensor == "params.json moe.expert_hidden_dim"
     assert (found[0].expected, found[0].actual) == (32, 64) or found[0].expected == 32
 
 

@@ -219,9 +219,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         stored = Counter(actual.dtypes) if cfg.quant is None else None
         all_findings.extend(quantization_findings(ckpt.config_raw, stored, cfg.quant_unsupported))
         all_findings.extend(cov.extra)
-        all_findings.extend(fold_respelled(layout_findings(actual, expected, aligned, cov.positions, cov.everything,
-                                                           cfg.dtype, cov.invalid,
-                                                           cfg.quant is None or cfg.quant.dtype_recorded)))
+        all_findings.extend(layout_findings(actual, expected, aligned, cov.positions, cov.everything, cfg.dtype,
+                                            cov.invalid, cfg.quant is None or cfg.quant.dtype_recorded))
     elif ckpt.container != "gguf" or ckpt.config_raw.get(GGUF_ARCHITECTURE) is not None:
         all_findings.append(layout_unsupported(ckpt))  # (a GGUF whose metadata is unreadable: GGUF_INVALID says)
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards, cov.invalid,
@@ -246,7 +245,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
             all_findings.extend(hub_parameters_findings(ckpt, actual, parameters))
     all_findings = fold_unindexed(fold_format_mismatch(fold_quantization(
         fold_undescribed(attribute(all_findings, ckpt, cov), cfg), expected), expected, aligned.positions))
-    all_findings = fold_missing_experts(fold_block_count(fold_config_dimension(all_findings, ckpt), ckpt))
+    all_findings = fold_missing_experts(fold_respelled(fold_block_count(fold_config_dimension(all_findings, ckpt),
+                                                                        ckpt)))
     listed = ckpt.index.shards if ckpt.index is not None else []
     if ckpt.container == "gguf":  # the parts split.count names: those here, and those GGUF_PART_MISSING names
         listed = [*ckpt.files, *(str(f.shard) for f in all_findings if f.code == "GGUF_PART_MISSING")]

@@ -17,12 +17,13 @@ from kimi_audit.findings import Finding, error
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.model.quant.scheme import fits
 
-COUNT_FIELDS = ("num_hidden_layers", "first_k_dense_replace", "num_nextn_predict_layers")
-"""Config fields that count blocks: a wrong value adds or removes blocks' tensors, not a dimension."""
+COUNT_FIELDS = ("num_hidden_layers", "first_k_dense_replace", "num_nextn_predict_layers", "moe_layer_freq")
+"""Config fields that count blocks (or, `moe_layer_freq`, Mistral's `route_every_n`, space the MoE ones): a wrong
+value adds or removes blocks' tensors, not a dimension."""
 BLOCK = re.compile(r"(?:^|\.)(?:layers|blk)\.(\d+)\.")
 MISSING = ("TENSOR_MISSING", "SCALE_MISSING")
 UNEXPECTED = ("TENSOR_UNEXPECTED", "SCALE_UNEXPECTED")
-MAX_TRIES = 9
+MAX_TRIES = 12
 """Layouts derived at most (each about 70 ms at Kimi-K2's scale), on a failing audit only."""
 
 
@@ -43,7 +44,9 @@ def fold_block_count(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]
     held_before = shapes.keys() & set(before.names)
     for key in COUNT_FIELDS:
         current = getattr(ckpt.config, key, None)
-        for value in candidates:
+        tried = candidates if key in COUNT_FIELDS[:2] else [1] if key == "moe_layer_freq" else (
+            [0, 1] if not isinstance(current, int) else sorted({0, 1, current - 1, current + 1} - {-1}))
+        for value in tried:
             if not isinstance(current, int) or value == current or tries == MAX_TRIES:
                 continue
             tries += 1

@@ -342,10 +342,10 @@ def config_key(ckpt: Checkpoint, field_name: str, value: int) -> str:
     to with that value."""
     if ckpt.container != "gguf":
         from kimi_audit.constants import CONFIG_FILE
-        from kimi_audit.model.arch.mistral_params import PARAMS_FILE
+        from kimi_audit.model.arch.mistral_params import PARAMS_FILE, params_key
 
         if CONFIG_FILE not in ckpt.files and PARAMS_FILE in ckpt.files:
-            return f"{PARAMS_FILE} (read as {field_name})"
+            return f"{PARAMS_FILE} {params_key(field_name) or f'(read as {field_name})'}"
         return f"{CONFIG_FILE} {field_name}"
     from kimi_audit.model.arch.registry import gguf_architecture
 
