@@ -192,3 +192,20 @@ def test_deepseek4_declared_nextn_without_its_tensors_is_every_block_a_layer(tmp
     report = audited(tmp_path, ARCHS / "deepseek4" / "tiny-Q8_0.gguf",
                      lambda g: g.set("deepseek4.nextn_predict_layers", U32, 1))
     assert report.verdict() == "PASS", [(f.code, f.tensor) for f in report.findings]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("stand_in", "named"), [("imatrix.gguf", "mmproj-model-F16.gguf"),
+                                                 ("mmproj-Kimi-K25-tiny-F16.gguf", "imatrix.gguf")])
+def test_a_side_file_named_for_the_other_kind_is_a_warning(tmp_path: Path, stand_in: str, named: str) -> None:
+    """An importance matrix named mmproj-*.gguf (mtmd refuses it as --mmproj), a projector named imatrix.gguf
+    (llama-quantize refuses it as --imatrix): GGUF_MISNAMED naming it, where the first was an info and the second
+    said nothing."""
+    import shutil
+
+    d = tmp_path / "pair"
+    d.mkdir()
+    shutil.copy(DATA / "gguf_k25" / "Kimi-K25-tiny-Q8_0.gguf", d)
+    shutil.copy(DATA / "gguf_k25" / stand_in, d / named)
+    report = audit(d)
+    found = [(f.code, f.shard) for f in report.findings if f.code == "GGUF_MISNAMED"]  # type: ignore[attr-defined]
+    assert found == [("GGUF_MISNAMED", named)] and report.exit_code() == 0  # type: ignore[attr-defined]

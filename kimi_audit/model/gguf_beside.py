@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kimi_audit.errors import ConfigError
-from kimi_audit.findings import Finding, error, info
+from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.columns import label
 from kimi_audit.format.gguf import GgufPart
 from kimi_audit.format.gguf_keys import ARRAY, F32, FLAG, FLOAT32, LOADER_KEYS, STR, U32, KeyType, mistyped
@@ -84,6 +84,7 @@ def beside(others: Mapping[str, GgufPart], raw: Mapping[str, Any], cfg: ModelCon
             findings += _renamed(name, part, IMATRIX) or [info(
                 "GGUF_NOT_A_MODEL", f"{name}: {NOT_MODELS[IMATRIX]}, {part.header.tensor_count:,} tensors "
                 "(*.in_sum2, *.counts): not a model, not audited as one", shard=name)]
+        findings += _misnamed(name, kinds[name])
     projectors = [n for n, k in kinds.items() if k == MMPROJ]
     headers: dict[str, ShardHeader] = {}
     for name in projectors:
@@ -146,6 +147,21 @@ def _shapes(part: GgufPart) -> dict[str, tuple[int, ...]]:
 
 RENAME = {MMPROJ: "mtmd reads it with --mmproj; rename it mmproj-*.gguf",
           IMATRIX: "llama-quantize reads it with --imatrix; rename it imatrix*.gguf"}
+
+
+NAMED = {MMPROJ: "mmproj", IMATRIX: "imatrix"}
+"""The file names that say what a file beside the model is (llama.cpp's tools write `mmproj-*.gguf`,
+`imatrix.gguf`)."""
+
+
+def _misnamed(name: str, kind: str | None) -> list[Finding]:
+    """A file whose name says a projector or an importance matrix and whose metadata says the other (mtmd refuses an
+    imatrix passed as --mmproj; llama-quantize refuses a projector as --imatrix): a warning naming both."""
+    said = next((k for k, word in NAMED.items() if name.lower().rsplit("/", 1)[-1].startswith(word)), None)
+    if said is None or kind is None or said == kind or kind not in NAMED:
+        return []
+    return [warning("GGUF_MISNAMED", f"{name} is named as {NOT_MODELS[said]} but is {NOT_MODELS[kind]}: the tool "
+                    "that reads one refuses the other; rename it", shard=name, expected=said, actual=kind)]
 
 
 def _renamed(name: str, part: GgufPart, kind: str) -> list[Finding]:

@@ -78,6 +78,11 @@ GGUF_RULES: dict[str, Rule] = {
         "or one of several alternatives) sits beside the model: recognized as llama.cpp recognizes it, never by "
         "general.type (a model is any general.architecture but clip), not audited as a model, never a second set "
         "to choose.", GGUF_HELP),
+    "GGUF_MISNAMED": Rule("warning", "a file beside the model named as a projector (mmproj-*) or an importance matrix "
+        "(imatrix*) that is the other",
+        "Its metadata, read as llama.cpp reads it, says the other kind: mtmd refuses an importance matrix passed as "
+        "--mmproj, llama-quantize a projector passed as --imatrix. The model itself is audited as usual.",
+        GGUF_HELP),
     "GGUF_PROJECTOR_WIDTH": Rule("error", "the mmproj projector's output width is not the model's embedding width",
         "The projector's output tensor (clip.cpp clip_n_mmproj_embd: mm.2's rows for kimik25) or its "
         "clip.vision.projection_dim is not the text model's ARCH.embedding_length: llama.cpp's mtmd refuses the pair "
