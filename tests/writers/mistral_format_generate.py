@@ -24,9 +24,12 @@ mistral_format.llamacpp.json). Not run by the test suite (it needs mistral-commo
     python tests/writers/mistral_format_generate.py tests/data/mistral_format
 
 with torch, safetensors and mistral-common importable. Each GGUF's tensor count and element count go into
-PROVENANCE.json (the GGUFs themselves are not committed). Only `bf16/` is committed (under 1 MB) beside
-PROVENANCE.json; `write_checkpoint` rebuilds any variant seeded (its sha256 in PROVENANCE.json), which
-tests/test_mistral_format.py does for `fp8/` and for its fault cases.
+PROVENANCE.json. `bf16/` is committed (under 1 MB) beside PROVENANCE.json, and so are its two GGUFs, under
+`gguf/` (GGUF_FILES: the text model and its `--mmproj` projector, both `--outtype q8_0`), each file's sha256 and
+the converter command that wrote it in PROVENANCE.json's `gguf` (tests/test_mistral_gguf.py audits the pair and
+holds it to `bf16/`); `write_checkpoint` rebuilds any variant seeded (its sha256 in PROVENANCE.json), which
+tests/test_mistral_format.py does for `fp8/` and for its fault cases. After a run, tests/writers/tensor_digests.py
+adds the per-tensor digests of `bf16/` again (`tensor_sha256`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +72,9 @@ ROPE = {"yarn": {**PARAMS["yarn"], "apply_scale": True},
 """The `rope` variant's blocks: the two original lengths differ, so its GGUF shows which one the converter writes as
 attention.temperature_length."""
 VARIANTS = ("bf16", "fp8", "rope")
+GGUF_DIR = "gguf"
+GGUF_FILES = {"text": ("Mistral-tiny-Q8_0.gguf", ()), "mmproj": ("mmproj-Mistral-tiny-Q8_0.gguf", ("--mmproj",))}
+"""The committed GGUFs of `bf16/`: (file name under GGUF_DIR, the converter's extra arguments)."""
 
 
 def params(variant: str) -> dict[str, Any]:
@@ -189,6 +196,11 @@ def gguf_counts(path: Path) -> dict[str, Any]:
     return out
 
 
+def command(d: Path, out: Path, *extra: str) -> list[str]:
+    """The converter's arguments after its script: the checkpoint folder, --mistral-format, Q8_0, the output."""
+    return [str(d), "--mistral-format", "--outtype", "q8_0", "--outfile", str(out), *extra]
+
+
 def convert(llama: Path, d: Path, out: Path, *extra: str) -> None:
     """The converter on a copy of `d` with an empty `{}` config.json beside params.json: at 0c1e57098
     MistralMoeModel's base, DeepseekV2Model.__init__ (conversion/deepseek.py line 246), loads the folder's
@@ -200,9 +212,22 @@ def convert(llama: Path, d: Path, out: Path, *extra: str) -> None:
         copy = Path(tmp) / d.name
         shutil.copytree(d, copy)
         (copy / "config.json").write_text("{}\n")
-        subprocess.run([sys.executable, str(llama / "convert_hf_to_gguf.py"), str(copy), "--mistral-format",
-                        "--outtype", "q8_0", "--outfile", str(out), *extra], check=True, env=env,
-                       capture_output=True, text=True)
+        subprocess.run([sys.executable, str(llama / "convert_hf_to_gguf.py"), *command(copy, out, *extra)],
+                       check=True, env=env, capture_output=True, text=True)
+
+
+def ggufs(llama: Path, target: Path, d: Path) -> dict[str, Any]:
+    """`d` (bf16/) converted into target/GGUF_DIR, both files: what PROVENANCE.json records of them (each file's
+    sha256 and the command that wrote it, paths relative to `target`)."""
+    out = target / GGUF_DIR
+    out.mkdir(exist_ok=True)
+    row: dict[str, Any] = {"files": {}, "commands": {}}
+    for name, extra in GGUF_FILES.values():
+        convert(llama, d, out / name, *extra)
+        row["files"][name] = sha256(out / name)
+        row["commands"][name] = " ".join(["convert_hf_to_gguf.py", *command(Path(d.name), Path(GGUF_DIR) / name,
+                                                                            *extra)])
+    return row
 
 
 def main(target: Path) -> None:
@@ -211,7 +236,8 @@ def main(target: Path) -> None:
     provenance: dict[str, Any] = {
         "writer": "tests/writers/mistral_format_generate.py", "writer_sha256": sha256(Path(__file__)),
         "converter": "ggml-org/llama.cpp convert_hf_to_gguf.py --mistral-format --outtype q8_0",
-        "llama_cpp_commit": commit.strip() or "0c1e57098", "seed": SEED, "variants": {}}
+        "llama_cpp_commit": commit.strip() or "0c1e57098", "seed": SEED,
+        "packages": {k: version(k) for k in ("torch", "safetensors", "mistral_common")}, "variants": {}}
     for variant in VARIANTS:
         d = target / variant
         numel = write_checkpoint(d, variant)
@@ -224,9 +250,8 @@ def main(target: Path) -> None:
             except subprocess.CalledProcessError as e:  # the FP8 variant at 0c1e57098: see the module docstring
                 row["text_gguf_refused"] = e.stderr.strip().splitlines()[-1]
             if variant == "bf16":
-                mmproj = Path(tmp) / "mmproj.gguf"
-                convert(llama, d, mmproj, "--mmproj")
-                row["mmproj_gguf"] = gguf_counts(mmproj)
+                provenance["gguf"] = ggufs(llama, target, d)
+                row["mmproj_gguf"] = gguf_counts(target / GGUF_DIR / GGUF_FILES["mmproj"][0])
         row["files"] = {f.name: sha256(f) for f in sorted(d.iterdir())}
         provenance["variants"][variant] = row
     (target / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n")
