@@ -24,7 +24,9 @@ Files:
   written with gguf-py's GGUFWriter in the keys and tensors tools/imatrix/imatrix.cpp writes
   (IMatrixCollector::save_imatrix: general.type `imatrix`, `imatrix.datasets`, `imatrix.chunk_count`,
   `imatrix.chunk_size`, per weight `NAME.in_sum2` [n_embd, n_mat] and `NAME.counts` [1, n_mat], F32).
-PROVENANCE.json records which.
+PROVENANCE.json records which, and LLAMA_BIN_BUILD how the tools were built (the committed imatrix.gguf: llama.cpp's
+own cmake, CMAKE_BUILD_TYPE=Release with -O0 and GGML_NATIVE=OFF, targets llama-imatrix llama-quantize
+llama-gguf-split: an optimized build did not finish on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -147,9 +149,11 @@ def imatrix_by_tool(bin_dir: Path, model: Path, out: Path) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         text = Path(tmp) / "calibration.txt"
         text.write_text("to tok to tok ! # $ % & ( ) * + , - . / 0 1 2 3 4 5 6 7 8 9 : ; < = > ? @ A B C D E F\n" * 8)
-        subprocess.run([str(tool), "-m", str(model), "-f", str(text), "-o", str(out), "-c", str(IMATRIX_CHUNK),
-                        "-b", str(IMATRIX_CHUNK), "-ub", str(IMATRIX_CHUNK), "--chunks", "2", "-t", "2"], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # run in the text's folder and name it relatively: imatrix.datasets records the name as given, and a
+        # temporary path would make every run's file differ; one thread, so the sums add in one order
+        subprocess.run([str(tool), "-m", str(model.resolve()), "-f", text.name, "-o", str(out.resolve()), "-c",
+                        str(IMATRIX_CHUNK), "-b", str(IMATRIX_CHUNK), "-ub", str(IMATRIX_CHUNK), "--chunks", "2",
+                        "-t", "1"], check=True, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return out.is_file()
 
 
@@ -213,7 +217,7 @@ def main() -> None:
         "script_sha256": sha256(Path(__file__)),
         "llama.cpp": {"source": "llama-cpp-python 0.3.36 sdist, vendor/llama.cpp", "commit": commit,
                       "tools": ["convert_hf_to_gguf.py (DeepseekV2Model, KimiK25Model --mmproj)",
-                                "llama-imatrix" if by_tool else
+                                f"llama-imatrix (cmake, {os.environ.get('LLAMA_BIN_BUILD', 'Release')})" if by_tool else
                                 "imatrix.gguf by gguf-py GGUFWriter in tools/imatrix/imatrix.cpp's keys and names "
                                 "(llama-imatrix not built)"]},
         "gguf-py": getattr(gguf, "__version__", "vendored"),
