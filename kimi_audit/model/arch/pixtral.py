@@ -13,6 +13,11 @@ two spellings they are published in (`Spelling`):
 
 The patch convolution has no bias; the gains are RMSNorms; the projector's two Linear layers carry biases only with
 `multimodal_projector_bias`; `linear_1` reads every feature layer `vision_feature_layer` lists.
+
+llama.cpp's `--mmproj` converter writes the NATIVE tower as a `clip` file of projector type `pixtral` (MMPROJ_TOP,
+MMPROJ_BLOCK: `v.blk.N.*`, `mm.*`), beside it the [IMG_BREAK] row of the token embedding (IMG_BREAK); the key clip.cpp
+reads for it, the values the converter writes and what mtmd refuses are below, model.arch.mistral4's GgufProjector
+reads them.
 """
 
 from __future__ import annotations
