@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +84,7 @@ def against_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_s
                       "this GGUF", actual=model_type)]
     dialect = converts
     out: list[Finding] = []
-    for key, want in dialect.metadata(hf.config_raw).items():
+    for key, want in converted_metadata(dialect, hf.config_raw, gguf.metadata).items():
         have = gguf.metadata.get(key)
         if not _same(want, have):
             want, have = _plain(want), _plain(have)
@@ -119,7 +119,7 @@ def against_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_s
     if total != stored_total and not missing and not unaccounted:
         out.append(error("AGAINST_TOTAL", f"the GGUF holds {stored_total:,} elements, {hf.label}'s tensors (scales, "
                          f"buffers and MTP layers excepted) {total:,}", expected=total, actual=stored_total))
-    keys = len(dialect.metadata(hf.config_raw))
+    keys = len(converted_metadata(dialect, hf.config_raw, gguf.metadata))
     out.append(info("AGAINST_HELD", f"held against {hf.label}: {keys:,} metadata keys, {len(source.names):,} source "
                     f"tensors accounted for in {len(stored.names):,} GGUF tensors, element totals"
                     + ("" if values else "; values not compared: add --values"), actual=hf.label))
@@ -191,6 +191,18 @@ def _value_findings(gguf: Checkpoint, gguf_source: Source, hf: Checkpoint, hf_so
                         f"({_listed([n for n, _ in not_compared])}): {why}", tensor=not_compared[0][0],
                         covers=len(not_compared)))
     return out
+
+
+def converted_metadata(dialect: GgufDialect, raw: Mapping[str, Any], held: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys the converter writes from `raw`, run as the file says it was: with `--no-mtp` (llama.cpp's
+    DeepseekV2Model, Glm4MoeModel: the NextN layers dropped, `nextn_predict_layers` not written, `block_count` the
+    main layers) where the source declares NextN layers and the file holds no nextn_predict_layers key."""
+    wanted: dict[str, Any] = dialect.metadata(raw)
+    nextn = raw.get("num_nextn_predict_layers")
+    if isinstance(nextn, int) and nextn > 0 and not any(k.endswith(".nextn_predict_layers") for k in held):
+        return {k: v for k, v in dialect.metadata({**raw, "num_nextn_predict_layers": 0}).items()
+                if not k.endswith(".nextn_predict_layers")}
+    return wanted
 
 
 def error_bound(dtype: str) -> float:
