@@ -49,6 +49,21 @@ def group_findings(findings: tuple[Finding, ...] | list[Finding]) -> list[Findin
     return out
 
 
+def first_groups(groups: list[FindingGroup], limit: int) -> list[FindingGroup]:
+    """At most `limit` groups, in their order, every code's first group among them: a capped report never leaves a
+    rarer code out behind a flood of another (200,000 INDEX_ENTRY_MISSING groups once hid the one VALUE_NAN)."""
+    if len(groups) <= limit:
+        return groups
+    keep = list(dict.fromkeys(g.code for g in groups))
+    firsts = {code: next(i for i, g in enumerate(groups) if g.code == code) for code in keep[:limit]}
+    chosen = set(firsts.values())
+    for i in range(len(groups)):
+        if len(chosen) >= limit:
+            break
+        chosen.add(i)
+    return [groups[i] for i in sorted(chosen)]
+
+
 def _pattern(shape: str, members: list[Finding]) -> str:
     if len(members) == 1 or "#" not in shape:
         return members[0].tensor or members[0].shard or ""

@@ -19,7 +19,7 @@ from kimi_audit.model.accounting.tree import Accounting
 from kimi_audit.model.arch.spec import DENSE, MOE, MTP
 from kimi_audit.model.kinds import module_name
 from kimi_audit.report.grid import Grid, build_grid
-from kimi_audit.report.grouping import group_findings, ignored_line
+from kimi_audit.report.grouping import first_groups, group_findings, ignored_line
 from kimi_audit.report.html_verify import files_section, health_section
 from kimi_audit.report.json_report import MAX_GROUPS, clip_value, report_dict
 from kimi_audit.report.svg import bars_svg, esc, grid_svg, outside_svg, section, wrappable
@@ -173,7 +173,7 @@ def findings_section(findings: tuple[Finding, ...], extra: str = "") -> str:
     if not groups:
         return section("findings", "Findings", "<p>No findings.</p>", extra)
     rows = []
-    for g in groups[:MAX_GROUPS]:
+    for g in first_groups(groups, MAX_GROUPS):
         covers = sum(f.covers for f in g.members)
         rows.append(f'<tr><td class="sev-{esc(g.severity)}">{esc(g.severity)}</td>'
                     f'<td class="c"><code>{esc(g.code)}</code></td><td class="n">{g.count:,}</td>'

@@ -16,7 +16,7 @@ from typing import Any
 from kimi_audit.checks.audit import AuditReport
 from kimi_audit.constants import VERSION
 from kimi_audit.findings import Finding, Severity
-from kimi_audit.report.grouping import FindingGroup, group_findings, ignored_counts
+from kimi_audit.report.grouping import FindingGroup, first_groups, group_findings, ignored_counts
 from kimi_audit.text import json_dumps
 
 SCHEMA = "kimi-audit/audit/1"
@@ -82,7 +82,7 @@ def report_dict(report: AuditReport, fail_on: Severity = Severity.ERROR, all_fin
         "finding_groups": [
             {"code": g.code, "severity": g.severity, "pattern": clip_value(g.pattern), "count": g.count,
              "covers": sum(f.covers for f in g.members)}
-            for g in (groups if all_findings else groups[:MAX_GROUPS])
+            for g in (groups if all_findings else first_groups(groups, MAX_GROUPS))
         ],
         "ignored": ignored,
         "ignore_rules": [{"rule": rule, "ignored": n} for rule, n in ignored_counts(report).items()],
@@ -103,7 +103,11 @@ def listing(findings: tuple[Finding, ...], groups: list[FindingGroup], all_findi
     """Every finding whole, or at most MAX_PER_GROUP a group and MAX_FINDINGS in all, clipped."""
     if all_findings:
         return [f.to_json() for f in findings]
-    picked = [f for g in groups for f in g.members[:MAX_PER_GROUP]][:MAX_FINDINGS]
+    shown = first_groups(groups, min(MAX_GROUPS, MAX_FINDINGS))
+    firsts = [g.members[0] for g in shown]  # one of each group shown before a second of any
+    picked = (firsts + [f for g in shown for f in g.members[1:MAX_PER_GROUP]])[:MAX_FINDINGS]
+    order = {id(f): i for i, f in enumerate(f for g in shown for f in g.members[:MAX_PER_GROUP])}
+    picked.sort(key=lambda f: order[id(f)])
     return [clipped(f) for f in picked]
 
 

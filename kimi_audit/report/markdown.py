@@ -6,7 +6,7 @@ import re
 
 from kimi_audit.checks.audit import AuditReport
 from kimi_audit.findings import Severity
-from kimi_audit.report.grouping import group_findings, ignored_counts
+from kimi_audit.report.grouping import first_groups, group_findings, ignored_counts
 from kimi_audit.text import printable
 
 MAX_GROUPS = 50
@@ -73,7 +73,7 @@ def render_markdown(report: AuditReport, fail_on: Severity = Severity.ERROR) -> 
     if groups:
         out += [f"### Findings ({counted(report)})", "",
                 "| severity | code | count | tensor / shard | detail (first) |", "|---|---|---:|---|---|"]
-        for g in groups[:MAX_GROUPS]:
+        for g in first_groups(groups, MAX_GROUPS):
             out.append(f"| {g.severity} | {code(g.code)} | {g.count:,} | {code(g.pattern)} "
                        f"| {cell(g.example.message)} |")
         if len(groups) > MAX_GROUPS:

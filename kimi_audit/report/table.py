@@ -9,7 +9,7 @@ from rich.text import Text
 
 from kimi_audit.checks.audit import AuditReport
 from kimi_audit.findings import Severity
-from kimi_audit.report.grouping import FindingGroup, group_findings, ignored_line
+from kimi_audit.report.grouping import FindingGroup, first_groups, group_findings, ignored_line
 from kimi_audit.text import printable
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -68,7 +68,7 @@ def render_table(report: AuditReport, console: Console, fail_on: Severity = Seve
     groups = group_findings(report.findings)
     if groups and plain:
         console.print(f"Findings ({counted(report)})", soft_wrap=True)
-        for g in groups[:MAX_GROUPS]:
+        for g in first_groups(groups, MAX_GROUPS):
             console.print(Text.assemble((f"{g.severity:<8}", SEVERITY_STYLE[g.severity]),
                                         f"  {g.code}  {_n(g.count)}  ", _plain(g.pattern or "-"), "  ",
                                         _plain(_detail(g))), soft_wrap=True)
@@ -76,7 +76,7 @@ def render_table(report: AuditReport, console: Console, fail_on: Severity = Seve
         t = Table(title=f"Findings ({counted(report)})", title_justify="left")
         for col in ("severity", "code", "count", "tensor / shard", "detail (first)"):
             t.add_column(col, overflow="fold", no_wrap=col in ("severity", "code", "count"))  # a code stays whole
-        for g in groups[:MAX_GROUPS]:
+        for g in first_groups(groups, MAX_GROUPS):
             # Names and messages come from the checkpoint: plain Text, never parsed as rich markup.
             t.add_row(Text(g.severity, style=SEVERITY_STYLE[g.severity]), g.code, _n(g.count), _plain(g.pattern),
                       _plain(_detail(g)))
