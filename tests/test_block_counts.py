@@ -92,3 +92,57 @@ def test_a_mistral_params_count_is_one_cause_in_its_own_words(tmp_path: Path, ke
     (d / "params.json").write_text(json.dumps(params))
     report = audit(d)
     assert [(f.code, f.tensor) for f in report.findings] == [("CONFIG_DISAGREES", f"params.json {named}")]
+
+
+@pytest.mark.parametrize(("field", "dropped"), [("first_k_dense_replace", "model.layers.1.mlp.gate.weight"),
+                                                ("num_hidden_layers", "model.layers.3.self_attn.q_a_layernorm.weight")])
+def test_a_second_fault_in_the_folded_blocks_is_named(tmp_path: Path, field: str, dropped: str) -> None:
+    """A count off by one and a tensor dropped from the blocks it accounts for: the count's one CONFIG_DISAGREES
+    and that tensor's own TENSOR_MISSING (the fold was all or nothing: 58 findings, the dropped one never named)."""
+    shards = tiny_shards()
+    for members in shards.values():
+        members.pop(dropped, None)
+    delta = 1 if field == "first_k_dense_replace" else -1
+    report = audit(write_tiny(tmp_path / "ckpt", shards, {**TINY_CONFIG, field: TINY_CONFIG[field] + delta}))
+    assert [(f.code, f.tensor) for f in report.findings] == [("CONFIG_DISAGREES", f"config.json {field}"),
+                                                              ("TENSOR_MISSING", dropped)]
+
+
+def mtp_checkpoint(tmp_path: Path, **config: int) -> Path:
+    """The tiny checkpoint with its last layer made the MTP layer (num_hidden_layers 3, num_nextn_predict_layers 1:
+    its six MTP tensors added, shaped by the layout), `config` changed on top."""
+    import ml_dtypes
+    import numpy as np
+
+    from kimi_audit.model.config import model_config_from_dict
+    from kimi_audit.model.layout import expected_layout
+
+    cfg = {**TINY_CONFIG, "num_hidden_layers": 3, "num_nextn_predict_layers": 1}
+    layout = expected_layout(model_config_from_dict(cfg))
+    shards = tiny_shards()
+    stored = {n for members in shards.values() for n in members}
+    last = list(shards)[-1]
+    for n in layout.names:
+        if n not in stored:
+            shards[last][n] = np.ones(layout.get(n).shape, dtype=ml_dtypes.bfloat16)  # type: ignore[union-attr]
+    return write_tiny(tmp_path / "mtp", shards, {**cfg, **config})
+
+
+@pytest.mark.parametrize(("field", "value", "held"), [("num_nextn_predict_layers", 0, 1), ("num_hidden_layers", 4, 3)])
+def test_an_mtp_layer_is_blamed_on_the_right_count(tmp_path: Path, field: str, value: int, held: int) -> None:
+    """An MTP layer stored as layer 3: num_nextn_predict_layers 0 is that key (once blamed on num_hidden_layers with 6
+    more findings), num_hidden_layers 4 that one (once beside a false MTP_ABSENT): one finding each."""
+    assert audit(mtp_checkpoint(tmp_path)).verdict() == "PASS"
+    report = audit(mtp_checkpoint(tmp_path / "bad", **{field: value}))
+    assert [(f.code, f.tensor, f.expected, f.actual) for f in report.findings] == [
+        ("CONFIG_DISAGREES", f"config.json {field}", value, held)]
+
+
+@pytest.mark.parametrize("value", [1, 2, 3])
+def test_a_gguf_nextn_count_is_its_own_key(tmp_path: Path, value: int) -> None:
+    """deepseek2.nextn_predict_layers on a file with no NextN layer: one CONFIG_DISAGREES naming that key (block_count
+    holds the blocks either way), not six TENSOR_MISSING blk.N.nextn.* (or 29 findings at 3)."""
+    g = gb.read(Q2K)
+    g.set("deepseek2.nextn_predict_layers", U32, value)
+    gb.write(g, tmp_path / "t.gguf")
+    only_root(audit(tmp_path / "t.gguf"), "deepseek2.nextn_predict_layers", value, 0)

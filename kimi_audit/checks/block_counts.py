@@ -28,7 +28,10 @@ MAX_TRIES = 12
 
 
 def fold_block_count(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]:
-    """The missing and unexpected tensors one block-count key explains, folded into one CONFIG_DISAGREES."""
+    """The missing and unexpected tensors one block-count key explains, folded into one CONFIG_DISAGREES: of the
+    values tried, the one that leaves the fewest of them (a tie: the first key). What the new count still finds
+    wrong in the blocks it accounts for (a tensor no shard stores, another shape or a type its role never takes)
+    stays a finding of its own: a second fault is never folded away."""
     missing = {str(f.tensor) for f in findings if f.code in MISSING and f.tensor and not f.covers}
     unexpected = {str(f.tensor) for f in findings if f.code in UNEXPECTED and f.tensor}
     blocks = {int(m.group(1)) for n in missing | unexpected for m in BLOCK.finditer(n)}
@@ -37,11 +40,12 @@ def fold_block_count(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]
     shapes = {n: list(s) for h in ckpt.headers.values() for n, s in zip(h.columns.names, h.columns.shapes)}
     dtypes = {n: d for h in ckpt.headers.values() for n, d in zip(h.columns.names, h.columns.dtypes)}
     candidates = sorted({v for b in blocks for v in (b - 1, b, b + 1) if v >= 0})
-    tries = 0
     before = layout_with(ckpt, COUNT_FIELDS[0], ckpt.config.num_hidden_layers)  # the layout as audited
     if before is None:
         return findings
     held_before = shapes.keys() & set(before.names)
+    best: tuple[int, int, str, int, int, Any] | None = None  # (left, -explained, key, current, value, layout)
+    tries = 0
     for key in COUNT_FIELDS:
         current = getattr(ckpt.config, key, None)
         tried = candidates if key in COUNT_FIELDS[:2] else [1] if key == "moe_layer_freq" else (
@@ -50,32 +54,54 @@ def fold_block_count(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]
             if not isinstance(current, int) or value == current or tries == MAX_TRIES:
                 continue
             tries += 1
-            layout = layout_with(ckpt, key, value)
+            layout = _layout(ckpt, key, current, value)
             if layout is None:
                 continue
             names = set(layout.names)
-            gone = {n for n in missing if n not in names}
-            held = {n for n in unexpected if n in names}
-            added = names.difference(shapes, missing)  # tensors the new count expects that no shard stores
-            lost = held_before - names  # stored, expected before, not now
-            if len(gone) + len(held) < 2 or added or lost or any(
-                    list(layout.get(n).shape) != shapes[n] for n in held):
+            count = len([n for n in missing if n not in names]) + len([n for n in unexpected if n in names])
+            added = len(names.difference(shapes, missing))  # tensors the new count expects that no shard stores
+            if count < 2 or added >= count or held_before - names:  # (stored, expected before, not now)
                 continue
-            named, was, would = key_values(ckpt, key, current, value)
-            first = sorted(held or gone)[0]
-            cast = [error("DTYPE_MISMATCH", f"{n}: stored {dtypes[n]}, the layout expects {e.dtype} (the blocks "
-                          f"{named} leaves out hold it)", tensor=n, expected=e.dtype, actual=dtypes[n])
-                    for n in sorted(held) for e in (layout.get(n),) if e is not None
-                    and not fits(e.dtype, dtypes[n], tuple(shapes[n]))]  # a second fault the fold must not hide
-            what = " and ".join(w for n, w in ((len(gone), f"{len(gone):,} tensors it expects are in no shard"),
-                                               (len(held), f"{len(held):,} stored it does not account for")) if n)
-            root = error("CONFIG_DISAGREES", f"{named} is {was:,}, but the stored tensors are those of {would:,}: "
-                         f"{what} (first: {first}); one cause, the config and the files disagree",
-                         tensor=named, expected=was, actual=would, covers=len(gone) + len(held))
-            explained = gone | held
-            return [root, *cast] + [f for f in findings if f.code not in MISSING + UNEXPECTED
-                                    or str(f.tensor) not in explained]
-    return findings
+            left = len(missing) + len(unexpected) - count + added
+            if best is None or (left, -count) < best[:2]:
+                best = (left, -count, key, current, value, layout)
+    if best is None:
+        return findings
+    _, _, key, current, value, layout = best
+    names = set(layout.names)
+    gone = {n for n in missing if n not in names}
+    held = {n for n in unexpected if n in names}
+    named, was, would = key_values(ckpt, key, current, value)
+    first = sorted(held or gone)[0]
+    why = f"(the blocks {named} {was:,} leaves out hold it)"
+    second = [error("TENSOR_MISSING", f"{n}: expected {e.dtype} {list(e.shape)} with {named} {would:,}, not in any "
+                    "shard", tensor=n, expected=list(e.shape)) for n in sorted(names.difference(shapes, missing))
+              for e in (layout.get(n),) if e is not None]
+    for n in sorted(held):
+        e = layout.get(n)
+        if e is not None and list(e.shape) != shapes[n]:
+            second.append(error("SHAPE_MISMATCH", f"{n}: stored {shapes[n]}, the layout expects {list(e.shape)} "
+                                f"{why}", tensor=n, expected=list(e.shape), actual=shapes[n]))
+        elif e is not None and not fits(e.dtype, dtypes[n], tuple(shapes[n])):
+            second.append(error("DTYPE_MISMATCH", f"{n}: stored {dtypes[n]}, the layout expects {e.dtype} {why}",
+                                tensor=n, expected=e.dtype, actual=dtypes[n]))
+    what = " and ".join(w for n, w in ((len(gone), f"{len(gone):,} tensors it expects are in no shard"),
+                                       (len(held), f"{len(held):,} stored it does not account for")) if n)
+    root = error("CONFIG_DISAGREES", f"{named} is {was:,}, but the stored tensors are those of {would:,}: {what} "
+                 f"(first: {first}); one cause, the config and the files disagree", tensor=named, expected=was,
+                 actual=would, covers=len(gone) + len(held))
+    explained = gone | held
+    layers = key in ("num_hidden_layers", "num_nextn_predict_layers")  # an MTP layer counted otherwise: this cause
+    return [root, *second] + [f for f in findings if not (f.code in MISSING + UNEXPECTED and str(f.tensor) in
+                                                          explained) and not (layers and f.code == "MTP_ABSENT")]
+
+
+def _layout(ckpt: Checkpoint, key: str, current: int, value: int) -> Any:
+    """The layout with `key` at `value`; in a GGUF, NextN layers are counted in block_count, so a change of
+    num_nextn_predict_layers keeps the blocks and moves the main layers the other way."""
+    if key == "num_nextn_predict_layers" and ckpt.container == "gguf":
+        return layout_with(ckpt, key, value, num_hidden_layers=ckpt.config.num_hidden_layers + current - value)
+    return layout_with(ckpt, key, value)
 
 
 def key_values(ckpt: Checkpoint, field_name: str, current: int, value: int) -> tuple[str, Any, Any]:
@@ -97,4 +123,13 @@ def key_values(ckpt: Checkpoint, field_name: str, current: int, value: int) -> t
                 if isinstance(v, int) and isinstance(then.get(k), int) and then[k] != v:
                     held = ckpt.metadata.get(k, v)
                     return (k, held, held + then[k] - v) if isinstance(held, int) else (k, v, then[k])
+        k = f"{ckpt.metadata.get('general.architecture')}.{LLAMA_KEYS.get(field_name, '')}"
+        held = ckpt.metadata.get(k)
+        if isinstance(held, int) and not isinstance(held, bool):  # a key the dialect writes from no config field
+            return k, held, held + value - current
     return config_key(ckpt, field_name, current), current, value
+
+
+LLAMA_KEYS = {"num_nextn_predict_layers": "nextn_predict_layers", "first_k_dense_replace": "leading_dense_block_count"}
+"""llama.cpp's own names of the counts (LLM_KV_NEXTN_PREDICT_LAYERS, LLM_KV_LEADING_DENSE_BLOCK_COUNT), every
+architecture's, where a dialect's metadata does not move with the field."""

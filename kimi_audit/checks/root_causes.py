@@ -314,9 +314,10 @@ def _fits(layout: ExpectedLayout, f: Finding) -> bool:
     return e is not None and list(e.shape) == f.actual
 
 
-def layout_with(ckpt: Checkpoint, field_name: str, value: int) -> ExpectedLayout | None:
+def layout_with(ckpt: Checkpoint, field_name: str, value: int, **also: int) -> ExpectedLayout | None:
     """The checkpoint's layout derived again with one config field (or one of its architecture's `dims`) at another
-    value, in the checkpoint's own spelling (a GGUF set's names); None where no layout follows."""
+    value (and the fields `also` names with it), in the checkpoint's own spelling (a GGUF set's names); None where
+    no layout follows."""
     from kimi_audit.errors import KimiAuditError
     from kimi_audit.model.arch.registry import gguf_architecture
     from kimi_audit.model.dialect import respelled
@@ -325,7 +326,7 @@ def layout_with(ckpt: Checkpoint, field_name: str, value: int) -> ExpectedLayout
     try:
         dims = dict(ckpt.config.dims)
         changed: dict[str, Any] = ({"dims": tuple(sorted({**dims, field_name: value}.items()))} if field_name in dims
-                                   else {field_name: value})
+                                   else {field_name: value}) | also
         layout = expected_layout(replace(ckpt.config, **changed))
     except (KimiAuditError, TypeError, ValueError, KeyError, IndexError):  # a value this tree has no layout for
         return None
