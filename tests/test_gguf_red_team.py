@@ -209,3 +209,13 @@ def test_a_side_file_named_for_the_other_kind_is_a_warning(tmp_path: Path, stand
     report = audit(d)
     found = [(f.code, f.shard) for f in report.findings if f.code == "GGUF_MISNAMED"]  # type: ignore[attr-defined]
     assert found == [("GGUF_MISNAMED", named)] and report.exit_code() == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_a_block_count_its_per_layer_arrays_contradict_is_named(tmp_path: Path, count: int) -> None:
+    """deepseek4's swiglu_clamp arrays hold 3 values, as the file holds 3 blocks: block_count 2 or 4 is the one
+    off, named (it was two GGUF_KEY_VALUE blaming the arrays, which were right)."""
+    report = audited(tmp_path, ARCHS / "deepseek4" / "tiny-Q8_0.gguf", lambda g: g.set("deepseek4.block_count", U32,
+                                                                                        count))
+    found = [(f.code, f.tensor, f.expected, f.actual) for f in report.findings]  # type: ignore[attr-defined]
+    assert found == [("GGUF_KEY_VALUE", "deepseek4.block_count", 3, count)]

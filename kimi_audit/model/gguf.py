@@ -218,10 +218,19 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
     findings += [error("GGUF_KEY_VALUE", f"{part}: {label(k)} is not a finite number: llama.cpp loads it, and every "
                        "output it computes with it is NaN or infinite", tensor=k, shard=part) for k in unfinite]
     lengths = wrong_lengths(kv, table, layers) if isinstance(layers, int) else []
-    findings += [error("GGUF_KEY_VALUE", f"{part}: {label(key)} holds {got:,} values, not one per layer "
-                       f"({label(f'{name}.block_count')} is {layers:,}): llama.cpp refuses it (\"key {key} has wrong "
-                       f"array length; expected {layers}, got {got}\")", tensor=key, shard=part, expected=layers,
-                       actual=got) for key, got in lengths]
+    blocks = 1 + max((int(n.split(".")[1]) for h in headers.values() for n in h.columns.names
+                      if n.startswith("blk.") and n.split(".")[1].isdigit()), default=-1)
+    if lengths and len({got for _, got in lengths}) == 1 and lengths[0][1] == blocks:  # block_count is the one off
+        key = f"{name}.block_count"
+        findings.append(error("GGUF_KEY_VALUE", f"{part}: {label(key)} is {layers:,}, but the file stores {blocks:,} "
+                              f"blocks and its per-layer keys ({', '.join(label(k) for k, _ in lengths)}) hold "
+                              f"{blocks:,} values each: llama.cpp refuses it (\"wrong array length\")", tensor=key,
+                              shard=part, expected=blocks, actual=layers, covers=len(lengths)))
+    else:
+        findings += [error("GGUF_KEY_VALUE", f"{part}: {label(key)} holds {got:,} values, not one per layer "
+                           f"({label(f'{name}.block_count')} is {layers:,}): llama.cpp refuses it (\"key {key} has "
+                           f"wrong array length; expected {layers}, got {got}\")", tensor=key, shard=part,
+                           expected=layers, actual=got) for key, got in lengths]
     if lengths or unfinite:  # llama.cpp stops at the key, or computes nothing: no layout derived from it
         return _no_layout(None, findings)
     stored = {n: s for h in headers.values() for n, s in zip(h.columns.names, h.columns.shapes)}
