@@ -219,3 +219,21 @@ def test_a_block_count_its_per_layer_arrays_contradict_is_named(tmp_path: Path, 
                                                                                         count))
     found = [(f.code, f.tensor, f.expected, f.actual) for f in report.findings]  # type: ignore[attr-defined]
     assert found == [("GGUF_KEY_VALUE", "deepseek4.block_count", 3, count)]
+
+
+def test_a_trunk_only_gguf_is_told_in_its_own_words(tmp_path: Path) -> None:
+    """GLM-4.7-Flash's deepseek2 file with its NextN key but not its layer: PASS with MTP_ABSENT naming the GGUF's
+    key and block (`blk.3`), not config.json, model.layers.3 and transformers; the HTML page draws it."""
+    from typer.testing import CliRunner
+
+    from kimi_audit.cli import app
+
+    report = audited(tmp_path, ARCHS / "glm4moe-lite" / "tiny-Q8_0.gguf",
+                     lambda g: g.tensors.__setitem__(slice(None), [t for t in g.tensors if not t.name.startswith(
+                         "blk.3.")]))
+    (f,) = report.findings  # type: ignore[attr-defined]
+    assert (f.code, f.tensor) == ("MTP_ABSENT", "blk.3") and "deepseek2.nextn_predict_layers" in f.message
+    assert "config.json" not in f.message and "transformers" not in f.message
+    page = tmp_path / "page.html"
+    r = CliRunner().invoke(app, ["audit", str(tmp_path / "t.gguf"), "-o", str(page), "--no-progress"])
+    assert r.exit_code == 0 and "MTP_ABSENT" in page.read_text()

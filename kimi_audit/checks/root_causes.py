@@ -104,11 +104,17 @@ def _mtp(ckpt: Checkpoint, expected: ExpectedLayout, positions: list[int | None]
     if not mtp or mtp & set(positions) or mtp <= out.positions:
         return  # some MTP tensor is stored (check it), or the absent shards that hold it cover it
     layers = ", ".join(cfg.layer_name(n)[:-1] for n in range(first, first + cfg.num_nextn_predict_layers))
+    said, why, where = (f"config.json declares num_nextn_predict_layers = {cfg.num_nextn_predict_layers}",
+                        "transformers drops that layer on load and never saves it", cfg.layer_name(first)[:-1])
+    if ckpt.container == "gguf":  # the file's own key and block names
+        key = f"{ckpt.metadata.get('general.architecture')}.nextn_predict_layers"
+        layers = ", ".join(sorted({".".join(expected.names[p].split(".")[:2]) for p in mtp}))
+        said, why, where = (f"{key} declares {cfg.num_nextn_predict_layers} NextN layer(s)", "The file keeps the "
+                            "key without the layer; llama.cpp loads the main layers alone", layers.split(", ")[0])
     out.extra.append(warning(
-        "MTP_ABSENT", f"config.json declares num_nextn_predict_layers = {cfg.num_nextn_predict_layers}, but no "
-        f"tensor of the multi-token-prediction layer ({layers}) is stored: {len(mtp):,} tensors. "
-        "transformers drops that layer on load and never saves it; speculative decoding with it is not possible",
-        tensor=cfg.layer_name(first)[:-1], expected=len(mtp), actual=0, covers=len(mtp)))
+        "MTP_ABSENT", f"{said}, but no tensor of the multi-token-prediction layer ({layers}) is stored: "
+        f"{len(mtp):,} tensors. {why[0].upper()}{why[1:]}; speculative decoding with it is not possible",
+        tensor=where, expected=len(mtp), actual=0, covers=len(mtp)))
     out.positions |= mtp
 
 
