@@ -103,8 +103,10 @@ def split_findings(parts: dict[str, GgufPart]) -> list[Finding]:
         no, count, total = kv.get(SPLIT_NO), kv.get(SPLIT_COUNT), kv.get(SPLIT_TENSORS)
         if count is None:
             if by_name is not None and by_name[1] > 1:
+                whole = ("llama.cpp loads it as a whole model, no part of a set" if by_name[0] == 1 else
+                         "not a part llama.cpp can load as one")
                 out.append(error("GGUF_SPLIT_INVALID", f"{name} is named part {by_name[0]} of {by_name[1]} but holds "
-                                 "no split.count: not a part llama.cpp can load as one", shard=name))
+                                 f"no split.count: {whole}; its name says otherwise", shard=name))
             counts[name], numbers[0] = 1, name
             continue
         if not (type(no) is int and type(count) is int and type(total) is int):
