@@ -145,3 +145,19 @@ def loader_value_findings(kv: Mapping[str, Any], part: str | None) -> list[Findi
                              "reads one per token (\"Index out of array bounds\")", tensor=key, shard=part,
                              expected=tokens, actual=n))
     return out
+
+
+def vocab_findings(kv: Mapping[str, Any], arch: str,
+                   stored: Mapping[str, tuple[int, ...]]) -> tuple[int | None, list[Finding]]:
+    """The vocabulary llama.cpp builds the model with (the token list's length, else `{arch}.vocab_size`), and
+    GGUF_VOCAB_MISMATCH where token_embd's rows are another number: llama.cpp refuses the file (its embedding is
+    created [n_embd, n_vocab]). One rule for every architecture's dialect."""
+    tokens = getattr(kv.get("tokenizer.ggml.tokens"), "count", None)
+    size = kv.get(f"{arch}.vocab_size")
+    vocab = tokens or (size if isinstance(size, int) and not isinstance(size, bool) else None)
+    embed = stored.get("token_embd.weight")
+    if vocab is None or not embed or embed[0] == vocab:
+        return vocab, []
+    return vocab, [error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
+                         f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
+                         expected=vocab, actual=embed[0])]

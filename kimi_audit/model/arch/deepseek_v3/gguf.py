@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kimi_audit.errors import GgufKeyError, KimiAuditError
 from kimi_audit.findings import Finding, error, warning
-from kimi_audit.format.gguf_keys import F32, FLAG, STR, U32, U32_OR_PER_LAYER, one_value
+from kimi_audit.format.gguf_keys import F32, FLAG, STR, U32, U32_OR_PER_LAYER, one_value, vocab_findings
 from kimi_audit.model.arch.spec import GgufDialect, ReleaseReader
 
 if TYPE_CHECKING:
@@ -192,7 +192,8 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
                                 "before llama.cpp #12801, which runs without MLA (more KV cache, slower); "
                                 "re-convert for attn_k_b/attn_v_b", tensor="attn_kv_b"))
     tokens = kv.get("tokenizer.ggml.tokens")
-    vocab = getattr(tokens, "count", None) or k("vocab_size")
+    vocab, mismatch = vocab_findings(kv, a, stored)
+    findings += mismatch
     gating, bias = loader_gating(k("expert_gating_func"), k("block_count") - (k("nextn_predict_layers") or 0),
                                  k("vocab_size") or getattr(tokens, "count", None)), \
         any(n.endswith(GGUF_ROUTER_BIAS) for n in stored)
@@ -203,10 +204,6 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
                               "The config.json converted had no scoring_func; re-convert with scoring_func: sigmoid",
                               tensor=f"{a}.expert_gating_func", expected=SIGMOID, actual=gating))
     embed = stored.get("token_embd.weight")
-    if vocab is not None and embed is not None and embed and embed[0] != vocab:
-        findings.append(error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
-                              f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
-                              expected=vocab, actual=embed[0]))
     nextn = nextn_layers(kv, a)
     model_type, class_name = PRE_MODEL_TYPES.get(str(kv.get(TOKENIZER_PRE)), ("deepseek_v3", "DeepseekV3ForCausalLM"))
     cfg: dict[str, Any] = {config: k(key) for key, config in DIRECT if k(key) is not None}

@@ -44,6 +44,7 @@ from kimi_audit.format.gguf_keys import (
     UINT32,
     KeyType,
     one_value,
+    vocab_findings,
 )
 from kimi_audit.model.arch.deepseek_v3.gguf import loader_asserts, release_values_as
 from kimi_audit.model.arch.spec import (
@@ -186,12 +187,9 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         findings.append(error("GGUF_KEY_VALUE", f"{a}.expert_gating_func is {gating!r}: llama.cpp's DeepSeek-V4 "
                               f"loader refuses any but sqrtsoftplus ({SQRT_SOFTPLUS}): \"expects sqrtsoftplus MoE "
                               "scoring\"", tensor=f"{a}.expert_gating_func", expected=SQRT_SOFTPLUS, actual=gating))
-    tokens = kv.get("tokenizer.ggml.tokens")
-    vocab, embed = getattr(tokens, "count", None), stored.get("token_embd.weight")
-    if vocab is not None and embed and embed[0] != vocab:
-        findings.append(error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
-                              f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
-                              expected=vocab, actual=embed[0]))
+    vocab, mismatch = vocab_findings(kv, a, stored)
+    findings += mismatch
+    embed = stored.get("token_embd.weight")
     cfg: dict[str, Any] = {c: k(key) for key, c in DIRECT if kv.get(f"{a}.{key}") is not None}
     cfg.update({
         "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "num_hidden_layers": n,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kimi_audit.errors import GgufKeyError
 from kimi_audit.findings import Finding, error
-from kimi_audit.format.gguf_keys import U32, U32_OR_PER_LAYER, one_value
+from kimi_audit.format.gguf_keys import U32, U32_OR_PER_LAYER, one_value, vocab_findings
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
 from kimi_audit.model.arch.kimi_linear.gguf import HPARAMS as TEXT_HPARAMS
 from kimi_audit.model.arch.kimi_linear.gguf import find_hparam, rope_keys
@@ -111,13 +111,9 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
                               "(GLM's sigmoid routing with a correction bias): llama.cpp routes by other logits. "
                               "Glm4MoeModel writes 2 (sigmoid); re-convert", tensor=f"{a}.expert_gating_func",
                               expected=deepseek2.SIGMOID, actual=gating))
-    tokens = kv.get("tokenizer.ggml.tokens")
-    vocab = getattr(tokens, "count", None) or k("vocab_size")
+    vocab, mismatch = vocab_findings(kv, a, stored)
+    findings += mismatch
     embed = stored.get("token_embd.weight")
-    if vocab is not None and embed and embed[0] != vocab:
-        findings.append(error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
-                              f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
-                              expected=vocab, actual=embed[0]))
     hidden, heads = k("embedding_length"), k("attention.head_count")
     nextn = deepseek2.nextn_layers(kv, a)
     head_dim = k("attention.key_length") or (hidden // heads if heads else 0)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from kimi_audit.errors import GgufKeyError
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.gguf import KEEP_ARRAY, GgufArray
-from kimi_audit.format.gguf_keys import F32, INT32, U32, one_value
+from kimi_audit.format.gguf_keys import F32, INT32, U32, one_value, vocab_findings
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
 from kimi_audit.model.arch.kimi_linear import gguf as kl
 from kimi_audit.model.arch.spec import GgufDialect, ReleaseReader
@@ -91,13 +91,9 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         findings.append(error("GGUF_GATING", f"{a}.expert_gating_func is {gating}, but Kimi K3 routes by sigmoid with "
                               "a correction bias (its converter asserts it): llama.cpp routes by other logits",
                               tensor=f"{a}.expert_gating_func", expected=deepseek2.SIGMOID, actual=gating))
-    tokens = kv.get("tokenizer.ggml.tokens")
-    vocab = getattr(tokens, "count", None) or k("vocab_size")
+    vocab, mismatch = vocab_findings(kv, a, stored)
+    findings += mismatch
     embed = stored.get("token_embd.weight")
-    if vocab is not None and embed and embed[0] != vocab:
-        findings.append(error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
-                              f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
-                              expected=vocab, actual=embed[0]))
     text: dict[str, Any] = {c: k(key) for key, c in kl.DIRECT if kv.get(f"{a}.{key}") is not None}
     n, heads = text["num_hidden_layers"], text["num_attention_heads"]
     text.update({

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from kimi_audit.errors import GgufKeyError
 from kimi_audit.findings import Finding, error
 from kimi_audit.format.gguf import KEEP_ARRAY, GgufArray
-from kimi_audit.format.gguf_keys import INT32, U32, one_value
+from kimi_audit.format.gguf_keys import INT32, U32, one_value, vocab_findings
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
 from kimi_audit.model.arch.spec import GgufDialect, ReleaseReader
 
@@ -147,13 +147,9 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
                               "(Kimi-Linear's sigmoid routing with a correction bias): llama.cpp routes by other "
                               "logits. Re-convert from a config.json with moe_router_activation_func: sigmoid",
                               tensor=f"{a}.expert_gating_func", expected=deepseek2.SIGMOID, actual=gating))
-    tokens = kv.get("tokenizer.ggml.tokens")
-    vocab = getattr(tokens, "count", None) or k("vocab_size")
+    vocab, mismatch = vocab_findings(kv, a, stored)
+    findings += mismatch
     embed = stored.get("token_embd.weight")
-    if vocab is not None and embed and embed[0] != vocab:
-        findings.append(error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
-                              f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
-                              expected=vocab, actual=embed[0]))
     cfg: dict[str, Any] = {c: k(key) for key, c in DIRECT if kv.get(f"{a}.{key}") is not None}
     n, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     cfg.update({
