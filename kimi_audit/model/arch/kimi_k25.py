@@ -22,6 +22,7 @@ from kimi_audit.errors import ConfigError
 from kimi_audit.format.gguf_keys import U32
 from kimi_audit.model.arch import deepseek_v3
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
+from kimi_audit.model.arch.prefixed import PrefixedReader
 from kimi_audit.model.arch.spec import (
     DTYPE_KEYS,
     QUANT_KEYS,
@@ -302,22 +303,6 @@ PROJECTOR = GgufProjector(("kimik25",), projector_config, projector_name, "mm.2.
 projector's (model.gguf_beside)."""
 
 
-class _Prefixed:
-    """The wrapper's release read under the text model's names (ReleaseReader)."""
-
-    def __init__(self, read: ReleaseReader) -> None:
-        self.read = read
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.read.shape(TEXT_PREFIX + name)
-
-    def rows(self, name: str, start: int, stop: int) -> Any:
-        return self.read.rows(TEXT_PREFIX + name, start, stop)
-
-    def bands(self, name: str) -> Iterator[Any]:
-        return self.read.bands(TEXT_PREFIX + name)
-
-
 def _converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...]:
     """The text model's tensors as deepseek2's converter writes them (DeepseekV2Model strips `language_model.`:
     conversion/base.py ModelBase.modify_tensors); the vision tower's into the mmproj file where one is read beside
@@ -330,7 +315,7 @@ def _converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...
 
 
 def _release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int, nope: int) -> Any:
-    return deepseek2.GGUF_DIALECT.release_values(gguf_name, _Prefixed(read), experts, heads, nope)
+    return deepseek2.GGUF_DIALECT.release_values(gguf_name, PrefixedReader(read, TEXT_PREFIX), experts, heads, nope)
 
 
 GGUF = replace(

@@ -29,6 +29,7 @@ from kimi_audit.format.gguf import KEEP_ARRAY, GgufArray
 from kimi_audit.format.gguf_keys import F32, INT32, U32, one_value, vocab_findings
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
 from kimi_audit.model.arch.kimi_linear import gguf as kl
+from kimi_audit.model.arch.prefixed import PrefixedReader
 from kimi_audit.model.arch.spec import GgufDialect, ReleaseReader
 from kimi_audit.model.config_fields import ModelConfig
 
@@ -180,22 +181,6 @@ def written(name: str, elements: int, config: ModelConfig) -> int:
     return min(elements, config.num_attention_heads) if name.endswith(kl.A_LOG) else elements
 
 
-class _Text:
-    """The release read under the text model's names (ReleaseReader)."""
-
-    def __init__(self, read: ReleaseReader) -> None:
-        self.read = read
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.read.shape(TEXT_PREFIX + name)
-
-    def rows(self, name: str, start: int, stop: int) -> Any:
-        return self.read.rows(TEXT_PREFIX + name, start, stop)
-
-    def bands(self, name: str) -> Iterator[Any]:
-        return self.read.bands(TEXT_PREFIX + name)
-
-
 Values = tuple[tuple[int, ...], Iterator["np.ndarray"]]
 
 
@@ -205,7 +190,7 @@ def release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int
     projection; `ssm_g` the KDA layer's `g_proj`; `ssm_a` -exp of A_log's first `heads` values; the rest as
     Kimi-Linear's (stacked experts, an MXFP4 one dequantized as the release's format says, which the converter's
     repack keeps bit for bit; kv_b split; the 4-D short convolutions). None for a name the release has no source of."""
-    text = _Text(read)
+    text = PrefixedReader(read, TEXT_PREFIX)
     m = re.match(r"^blk\.(\d+)\.(.*)$", gguf_name)
     layer, rest = (f"model.layers.{m.group(1)}.", m.group(2)) if m else ("", gguf_name)
     if rest in RESIDUALS and (m is None) == rest.startswith("output_"):
@@ -220,7 +205,7 @@ def release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int
     return deepseek2.release_values_as(gguf_name, text, experts, heads, nope, TEXT, kl.STACKED, kl._transformed)
 
 
-def _product(read: _Text, norm: str, proj: str) -> Iterator[np.ndarray]:
+def _product(read: PrefixedReader, norm: str, proj: str) -> Iterator[np.ndarray]:
     """norm.float() * proj.float(), both flattened (KimiK3Model._try_fuse_res): float32 products."""
     import numpy as np
 
@@ -229,7 +214,7 @@ def _product(read: _Text, norm: str, proj: str) -> Iterator[np.ndarray]:
            * np.asarray(read.rows(proj, 0, read.shape(proj)[0]), dtype=np.float32).reshape(-1))
 
 
-def _minus_exp(read: _Text, name: str, heads: int) -> Iterator[np.ndarray]:
+def _minus_exp(read: PrefixedReader, name: str, heads: int) -> Iterator[np.ndarray]:
     """-exp(A_log.float()[:n_head]) as torch's float32 exp rounds it (correctly: computed in float64, rounded)."""
     import numpy as np
 
