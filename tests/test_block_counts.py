@@ -146,3 +146,18 @@ def test_a_gguf_nextn_count_is_its_own_key(tmp_path: Path, value: int) -> None:
     g.set("deepseek2.nextn_predict_layers", U32, value)
     gb.write(g, tmp_path / "t.gguf")
     only_root(audit(tmp_path / "t.gguf"), "deepseek2.nextn_predict_layers", value, 0)
+
+
+def test_a_shard_left_out_of_the_series_and_its_index_is_the_cause(tmp_path: Path) -> None:
+    """model-3-of-3.safetensors gone and the index written without it (lm_head and the final norm moved to shard
+    1): the names count three shards, so one SHARD_SERIES_GAP carries the last layer's missing tensors, not a
+    CONFIG_DISAGREES blaming num_hidden_layers (round two of the red team)."""
+    shards = tiny_shards()
+    first, *_, last = list(shards)
+    dropped = shards.pop(last)
+    for name in ("lm_head.weight", "model.norm.weight"):
+        if name in dropped:
+            shards[first][name] = dropped.pop(name)
+    report = audit(write_tiny(tmp_path / "ckpt", shards))
+    found = [(f.code, f.shard) for f in report.findings]
+    assert found == [("SHARD_SERIES_GAP", last)] and report.findings[0].covers > 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from kimi_audit.checks.block_counts import fold_block_count
 from kimi_audit.checks.hub_count import hub_parameters_findings
-from kimi_audit.checks.index import index_findings, index_total_parameters_findings
+from kimi_audit.checks.index import index_findings, index_total_parameters_findings, series_findings
 from kimi_audit.checks.layout import align, layout_findings
 from kimi_audit.checks.q_a_layernorm import QALayerNormReport, q_a_layernorm_report
 from kimi_audit.checks.quantization import quantization_findings
@@ -225,6 +225,8 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         all_findings.append(layout_unsupported(ckpt))  # (a GGUF whose metadata is unreadable: GGUF_INVALID says)
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards, cov.invalid,
                                        cfg.quant is not None and cfg.quant.index_counts_files))
+    if ckpt.container != "gguf":  # (a GGUF split set's parts: format.gguf_split's GGUF_PART_MISSING)
+        all_findings.extend(series_findings(ckpt.files, ckpt.index))
     index = ckpt.index
     every_shard = index is None or all(shard in ckpt.headers for shard in index.shards)
     count_index = index is not None and index.total_parameters is not None and cfg.layout_supported \

@@ -9,6 +9,7 @@ every tensor the old one held and explains at least two of the findings; those f
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from kimi_audit.checks.root_causes import config_key, layout_with
@@ -71,6 +72,10 @@ def fold_block_count(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]
     names = set(layout.names)
     gone = {n for n in missing if n not in names}
     held = {n for n in unexpected if n in names}
+    gap = next((f for f in findings if f.code == "SHARD_SERIES_GAP"), None)
+    if gap is not None and not held:  # whole blocks missing with a shard of the series: the shard's, not the config's
+        return [replace(f, covers=f.covers + len(gone)) if f is gap else f for f in findings
+                if not (f.code in MISSING and str(f.tensor) in gone)]
     named, was, would = key_values(ckpt, key, current, value)
     first = sorted(held or gone)[0]
     why = f"(the blocks {named} {was:,} leaves out hold it)"

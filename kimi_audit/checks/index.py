@@ -3,6 +3,9 @@ finding names the file, IndexFile.name): what loaders will look up, and where.""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
 from kimi_audit.findings import Finding, error, info, warning
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.format.index import IndexFile
@@ -80,3 +83,33 @@ def index_total_parameters_findings(index: IndexFile | None, parameters: int, st
     return [warning("INDEX_TOTAL_PARAMETERS", f"{index.name} metadata.total_parameters is {given:,}; the model "
                     f"has {parameters:,} parameters ({stored_elements:,} stored elements)",
                     expected=parameters, actual=given)]
+
+
+SERIES = re.compile(r"^(?P<stem>.*)-(?P<no>\d+)-of-(?P<of>\d+)\.safetensors$")
+"""A shard named as one of a numbered series (`model-00002-of-00003.safetensors`, save_pretrained's names)."""
+
+
+def series_findings(shards: Iterable[str], index: IndexFile | None) -> list[Finding]:
+    """A numbered series of shards whose names count more members than the folder and the index hold together: one
+    SHARD_SERIES_GAP per series (an upload or a copy that left a shard out and an index written without it; where
+    the index names the shard, INDEX_SHARD_ABSENT says so instead)."""
+    listed = set(shards) | (set(index.shards) if index is not None else set())
+    series: dict[tuple[str, str], set[int]] = {}
+    for name in listed:
+        m = SERIES.match(name.rsplit("/", 1)[-1])
+        if m is not None:
+            series.setdefault((m["stem"], m["of"]), set()).add(int(m["no"]))
+    out = []
+    for (stem, of), held in series.items():
+        total = int(of)
+        if total > 100_000 or len(held) >= total:  # (a count no writer writes: the names are not a series)
+            continue
+        gone = [n for n in range(1, total + 1) if n not in held]
+        width = len(of)
+        first = f"{stem}-{gone[0]:0{width}d}-of-{of}.safetensors"
+        are = "is" if len(gone) == 1 else "are"
+        out.append(error("SHARD_SERIES_GAP", f"the shards are named as {total:,} ({stem}-*-of-{of}.safetensors), but "
+                         f"{len(gone):,} of them {are} neither here nor in the index (first: {first}): a shard left "
+                         "out of the upload and of its index? (the tensors the config expects and no shard holds "
+                         "are counted beneath)", shard=first, expected=total, actual=len(held)))
+    return out
