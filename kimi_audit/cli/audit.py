@@ -65,8 +65,9 @@ def audit(
                                       "default like findings are grouped: at most 10 listed a group, 500 in all)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
     values: bool = typer.Option(False, "--values", help="Also fetch every small tensor (norm gains, router "
-                                "biases, FP8 scales: ~250 MB for Kimi-K2) and report NaN/Inf, scales <= 0, "
-                                "zero gains."),
+                                "biases, every scale, any other float tensor up to 256 KiB, a GGUF's block scales: "
+                                "~250 MB for Kimi-K2) and report NaN/Inf, scales <= 0, zero gains, expert ids "
+                                "out of range."),
     against: str | None = typer.Option(None, "--against", metavar="SOURCE", help="A GGUF set against the "
                                        "safetensors checkpoint it was converted from, or a quantized safetensors "
                                        "release against the one it was quantized from (a directory or Hub repo): "
