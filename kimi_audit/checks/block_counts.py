@@ -4,7 +4,9 @@ CONFIG_DISAGREES naming the key, in place of every tensor of the blocks it adds 
 A block count off by one is a whole block's tensors missing or unexpected (18 in a tiny GGUF, about 2,300 in a
 Kimi-K2 layer); a leading dense count off is one layer's MLP missing beside its MoE unexpected. Each is one cause:
 the layout derived again with the key at a value the stored names suggest (checks.root_causes.layout_with) holds
-every tensor the old one held and explains at least two of the findings; those fold into the root."""
+every tensor the old one held and explains at least two of the findings; of those tried, the one that leaves the
+fewest is the root (at most MAX_TRIES layouts, on a failing audit only). What it leaves stays listed. Whole blocks
+missing beside a numbered series of shards with a gap (SHARD_SERIES_GAP) are the gap's, not the config's."""
 
 from __future__ import annotations
 
