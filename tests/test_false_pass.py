@@ -154,9 +154,9 @@ def test_a_truncated_index_is_one_finding(tiny_copy: Path, cut: float) -> None:
 @pytest.mark.parametrize("spelled", ["deepseek_v3 ", "deepseek\u200b_v3", "DeepSeek_V3", "deepseek_v33"])
 def test_a_near_miss_model_type_is_inconclusive_and_named(tiny_copy: Path, spelled: str) -> None:
     """`"deepseek_v3 "` (a trailing space, a zero-width character, another case) with a shard and its index
-    entries gone exited 0 with one LAYOUT_UNSUPPORTED warning. Now the near match is named, and the shard the
-    series' names count is an error of its own (SHARD_SERIES_GAP, exit 1); `--ignore LAYOUT_UNSUPPORTED` accepts the
-    near miss alone, and with the gap accepted too the audit is inconclusive no more."""
+    entries gone exited 0 with one LAYOUT_UNSUPPORTED warning. Now exit 3 (inconclusive), the near match named,
+    and the shard the series' names count is a warning (SHARD_SERIES_GAP); `--ignore LAYOUT_UNSUPPORTED` is the
+    user's way to accept it."""
     cfg = json.loads((tiny_copy / "config.json").read_text())
     del cfg["architectures"]  # (a config that names its class is read by it: no near miss there)
     (tiny_copy / "config.json").write_text(json.dumps(dict(cfg, model_type=spelled)))
@@ -168,12 +168,9 @@ def test_a_near_miss_model_type_is_inconclusive_and_named(tiny_copy: Path, spell
     r = run_cli("audit", str(tiny_copy), "--json", "--no-progress")
     doc = json.loads(r.stdout)
     (f,) = [f for f in doc["findings"] if f["code"] == "LAYOUT_UNSUPPORTED"]
-    assert f["expected"] == "deepseek_v3" and "did you mean 'deepseek_v3'" in f["message"]
-    assert r.returncode == 1 and [g["code"] for g in doc["findings"] if g["severity"] == "error"] == ["SHARD_SERIES_GAP"]
+    assert r.returncode == 3 and f["expected"] == "deepseek_v3" and "did you mean 'deepseek_v3'" in f["message"]
+    assert ("warning", "SHARD_SERIES_GAP") in {(g["severity"], g["code"]) for g in doc["findings"]}
     r = run_cli("audit", str(tiny_copy), "--ignore", "LAYOUT_UNSUPPORTED", "--no-progress")
-    assert r.returncode == 1, r.stdout[-2000:]
-    r = run_cli("audit", str(tiny_copy), "--ignore", "LAYOUT_UNSUPPORTED", "--ignore", "SHARD_SERIES_GAP",
-                "--no-progress")
     assert r.returncode == 0, r.stdout[-2000:]
 
 

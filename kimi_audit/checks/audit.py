@@ -225,7 +225,9 @@ def audit_checkpoint(ckpt: Checkpoint) -> AuditReport:
         all_findings.append(layout_unsupported(ckpt))  # (a GGUF whose metadata is unreadable: GGUF_INVALID says)
     all_findings.extend(index_findings(actual, ckpt.index, ckpt.headers, cov.shards, cov.invalid,
                                        cfg.quant is not None and cfg.quant.index_counts_files))
-    if ckpt.container != "gguf":  # (a GGUF split set's parts: format.gguf_split's GGUF_PART_MISSING)
+    if ckpt.container != "gguf" and not any(f.code == "MTP_ABSENT" for f in cov.extra):
+        # (a GGUF split set's parts: format.gguf_split's GGUF_PART_MISSING; a gap beside an absent MTP layer is
+        # the MTP layer's shard, which MTP_ABSENT says)
         all_findings.extend(series_findings(ckpt.files, ckpt.index))
     index = ckpt.index
     every_shard = index is None or all(shard in ckpt.headers for shard in index.shards)

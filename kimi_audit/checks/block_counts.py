@@ -16,7 +16,7 @@ from typing import Any
 
 from kimi_audit.checks.root_causes import config_key, layout_with
 from kimi_audit.errors import KimiAuditError
-from kimi_audit.findings import Finding, error
+from kimi_audit.findings import Finding, Severity, error
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.model.quant.scheme import fits
 
@@ -76,8 +76,9 @@ def fold_block_count(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]
     held = {n for n in unexpected if n in names}
     gap = next((f for f in findings if f.code == "SHARD_SERIES_GAP"), None)
     if gap is not None and not held:  # whole blocks missing with a shard of the series: the shard's, not the config's
-        return [replace(f, covers=f.covers + len(gone)) if f is gap else f for f in findings
-                if not (f.code in MISSING and str(f.tensor) in gone)]
+        return [replace(f, severity=Severity.ERROR, covers=f.covers + len(gone), message=f"{f.message}; the config "
+                        f"expects {len(gone):,} tensors no shard holds (first: {sorted(gone)[0]})") if f is gap else f
+                for f in findings if not (f.code in MISSING and str(f.tensor) in gone)]
     named, was, would = key_values(ckpt, key, current, value)
     first = sorted(held or gone)[0]
     why = f"(the blocks {named} {was:,} leaves out hold it)"

@@ -90,26 +90,34 @@ SERIES = re.compile(r"^(?P<stem>.*)-(?P<no>\d+)-of-(?P<of>\d+)\.safetensors$")
 
 
 def series_findings(shards: Iterable[str], index: IndexFile | None) -> list[Finding]:
-    """A numbered series of shards whose names count more members than the folder and the index hold together: one
-    SHARD_SERIES_GAP per series (an upload or a copy that left a shard out and an index written without it; where
-    the index names the shard, INDEX_SHARD_ABSENT says so instead)."""
-    listed = set(shards) | (set(index.shards) if index is not None else set())
+    """A numbered series of shards the index reads whose names count more members than the folder and the index hold
+    together: one SHARD_SERIES_GAP warning per series (a shard left out of an upload and an index written without
+    it: loaders load the rest; checks.block_counts makes it the error of the tensors the config misses with it).
+    Where the index names the shard, INDEX_SHARD_ABSENT says so instead; a numbered file the index never reads is
+    a stray (SHARD_NOT_IN_INDEX, SHARD_LOADED_UNINDEXED), no series."""
+    indexed = set(index.shards) if index is not None else set()
     series: dict[tuple[str, str], set[int]] = {}
-    for name in listed:
+    for name in set(shards) | indexed:
         m = SERIES.match(name.rsplit("/", 1)[-1])
         if m is not None:
             series.setdefault((m["stem"], m["of"]), set()).add(int(m["no"]))
     out = []
     for (stem, of), held in series.items():
         total = int(of)
-        if total > 100_000 or len(held) >= total:  # (a count no writer writes: the names are not a series)
+        read = any(s in indexed for s in listed_as(stem, of, held))
+        if total > 100_000 or len(held) >= total or not read:  # (a count no writer writes: no series)
             continue
         gone = [n for n in range(1, total + 1) if n not in held]
         width = len(of)
         first = f"{stem}-{gone[0]:0{width}d}-of-{of}.safetensors"
         are = "is" if len(gone) == 1 else "are"
-        out.append(error("SHARD_SERIES_GAP", f"the shards are named as {total:,} ({stem}-*-of-{of}.safetensors), but "
-                         f"{len(gone):,} of them {are} neither here nor in the index (first: {first}): a shard left "
-                         "out of the upload and of its index? (the tensors the config expects and no shard holds "
-                         "are counted beneath)", shard=first, expected=total, actual=len(held)))
+        out.append(warning("SHARD_SERIES_GAP", f"the shards are named as {total:,} ({stem}-*-of-{of}.safetensors), "
+                           f"but {len(gone):,} of them {are} neither here nor in the index (first: {first}): a shard "
+                           "left out of the upload and of its index? Loaders load the rest", shard=first,
+                           expected=total, actual=len(held)))
     return out
+
+
+def listed_as(stem: str, of: str, numbers: Iterable[int]) -> list[str]:
+    """The names a series' members may have (any zero padding the writer used)."""
+    return [f"{stem}-{n:0{w}d}-of-{of}.safetensors" for n in numbers for w in {1, len(of)}]

@@ -116,8 +116,8 @@ RULES: dict[str, Rule] = {
                                    "mlx-lm loads every model*.safetensors in the directory and ignores the index: a "
                                    "stray shard's tensors enter the model (and may replace the indexed ones).",
                                    "Remove the stray shard, or add its tensors to the index."),
-    "SHARD_SERIES_GAP": Rule("error", "shards named as a numbered series of which some are neither in the folder nor "
-                             "in the index",
+    "SHARD_SERIES_GAP": Rule("warning", "shards named as a numbered series of which some are neither in the folder "
+                             "nor in the index (an error where the config's missing tensors are counted under it)",
                              "`model-00001-of-00003` and `-00002-of-00003` are here, the index names no third: a "
                              "shard left out of the upload and of its index (the layout's missing tensors follow).",
                              "Upload the missing shard and its index entries."),
