@@ -160,4 +160,4 @@ def test_a_shard_left_out_of_the_series_and_its_index_is_the_cause(tmp_path: Pat
             shards[first][name] = dropped.pop(name)
     report = audit(write_tiny(tmp_path / "ckpt", shards))
     found = [(f.code, f.shard) for f in report.findings]
-    assert found == [("SHARD_SERIES_GAP", last)] and report.findings[0].covers > 0
+    assert found == [("SHARD_SERIES_GAP", last)] and report.findings[0].covers > 0 and report.exit_code() == 1
