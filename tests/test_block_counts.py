@@ -161,3 +161,19 @@ def test_a_shard_left_out_of_the_series_and_its_index_is_the_cause(tmp_path: Pat
     report = audit(write_tiny(tmp_path / "ckpt", shards))
     found = [(f.code, f.shard) for f in report.findings]
     assert found == [("SHARD_SERIES_GAP", last)] and report.findings[0].covers > 0 and report.exit_code() == 1
+
+
+@pytest.mark.parametrize(("change", "key"), [({"num_experts_per_tok": 9}, "num_experts_per_tok"),
+                                             ({"n_group": 2, "topk_group": 3}, "topk_group"),
+                                             ({"n_group": 3, "topk_group": 1}, "n_group")])
+def test_a_router_no_model_runs_is_refused(tmp_path: Path, change: dict[str, int], key: str) -> None:
+    """More experts per token than routed experts, more groups chosen than exist, groups that do not divide the
+    experts: they size no tensor, so the layout passed (round three of the red team); the config is refused with
+    the key named, as llama.cpp's loader asserts the same of a GGUF."""
+    from typer.testing import CliRunner
+
+    from kimi_audit.cli import app
+
+    d = write_tiny(tmp_path / "ckpt", tiny_shards(), {**TINY_CONFIG, **change})
+    r = CliRunner().invoke(app, ["audit", str(d), "--no-progress"])
+    assert r.exit_code == 2 and f"config.json {key} is" in r.stderr

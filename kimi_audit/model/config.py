@@ -33,6 +33,8 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     if model_type is not None and not isinstance(model_type, str):  # a family member by its architectures
         raise ConfigError(f"config.json model_type must be a string, got {type(model_type).__name__}")
     parsed = arch.read(cfg)
+    text = cfg.get("text_config")
+    _routing(parsed, text if isinstance(text, dict) else cfg)
     q = parsed.quant
     if q is not None and q.tree and q.tree not in arch.writer_trees:
         parsed = replace(parsed, quant=None, quant_unsupported=f"{q.quantized.key} ({arch.name} as {q.tree} "
@@ -40,6 +42,23 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     if parsed.model_type in arch.model_types:
         return parsed
     return replace(parsed, described_as=arch.model_types[0])  # named by its class: the tree is that one's
+
+
+def _routing(parsed: ModelConfig, raw: dict[str, Any]) -> None:
+    """A router no model runs, though it sizes no tensor: more experts per token than routed experts, more groups
+    chosen than there are, groups that do not divide the experts (DeepseekV3's group-limited top-k; llama.cpp's
+    loader asserts the same of a GGUF: GGUF_KEY_VALUE). ConfigError naming the key."""
+    experts, used = parsed.n_routed_experts, parsed.num_experts_per_tok
+    if experts and used and used > experts:
+        raise ConfigError(f"config.json num_experts_per_tok is {used}, more than the {experts} routed experts: no "
+                          "router picks more experts than it has")
+    groups, chosen = raw.get("n_group"), raw.get("topk_group")
+    if not (isinstance(groups, int) and isinstance(chosen, int)) or isinstance(groups, bool) or groups <= 1:
+        return
+    if chosen > groups:
+        raise ConfigError(f"config.json topk_group is {chosen}, more than the {groups} expert groups (n_group)")
+    if experts and experts % groups:
+        raise ConfigError(f"config.json n_group is {groups}, which does not divide the {experts} routed experts")
 
 
 def parse_config_bytes(raw: bytes) -> tuple[dict[str, Any], ModelConfig]:
