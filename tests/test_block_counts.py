@@ -177,3 +177,13 @@ def test_a_router_no_model_runs_is_refused(tmp_path: Path, change: dict[str, int
     d = write_tiny(tmp_path / "ckpt", tiny_shards(), {**TINY_CONFIG, **change})
     r = CliRunner().invoke(app, ["audit", str(d), "--no-progress"])
     assert r.exit_code == 2 and f"config.json {key} is" in r.stderr
+
+
+@pytest.mark.parametrize("value", [0, 2])
+def test_a_glm4moe_nextn_count_is_its_own_key(tmp_path: Path, value: int) -> None:
+    """glm4moe's metadata moves block_count with the NextN layers too: the fold names nextn_predict_layers, the key
+    that changed, not block_count, which is right (round three of the red team)."""
+    g = gb.read(DATA / "gguf_archs" / "glm4moe" / "tiny-Q8_0.gguf")
+    g.set("glm4moe.nextn_predict_layers", U32, value)
+    gb.write(g, tmp_path / "t.gguf")
+    only_root(audit(tmp_path / "t.gguf"), "glm4moe.nextn_predict_layers", value, 1)

@@ -119,6 +119,11 @@ def key_values(ckpt: Checkpoint, field_name: str, current: int, value: int) -> t
     if ckpt.container == "gguf":
         from kimi_audit.model.arch.registry import gguf_architecture
 
+        own = f"{ckpt.metadata.get('general.architecture')}.{LLAMA_KEYS.get(field_name, '')}"
+        held = ckpt.metadata.get(own)
+        if field_name in LLAMA_KEYS and isinstance(held, int) and not isinstance(held, bool):
+            return own, held, held + value - current  # the count's own key, whatever else moves with it
+
         arch = gguf_architecture(ckpt.metadata.get("general.architecture"))
         if arch is not None and arch.gguf is not None:
             raw = dict(ckpt.config_raw)
@@ -131,10 +136,6 @@ def key_values(ckpt: Checkpoint, field_name: str, current: int, value: int) -> t
                 if isinstance(v, int) and isinstance(then.get(k), int) and then[k] != v:
                     held = ckpt.metadata.get(k, v)
                     return (k, held, held + then[k] - v) if isinstance(held, int) else (k, v, then[k])
-        k = f"{ckpt.metadata.get('general.architecture')}.{LLAMA_KEYS.get(field_name, '')}"
-        held = ckpt.metadata.get(k)
-        if isinstance(held, int) and not isinstance(held, bool):  # a key the dialect writes from no config field
-            return k, held, held + value - current
     return config_key(ckpt, field_name, current), current, value
 
 
