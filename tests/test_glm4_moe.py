@@ -215,8 +215,11 @@ def test_a_glm4_moe_save_with_a_wrong_head_dim(tmp_path: Path) -> None:
     assert wrong == [("CONFIG_DISAGREES", "config.json head_dim", 8, 16, 27)] and report.exit_code() == 1
 
 
-@pytest.mark.parametrize("bad", [{"num_key_value_heads": 3}, {"num_attention_heads": 0}, {"use_qk_norm": "yes"}])
+@pytest.mark.parametrize("bad", [{"num_key_value_heads": 3}, {"num_attention_heads": 0}, {"use_qk_norm": "yes"},
+                                 *({"partial_rotary_factor": v} for v in (2.0, -1, 0, "half", 0.3))])
 def test_a_config_glm4_moe_cannot_build(bad: dict[str, Any]) -> None:
-    """Key-value heads that do not divide the heads, no heads, a flag that is no boolean: a ConfigError naming it."""
+    """Key-value heads that do not divide the heads, no heads, a flag that is no boolean, a rotary factor that
+    rotates no even whole number of a head's dimensions (each a PASS before: it sizes no tensor): a ConfigError
+    naming it."""
     with pytest.raises(ConfigError, match=next(iter(bad))):
         glm4_moe.read({**GLM, "model_type": "glm4_moe", **bad})

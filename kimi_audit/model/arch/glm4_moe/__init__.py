@@ -81,6 +81,20 @@ def read_bool(cfg: dict[str, Any], key: str) -> bool:
     return v
 
 
+def rotary(cfg: dict[str, Any], head_dim: int) -> None:
+    """`partial_rotary_factor` (at the top or in rope_parameters): a number in (0, 1] that rotates an even whole
+    number of each head's dimensions (Glm4MoeRotaryEmbedding: dim = head_dim x factor, its inv_freq over
+    arange(0, dim, 2)); it sizes no tensor, so nothing else would see it (ConfigError naming it)."""
+    rope = cfg.get("rope_parameters")
+    v = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor") if isinstance(rope, dict) else None)
+    if v is None:
+        return
+    dims = head_dim * v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    if dims is None or not 0 < v <= 1 or dims != int(dims) or int(dims) % 2:
+        raise ConfigError(f"config.json partial_rotary_factor is {v!r}: a number in (0, 1] that rotates an even whole "
+                          f"number of the {head_dim} dimensions of each head is needed")
+
+
 def read(cfg: dict[str, Any]) -> ModelConfig:
     """A glm4_moe config as Glm4MoeConfig reads it: GQA dimensions in `dims` (num_key_value_heads, head_dim,
     use_qk_norm), the DeepseekV3 fields it shares on ModelConfig, every layer from first_k_dense_replace MoE."""
@@ -95,6 +109,7 @@ def read(cfg: dict[str, Any]) -> ModelConfig:
     if kv_heads == 0 or heads % kv_heads:
         raise ConfigError(f"config.json num_key_value_heads {kv_heads} does not divide the {heads} attention heads")
     head_dim = read_int(cfg, "head_dim", {"head_dim": hidden // heads})
+    rotary(cfg, head_dim)
     dtype = weights_dtype(cfg)
     plan, unsupported = quantization(cfg, dtype, ARCHITECTURE.quant)
     layers, experts = i("num_hidden_layers"), i("n_routed_experts", optional=True)
