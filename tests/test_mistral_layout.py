@@ -477,3 +477,21 @@ def test_an_unreadable_params_json_beside_config_json_is_one_finding(dual: Path,
     (d / "params.json").write_text("[")
     found = [f for f in kimi_audit.audit(d).findings if f.code != "MISTRAL_LAYOUT_BESIDE"]
     assert [f.code for f in found] == ["PARAMS_DISAGREES"] and "cannot be read" in found[0].message
+
+
+@pytest.mark.parametrize(("change", "stray"), [
+    ({"add_pre_mm_projector_layer_norm": False}, "pre_mm_projector_norm.weight"),
+    ({"mm_projector_id": "mlp"}, "patch_merger.merging_layer.weight")])
+def test_the_projectors_norm_and_merger_follow_vision_encoder(tmp_path: Path, change: dict[str, Any],
+                                                              stray: str) -> None:
+    """vision_encoder says whether the projector has its RMSNorm (add_pre_mm_projector_layer_norm) and its patch
+    merger (mm_projector_id 'patch_merge'), as vLLM's VisionEncoderArgs builds it: one stored where the params say
+    none is TENSOR_UNEXPECTED (each was a PASS, round three of the red team)."""
+    from kimi_audit import audit
+
+    d = tmp_path / "m"
+    shutil.copytree(Path(__file__).resolve().parent / "data" / "mistral_format" / "bf16", d)
+    params = json.loads((d / "params.json").read_text())
+    params["vision_encoder"].update(change)
+    (d / "params.json").write_text(json.dumps(params))
+    assert [(f.code, f.tensor) for f in audit(d).findings] == [("TENSOR_UNEXPECTED", stray)]

@@ -90,6 +90,8 @@ LLAMA4_BETA = "llama_4_scaling_beta"
 """Where transformers' Mistral4Config keeps the scaling's beta in `rope_parameters` (transformers 5.25
 models/mistral4/configuration_mistral4.py), which the adapter's `rope_scaling` follows."""
 UINT32 = 2**32 - 1
+PRE_NORM, PROJECTOR_ID = "add_pre_mm_projector_layer_norm", "mm_projector_id"
+"""`vision_encoder` keys that say whether the projector has its RMSNorm and its patch merger (`patch_merge`)."""
 VISION = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels",
           "patch_size", "image_size")
 """`vision_encoder` keys a Pixtral vision_config holds under the same names."""
@@ -134,6 +136,9 @@ def config_from_params(params: Any) -> dict[str, Any]:
         cfg["vision_config"] = {k: vision[k] for k in VISION if k in vision}
         cfg["spatial_merge_size"] = vision.get("spatial_merge_size", 2)
         cfg["multimodal_projector_bias"] = vision.get("adapter_bias", False)
+        # the projector's norm and patch merger exist where these say so (vLLM's VisionEncoderArgs: False and "")
+        cfg[PRE_NORM] = vision.get(PRE_NORM, False)
+        cfg[PROJECTOR_ID] = vision.get(PROJECTOR_ID, "")
         if "image_break_token_id" in vision:  # the token embedding's row `--mmproj` copies (model.arch.pixtral)
             cfg["image_break_token_id"] = vision["image_break_token_id"]
     return cfg

@@ -85,9 +85,14 @@ def read_dims(cfg: dict[str, Any], absent: dict[str, Any]) -> dict[str, int]:
         raise ConfigError(f"config.json vision_feature_layer must be a layer index or a list of them, got {layers!r}")
     if cfg.get(IMG_BREAK) is True:
         dims["vision_img_break"] = 1
+    norm, merger = cfg.get("add_pre_mm_projector_layer_norm", True), cfg.get("mm_projector_id", "patch_merge")
+    if not isinstance(norm, bool) or not isinstance(merger, str):
+        raise ConfigError(f"params.json vision_encoder.add_pre_mm_projector_layer_norm must be true or false and "
+                          f"mm_projector_id a string, got {norm!r} and {merger!r}")
+    dims["vision_pre_norm"], dims["vision_patch_merge"] = int(norm), int(merger == "patch_merge")
     keys = {"vision_merge": "spatial_merge_size", "vision_feature_layers": "vision_feature_layer"}
     for k, v in dims.items():
-        if v < 1 and k != "projector_bias":
+        if v < 1 and k not in ("projector_bias", "vision_pre_norm", "vision_patch_merge"):
             raise ConfigError(f"config.json {keys.get(k, k.replace('vision_', 'vision_config.'))} must be positive, "
                               f"got {v}")
     return dims
@@ -138,9 +143,11 @@ def projector(cfg: ModelConfig, s: Spelling) -> Group:
     keys = ("multimodal_projector_bias", "dtype")
     w_in, w_out = s.adapter
     return Group("projector", "Multimodal projector", (
-        _gain(cfg, s.norm.rpartition(".")[2], "Projector RMSNorm", f"{s.norm}.weight", d),
-        Leaf("merging_layer", "patch_merger.merging_layer", "Patch merger", "pixtral_merge",
-             (Linear(s.merger, (d,), (merged,)),), ("spatial_merge_size", "dtype")),
+        *((_gain(cfg, s.norm.rpartition(".")[2], "Projector RMSNorm", f"{s.norm}.weight", d),)
+          if cfg.dim("vision_pre_norm") else ()),
+        *((Leaf("merging_layer", "patch_merger.merging_layer", "Patch merger", "pixtral_merge",
+                (Linear(s.merger, (d,), (merged,)),), ("spatial_merge_size", "dtype")),)
+          if cfg.dim("vision_patch_merge") else ()),
         Leaf(w_in.rpartition(".")[2], w_in.removeprefix(WRAPPER), "Projector in-projection", "pixtral_projector_in",
              (Linear(w_in, (h,), (features,), bias),), keys),
         Leaf(w_out.rpartition(".")[2], w_out.removeprefix(WRAPPER), "Projector out-projection", "pixtral_projector_out",
