@@ -167,7 +167,8 @@ def test_the_layout_and_the_accounting_walk_one_description() -> None:
     from kimi_audit.model.kinds import PACKED
 
     raw = json.loads(pinned_config_bytes())
-    cfg = model_config_from_dict(dict(raw, num_hidden_layers=4, n_routed_experts=3, attention_bias=True))
+    cfg = model_config_from_dict(dict(raw, num_hidden_layers=4, n_routed_experts=3, num_experts_per_tok=2,
+                                      attention_bias=True))
     layout = expected_layout(cfg)
     expected = {(e.block, e.component) for e in layout.values() if e.kind in (PARAMETER, PACKED)}
     acc = build_accounting(cfg, {}, layout)

@@ -33,8 +33,9 @@ def model_config_from_dict(cfg: Any) -> ModelConfig:
     if model_type is not None and not isinstance(model_type, str):  # a family member by its architectures
         raise ConfigError(f"config.json model_type must be a string, got {type(model_type).__name__}")
     parsed = arch.read(cfg)
-    text = cfg.get("text_config")
-    _routing(parsed, text if isinstance(text, dict) else cfg)
+    text, q = cfg.get("text_config"), cfg.get("quantization_config")
+    if not (isinstance(q, dict) and q.get("quant_method") == "gguf"):  # a GGUF's: its dialect's asserts name the key
+        _routing(parsed, text if isinstance(text, dict) else cfg)
     q = parsed.quant
     if q is not None and q.tree and q.tree not in arch.writer_trees:
         parsed = replace(parsed, quant=None, quant_unsupported=f"{q.quantized.key} ({arch.name} as {q.tree} "
