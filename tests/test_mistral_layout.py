@@ -495,3 +495,13 @@ def test_the_projectors_norm_and_merger_follow_vision_encoder(tmp_path: Path, ch
     params["vision_encoder"].update(change)
     (d / "params.json").write_text(json.dumps(params))
     assert [(f.code, f.tensor) for f in audit(d).findings] == [("TENSOR_UNEXPECTED", stray)]
+
+
+def test_a_mistral_checkpoint_claims_no_missing_gains() -> None:
+    """The q_a_layernorm summary looked for `self_attn.q_a_layernorm` and printed every layer's gain missing on a
+    PASS of Mistral's own names (`attention.q_a_norm`): the summary now makes no claim on a tree that names it
+    otherwise (red team round three)."""
+    from kimi_audit import audit
+
+    report = audit(Path(__file__).resolve().parent / "data" / "mistral_format" / "bf16")
+    assert report.verdict() == "PASS" and report.audit.q_a_layernorm.rows == ()

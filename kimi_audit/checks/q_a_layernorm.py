@@ -79,6 +79,8 @@ def q_a_layernorm_report(cfg: ModelConfig, actual: TensorLookup,
                 specs = expected.specs  # the component is the tree's name in every dialect (GGUF's attn_q_a_norm)
                 at = (p for p, i in enumerate(expected.spec_of) if specs[i].component == COMPONENT)
                 named = {expected.layer_of[p]: expected.names[p] for p in at}
+                if not named:  # a tree in its own names (Mistral's `attention.q_a_norm`): no claim either way
+                    return QALayerNormReport(None, (), ())
             name = named.get(layer, name)
         found = actual.get(name)
         block = layer_block(cfg, layer)

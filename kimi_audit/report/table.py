@@ -54,7 +54,8 @@ def render_table(report: AuditReport, console: Console, fail_on: Severity = Seve
                   f"and stored buffers excluded): [bold]{_n(s.parameters)}[/bold]")
 
     if qa.width is None:
-        console.print("q_a_layernorm: not applicable (config has no q_lora_rank, or not the DeepseekV3 family's)")
+        console.print("q_a_layernorm: not applicable (config has no q_lora_rank, or not the DeepseekV3 family's, or a "
+                      "tree in its own names: Mistral's attention.q_a_norm, which --values checks)")
     else:
         style = "green" if qa.ok else "bold red"
         console.print(f"q_a_layernorm gains (query latent RMSNorm, [{qa.width:,}] each): total {_n(qa.total_params)}")
