@@ -10,7 +10,6 @@ missing beside a numbered series of shards with a gap (SHARD_SERIES_GAP) are the
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import Any
 
@@ -18,12 +17,12 @@ from kimi_audit.checks.root_causes import config_key, layout_with
 from kimi_audit.errors import KimiAuditError
 from kimi_audit.findings import Finding, Severity, error
 from kimi_audit.model.checkpoint import Checkpoint
+from kimi_audit.model.kinds import BLOCK_NAME
 from kimi_audit.model.quant.scheme import fits
 
 COUNT_FIELDS = ("num_hidden_layers", "first_k_dense_replace", "num_nextn_predict_layers", "moe_layer_freq")
 """Config fields that count blocks (or, `moe_layer_freq`, Mistral's `route_every_n`, space the MoE ones): a wrong
 value adds or removes blocks' tensors, not a dimension."""
-BLOCK = re.compile(r"(?:^|\.)(?:layers|blk)\.(\d+)\.")
 MISSING = ("TENSOR_MISSING", "SCALE_MISSING")
 UNEXPECTED = ("TENSOR_UNEXPECTED", "SCALE_UNEXPECTED")
 MAX_TRIES = 12
@@ -37,7 +36,7 @@ def fold_block_count(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]
     stays a finding of its own: a second fault is never folded away."""
     missing = {str(f.tensor) for f in findings if f.code in MISSING and f.tensor and not f.covers}
     unexpected = {str(f.tensor) for f in findings if f.code in UNEXPECTED and f.tensor}
-    blocks = {int(m.group(1)) for n in missing | unexpected for m in BLOCK.finditer(n)}
+    blocks = {int(m.group(1)) for n in missing | unexpected for m in BLOCK_NAME.finditer(n)}
     if len(missing) + len(unexpected) < 2 or not blocks:
         return findings
     shapes = {n: list(s) for h in ckpt.headers.values() for n, s in zip(h.columns.names, h.columns.shapes)}

@@ -15,7 +15,7 @@ from operator import sub
 from kimi_audit.checks.layout import Alignment, align
 from kimi_audit.format.header import ShardHeader
 from kimi_audit.format.table import TensorTable
-from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE
+from kimi_audit.model.kinds import BUFFER, PACKED, PARAMETER, SCALE, block_prefix
 from kimi_audit.model.layout import ExpectedLayout
 from kimi_audit.model.roles import kind_of
 
@@ -116,7 +116,6 @@ def compute_stats(
 
 
 INDEX = re.compile(r"\.\d+(?=\.)")
-BLOCK_PREFIX = re.compile(r"^(?:.*\.)?(?:blk|layers)\.")
 
 
 def _components(expected: ExpectedLayout, found: dict[int, int]) -> tuple[ComponentRow, ...]:
@@ -129,8 +128,10 @@ def _components(expected: ExpectedLayout, found: dict[int, int]) -> tuple[Compon
     for i, n in Counter(expected.spec_of).items():
         s = specs[i]
         if s.logical or found.get(i):
-            spelled = INDEX.sub("", first.get(i, s.component))
-            component = s.component if spelled.endswith(s.component) else BLOCK_PREFIX.sub("", spelled)
+            name = first.get(i, s.component)
+            spelled = INDEX.sub("", name)
+            component = s.component if spelled.endswith(s.component) else INDEX.sub(
+                "", name[len(block_prefix(name)):])
             row = rows.setdefault((s.block, component), [0, 0])
             row[0] += n * s.logical
             row[1] += found.get(i, 0)

@@ -29,6 +29,7 @@ from kimi_audit.model.accounting.tree import (
 from kimi_audit.model.arch.spec import is_mtp
 from kimi_audit.model.config_fields import ModelConfig
 from kimi_audit.model.explain_docs import DOCS, RMSNORM_MATH
+from kimi_audit.model.kinds import block_prefix
 from kimi_audit.model.roles import metadata_suffixes, weight_suffixes
 
 
@@ -161,9 +162,6 @@ def config_value(raw: dict[str, Any], key: str) -> Any:
     return None
 
 
-BLOCK_PREFIX = re.compile(r"^.*?(?:\b(?:blk|layers)\.\d+\.)")
-
-
 def as_stored(parts: tuple[StoredPart, ...], found: tuple[FoundTensor, ...]) -> tuple[StoredPart, ...]:
     """One instance's tensors in the checkpoint's own spelling and dtypes where it spells them otherwise than the
     release (a GGUF's `attn_q_b.weight` in Q2_K, not `self_attn.q_b_proj.weight` in "any ggml type"): the found
@@ -171,8 +169,7 @@ def as_stored(parts: tuple[StoredPart, ...], found: tuple[FoundTensor, ...]) -> 
     are."""
     if not found or any(t.name.endswith(p.component) for t in found for p in parts):
         return parts
-    first = BLOCK_PREFIX.match(found[0].name)
-    prefix = first.group(0) if first else ""
+    prefix = block_prefix(found[0].name)
     instance = [t for t in found if t.name.startswith(prefix)] if prefix else list(found[:len(parts)])
     if len(instance) != len(parts):
         return parts

@@ -7,6 +7,8 @@ Which suffix has which role is not written here: each format class (model.quant)
 
 from __future__ import annotations
 
+import re
+
 PARAMETER = "parameter"
 SCALE = "scale"
 """Quantization metadata: block and group scales, weight_shape, zero points, group indices."""
@@ -62,6 +64,17 @@ dialects name other tensors so too (DeepSeek-V4's `attn_hc.scale`, norm gains el
 GAIN_SUFFIX = "norm.weight"
 """An RMSNorm's or LayerNorm's gain, in every architecture."""
 WEIGHT_SUFFIX = ".weight"
+
+
+BLOCK_NAME = re.compile(r"(?:^|\.)(?:layers|blk)\.(\d+)\.")
+"""A decoder block's part of a tensor name, its index the group: `model.layers.3.`, `layers.3.` (Mistral's,
+DeepSeek-V4's), `blk.3.` (GGUF)."""
+
+
+def block_prefix(name: str) -> str:
+    """A tensor name up to and including its block (`blk.3.` of `blk.3.attn_q_b.weight`); "" outside the blocks."""
+    m = BLOCK_NAME.search(name)
+    return name[: m.end()] if m else ""
 
 
 def module_name(name: str) -> str:
