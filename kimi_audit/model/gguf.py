@@ -33,6 +33,7 @@ from kimi_audit.model.arch.registry import gguf_architecture
 from kimi_audit.model.config import model_config_from_dict
 from kimi_audit.model.config_fields import ModelConfig, unsupported_config
 from kimi_audit.model.dialect import respelled
+from kimi_audit.model.kinds import BLOCK_NAME
 from kimi_audit.model.layout import ExpectedLayout, expected_layout
 from kimi_audit.model.quant.gguf import GGML_ANY
 from kimi_audit.model.quant.scheme import fits
@@ -218,8 +219,8 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
     findings += [error("GGUF_KEY_VALUE", f"{part}: {label(k)} is not a finite number: llama.cpp loads it, and every "
                        "output it computes with it is NaN or infinite", tensor=k, shard=part) for k in unfinite]
     lengths = wrong_lengths(kv, table, layers) if isinstance(layers, int) else []
-    blocks = 1 + max((int(n.split(".")[1]) for h in headers.values() for n in h.columns.names
-                      if n.startswith("blk.") and n.split(".")[1].isdigit()), default=-1)
+    blocks = 1 + max((int(m.group(1)) for h in headers.values() for n in h.columns.names
+                      if (m := BLOCK_NAME.match(n))), default=-1)
     if lengths and len({got for _, got in lengths}) == 1 and lengths[0][1] == blocks:  # block_count is the one off
         key = f"{name}.block_count"
         findings.append(error("GGUF_KEY_VALUE", f"{part}: {label(key)} is {layers:,}, but the file stores {blocks:,} "
