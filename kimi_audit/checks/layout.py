@@ -82,19 +82,23 @@ def layout_findings(
     # finding is a writer's dtype (folded below into one info) is kept as its rows and its first row's finding.
     variance: list[Variance] = []  # WRITER_DTYPE / ROUTER_DTYPE: judged against siblings below
     shared: dict[tuple[int, str, tuple[int, ...]], Variance] = {}
-    for row in aligned.odd:
-        name, shard, p = actual.names[row], actual.shards[row], positions[row]
+    spec_rows, dtypes, shapes = aligned.specs, actual.dtypes, actual.shapes
+    for row in aligned.odd:  # (a row of a class already decided costs a tuple and a look-up, no more)
+        p = positions[row]
         if p is None:
+            name = actual.names[row]
             if name in invalid:
                 continue
-            out.extend(_unexpected(name, actual.dtypes[row], shard, actual, expected))
+            out.extend(_unexpected(name, dtypes[row], actual.shards[row], actual, expected))
         elif p not in covered:  # (a payload size alone that differs is the format's SIZE_MISMATCH)
-            key = (aligned.specs[row], actual.dtypes[row], actual.shapes[row])
-            if key in shared:
-                shared[key].rows.append(row)
+            key = (spec_rows[row], dtypes[row], shapes[row])
+            decided = shared.get(key)
+            if decided is not None:
+                decided.rows.append(row)
                 continue
-            found = mismatch_findings(name, actual.dtypes[row], actual.shapes[row], shard, expected.entry(p),
-                                      config_dtype, dtype_recorded)
+            name, shard = actual.names[row], actual.shards[row]
+            found = mismatch_findings(name, dtypes[row], shapes[row], shard, expected.entry(p), config_dtype,
+                                      dtype_recorded)
             if len(found) == 1 and found[0].code == "WRITER_DTYPE":
                 variance.append(shared.setdefault(key, Variance([row], found[0])))
                 continue

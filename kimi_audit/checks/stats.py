@@ -77,7 +77,7 @@ def compute_stats(
         aligned = align(actual, expected)
     spec_rows, odd = aligned.specs, aligned.odd
     counts = Counter(spec_rows)
-    counts.subtract(spec_rows[row] for row in odd)
+    counts.subtract(Counter(map(spec_rows.__getitem__, odd)))  # (a Counter of them: counted at builtin speed)
     acc: dict[tuple[str, str], list[int]] = {}
     found: dict[int, int] = {}
     """Spec -> parameters found under its names (-1: names the layout lacks)."""
