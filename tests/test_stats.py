@@ -42,7 +42,7 @@ def test_totals_past_float_precision_are_exact() -> None:
     infos = [TensorInfo(f"t.{i}.weight", "U8", (big,), i * big, (i + 1) * big) for i in range(3)]
     infos.append(TensorInfo("x.inv_freq", "F32", (3,), 3 * big, 3 * big + 12))
     names, dtypes, shapes, begins, ends = (list(col) for col in zip(*infos))
-    actual = TensorTable(names, ["s"] * 4, dtypes, shapes, begins, ends, {n: i for i, n in enumerate(names)})
+    actual = TensorTable(names, ["s"] * 4, dtypes, shapes, begins, ends)
     stats = compute_stats(actual, ExpectedLayout([], [], [], []), {})
     rows = {(r.kind, r.dtype): r for r in stats.rows}
     assert rows[(PARAMETER, "U8")].elements == 3 * big and rows[(PARAMETER, "U8")].bytes == 3 * big

@@ -35,8 +35,7 @@ def index_findings(
                 out.append(error("INDEX_SHARD_MISMATCH", f"{name}: {index.name} says {where}, found in {shard}",
                                  tensor=name, shard=shard, expected=where, actual=shard))
     # Every actual name listed where it is, and as many names listed: then none is listed in vain.
-    located = actual.row_of
-    in_vain = [n for n in wm if n not in located] if out or len(wm) != len(actual) else []
+    in_vain = [n for n in wm if n not in actual.row_of] if out or len(wm) != len(actual) else []
     for name in in_vain:
         shard = wm[name]
         if shard in headers and not (unusable and shard in unusable):
