@@ -96,9 +96,8 @@ def layout_findings(
             if decided is not None:
                 decided.rows.append(row)
                 continue
-            name, shard = actual.names[row], actual.shards[row]
-            found = mismatch_findings(name, dtypes[row], shapes[row], shard, expected.entry(p), config_dtype,
-                                      dtype_recorded)
+            found = mismatch_findings(actual.names[row], dtypes[row], shapes[row], actual.shards[row],
+                                      expected.entry(p), config_dtype, dtype_recorded)
             if len(found) == 1 and found[0].code == "WRITER_DTYPE":
                 variance.append(shared.setdefault(key, Variance([row], found[0])))
                 continue
