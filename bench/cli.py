@@ -1,7 +1,7 @@
 """Benchmark: the kimi-audit CLI against its peers, as whole processes, in one run.
 
     python bench/cli.py [--replica DIR] [--repeats 5] [--latency-ms 20]
-                        [--only local|version|remote|family|formats|scale|gguf|verify]
+                        [--only local|version|remote|family|formats|scale|gguf|flood|verify]
                         [--verify-gb 3] [--json]
 
 Every command is a fresh process started with this Python (`sys.executable`); kimi-audit runs as
@@ -54,6 +54,10 @@ gguf: `kimi-audit audit GGUF --json` on the Kimi-K2 GGUF replica (`demo --model 
   offsets; and gguf-py's GGUFReader on every part, for scale. Target: audit wall <= 1.5x the struct script's.
   Then the same audit over the loopback FakeHub (no latency): part 1's requests and bytes (the hub counts them
   per path) against its header. Targets: <= 3 requests, <= 1.3x the header's bytes.
+flood: the tiny checkpoint with one more shard of 200,000 one-value F32 tensors the config does not account for
+  (a hostile or broken upload: one cause, 200,000 names): `audit --values --json` against `audit --json` on it.
+  Target: the values pass (each tensor read and checked) <= 2x the header audit's wall. (Planning the reads
+  copied each coalesced read's member list per member: 90 s for this input.)
 verify: `kimi-audit verify CKPT --json` against bench/verify.py's parallel sha256 script (imported from it, not
   copied: ProcessPoolExecutor(os.cpu_count()) over the shards, 16 MiB reads through hashlib.sha256) on a real
   (not sparse) FP8 checkpoint of --verify-gb GB written by bench/verify.py's generator in a child process, from
@@ -211,6 +215,7 @@ class Cmd:
     env: dict[str, str] | None = None
     before: Callable[[], None] | None = None  # untimed, before each run
     after: Callable[[], dict[str, int]] | None = None  # untimed, after each run: extra counters
+    exit_code: int = 0  # what the command must exit with (the flood's audits FAIL: 1)
     walls: list[float] = field(default_factory=list)
     rss: list[int] = field(default_factory=list)  # bytes
     cpu: list[float] = field(default_factory=list)  # user + system s, every thread of the process
@@ -242,7 +247,7 @@ def run_once(cmd: Cmd, scratch: Path) -> tuple[float, int, float]:
     proc.returncode = rc = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
     text = out_path.read_bytes()
     cmd.prints = text.decode(errors="replace").strip() if len(text) <= 40 else f"{len(text):,} bytes"
-    if rc != 0:
+    if rc != cmd.exit_code:
         tail = err_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no stderr)"]
         cmd.failures.append(f"exit {rc}: {tail[0][:200]}")
     return wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime  # ru_maxrss: KiB on Linux
@@ -521,6 +526,8 @@ def build_thinking_i64(directory: Path) -> Path:
 
 THINKING_I64 = "kimi-k2-thinking-i64"
 """build_replica's name for build_thinking_i64."""
+FLOOD = "flood"
+"""build_replica's name for build_flood."""
 
 
 def build_replica(directory: Path, model: str = "kimi-k2-instruct") -> Path:
@@ -532,6 +539,9 @@ def build_replica(directory: Path, model: str = "kimi-k2-instruct") -> Path:
 
 
 def _build(model: str, directory: Path) -> None:  # the child of build_replica
+    if model == FLOOD:
+        build_flood(directory)
+        return
     if model == THINKING_I64:
         build_thinking_i64(directory)
         return
@@ -705,6 +715,47 @@ def bench_scale(repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
     return lines, _json_group(cmds, targets)
 
 
+FLOOD_TENSORS = 200_000
+
+
+def build_flood(directory: Path, n: int = FLOOD_TENSORS) -> Path:
+    """The tiny checkpoint and a shard of `n` one-value F32 tensors no layout names, listed in its index."""
+    import numpy as np
+
+    from kimi_audit.replica.tiny import safetensors_bytes, tiny_shards, write_tiny
+
+    d = write_tiny(directory, tiny_shards())
+    extra = {f"model.layers.0.self_attn.extra_{i}": np.ones((1,), np.float32) for i in range(n)}
+    (d / "model-extra.safetensors").write_bytes(safetensors_bytes(extra))
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    index["weight_map"].update(dict.fromkeys(extra, "model-extra.safetensors"))
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    return d.resolve()
+
+
+def bench_flood(repeats: int, tmp: Path) -> tuple[list[str], dict[str, object]]:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, __file__, "--build", FLOOD, str(tmp / "flood")], check=True, cwd=ROOT,
+                   stdin=subprocess.DEVNULL)
+    ckpt = (tmp / "flood").resolve()
+    built = time.perf_counter() - t0
+    env = base_env()
+    py = sys.executable
+    header = Cmd("kimi-audit audit --json", [py, "-m", "kimi_audit", "audit", str(ckpt), "--json"], env,
+                 exit_code=1)
+    values = Cmd("kimi-audit audit --values --json", [py, "-m", "kimi_audit", "audit", str(ckpt), "--values",
+                                                      "--json"], env, exit_code=1)
+    cmds = [values, header]
+    alternate(cmds, repeats, tmp)
+    wall = values.median_wall() / header.median_wall()
+    targets = [Target("audit --values wall <= 2x the header audit's", f"{wall:.2f}x", wall <= 2.0)]
+    lines = [f"built the tiny checkpoint with {FLOOD_TENSORS:,} one-value tensors it does not account for in "
+             f"{built:.0f} s: {ckpt}"]
+    lines += table(f"flood, {repeats} alternating runs", cmds, targets)
+    lines.append(ratios("--values / header audit", values, header))
+    return lines, _json_group(cmds, targets)
+
+
 def bench_verify(repeats: int, size_gb: float, tmp: Path) -> tuple[list[str], dict[str, object]]:
     """verify against bench/verify.py's sha256 script, on the checkpoint its generator writes."""
     import verify as verify_bench  # bench/verify.py: this script's own folder is sys.path[0]
@@ -742,7 +793,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of each command (default 5)")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="the hub's latency per request (default 20)")
     ap.add_argument("--only", action="append",
-                    choices=("local", "version", "remote", "family", "formats", "scale", "gguf", "verify"),
+                    choices=("local", "version", "remote", "family", "formats", "scale", "gguf", "flood", "verify"),
                     help="run only this part (repeatable; default: all)")
     ap.add_argument("--verify-gb", type=float, default=3.0, help="verify's generated checkpoint, GB (default 3)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
@@ -752,7 +803,7 @@ def main() -> int:
         sys.path.insert(0, str(ROOT))
         _build(args.build[0], Path(args.build[1]))
         return 0
-    parts = args.only or ["local", "version", "remote", "family", "formats", "scale", "gguf", "verify"]
+    parts = args.only or ["local", "version", "remote", "family", "formats", "scale", "gguf", "flood", "verify"]
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
 
@@ -799,6 +850,10 @@ def main() -> int:
         if "gguf" in parts:
             lines.append("")
             text, results["gguf"] = bench_gguf(args.repeats, tmp)
+            lines += text
+        if "flood" in parts:
+            lines.append("")
+            text, results["flood"] = bench_flood(args.repeats, tmp)
             lines += text
         if "verify" in parts:
             lines.append("")

@@ -36,7 +36,7 @@ from kimi_audit.model.arch.spec import (
 )
 from kimi_audit.model.config import model_config_from_dict, pinned_config_bytes
 from kimi_audit.model.config_fields import LINEAGE_BASE, ModelConfig, read_int, weights_dtype
-from kimi_audit.model.kinds import GAIN_SUFFIX, PACKED, PACKED_WEIGHT, ROUTER_BIAS, SCALE, WEIGHT_SUFFIX
+from kimi_audit.model.kinds import GAIN_SUFFIX, OTHER, PACKED, PACKED_WEIGHT, ROUTER_BIAS, SCALE, WEIGHT_SUFFIX
 from kimi_audit.model.quant.dispatch import quant_plan
 from kimi_audit.model.quant.scheme import DEEPSEEK_RELEASE, QuantPlan, ReleaseQuant, Scheme, Stored, Unquantized
 from kimi_audit.model.roles import kind_of, role_of, suffix_roles
@@ -419,3 +419,19 @@ def test_a_compressed_tensors_config_decides_what_v4_quantizes() -> None:
         "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}})
     assert release["layers.0.attn.compressor.wkv.weight"].dtype == "BF16"
     assert "layers.0.attn.compressor.wkv.scale" not in release and "layers.0.attn.wq_a.scale" in release
+
+
+def test_role_of_is_the_longest_suffix_of_the_whole_table() -> None:
+    """role_of compares a name with the suffixes that share its last characters (model.roles.TAIL), not with all of
+    them: the answer is the table's own (the longest suffix that ends the name), for every suffix on every name
+    that ends in it or in a part of it, and on names no suffix ends."""
+    table = suffix_roles()
+
+    def longest(name: str) -> str:
+        return next((role for suffix, role in table if name.endswith(suffix)), OTHER)
+
+    names = ["", "x", "ab", ".weight", "weight", "model.layers.0.mlp.experts.3.down_proj.weight_packed_x"]
+    for suffix, _ in table:
+        names += [suffix, "model.layers.7.mlp." + suffix, "blk.1" + suffix, suffix[1:], suffix[:-1], suffix + "x",
+                  "q_a_layer" + suffix, suffix[-2:], suffix[-3:]]
+    assert [role_of(n) for n in names] == [longest(n) for n in names]

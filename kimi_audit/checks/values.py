@@ -107,13 +107,16 @@ def small_tensors(headers: dict[str, ShardHeader]) -> list[tuple[str, TensorInfo
 def plan_reads(
     infos: Iterable[TensorInfo], max_gap: int = MAX_GAP, max_span: int = MAX_SPAN
 ) -> list[tuple[int, int, list[TensorInfo]]]:
-    """Group tensors (offsets relative to the data buffer) into (begin, end, members) reads."""
+    """Group tensors (offsets relative to the data buffer) into (begin, end, members) reads. Linear in the tensors:
+    a member joins its group's list in place (a copy of the list a member made 200,000 tiny tensors coalesced into
+    a few reads take 50 s to plan)."""
     groups: list[tuple[int, int, list[TensorInfo]]] = []
     for t in sorted(infos, key=lambda t: (t.begin, t.end)):
         if groups:
             g0, g1, members = groups[-1]
             if t.begin - g1 <= max_gap and max(g1, t.end) - g0 <= max_span and t.begin >= g0:
-                groups[-1] = (g0, max(g1, t.end), [*members, t])
+                members.append(t)
+                groups[-1] = (g0, max(g1, t.end), members)
                 continue
         groups.append((t.begin, t.end, [t]))
     return groups

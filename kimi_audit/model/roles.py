@@ -10,8 +10,11 @@ read at the next call.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from kimi_audit.constants import WIDE_FLOATS
-from kimi_audit.model.arch.registry import float32_routers, model_types, value_roles
+from kimi_audit.model.arch.registry import float32_routers, value_roles
+from kimi_audit.model.arch.spec import REGISTERED
 from kimi_audit.model.kinds import (
     GAIN,
     GAIN_SUFFIX,
@@ -24,33 +27,59 @@ from kimi_audit.model.kinds import (
     WEIGHT_SUFFIX,
 )
 from kimi_audit.model.quant.dispatch import formats
+from kimi_audit.model.quant.scheme import Scheme
 
 __all__ = ["float32_router", "kind_of", "metadata_suffixes", "role_of", "suffix_roles", "varies_by_writer",
            "weight_suffixes"]
 
-_cache: dict[tuple[int, int], tuple[tuple[str, str], ...]] = {}
+class _Roles(NamedTuple):
+    """The suffix table of one state of the registries, and what is derived from it."""
+
+    table: tuple[tuple[str, str], ...]
+    """(suffix, role), longest suffix first."""
+    by_tail: dict[str, tuple[tuple[str, str], ...]]
+    """The table's pairs whose suffix ends in these TAIL characters, and every suffix shorter than TAIL, in the
+    table's order: a name is compared with the few suffixes that can end it, not with all 40."""
+    short: tuple[tuple[str, str], ...]
+    """The pairs whose suffix is shorter than TAIL (candidates for every name)."""
+    metadata: tuple[str, ...]
+    weights: tuple[str, ...]
 
 
-def suffix_roles() -> tuple[tuple[str, str], ...]:
-    """(suffix, role) of every registered format and architecture, and the gain and weight every model has,
-    longest suffix first; a suffix two owners give different roles is refused (ValueError)."""
-    classes = formats()
-    key = (len(classes), len(model_types()))
-    table = _cache.get(key)
-    if table is None:
+TAIL = 3
+_cache: dict[tuple[int, int], _Roles] = {}
+
+
+def _roles() -> _Roles:
+    key = (len(Scheme.classes), len(REGISTERED))  # the registries' sizes (asked per tensor name: no copies)
+    roles = _cache.get(key)
+    if roles is None:
+        classes = formats()
         pairs: dict[str, str] = {GAIN_SUFFIX: GAIN, WEIGHT_SUFFIX: WEIGHT}
         for suffix, role in [*(p for cls in classes for p in cls.roles), *value_roles()]:
             if pairs.setdefault(suffix, role) != role:
                 raise ValueError(f"tensor suffix {suffix!r} is given two roles: {pairs[suffix]} and {role}")
         table = tuple(sorted(pairs.items(), key=lambda p: -len(p[0])))
+        tails = {suffix[-TAIL:] for suffix, _ in table if len(suffix) >= TAIL}
+        by_tail = {tail: tuple(p for p in table if len(p[0]) < TAIL or p[0].endswith(tail)) for tail in tails}
+        roles = _Roles(table, by_tail, tuple(p for p in table if len(p[0]) < TAIL),
+                       tuple(s for s, r in table if KIND_OF_ROLE.get(r) == SCALE),
+                       (WEIGHT_SUFFIX, *(s for s, r in table if KIND_OF_ROLE.get(r) == PACKED)))
         _cache.clear()
-        _cache[key] = table
-    return table
+        _cache[key] = roles
+    return roles
+
+
+def suffix_roles() -> tuple[tuple[str, str], ...]:
+    """(suffix, role) of every registered format and architecture, and the gain and weight every model has,
+    longest suffix first; a suffix two owners give different roles is refused (ValueError)."""
+    return _roles().table
 
 
 def role_of(name: str) -> str:
-    """What the tensor is, from its name's suffix (OTHER when no suffix says)."""
-    for suffix, role in suffix_roles():
+    """What the tensor is, from its name's suffix (OTHER when no suffix says): the longest suffix that ends it."""
+    roles = _roles()
+    for suffix, role in roles.by_tail.get(name[-TAIL:], roles.short):
         if name.endswith(suffix):
             return role
     return OTHER
@@ -63,12 +92,12 @@ def kind_of(name: str) -> str:
 
 def metadata_suffixes() -> tuple[str, ...]:
     """Every quantization-metadata suffix (a scale, a shape, a zero point ...)."""
-    return tuple(s for s, r in suffix_roles() if KIND_OF_ROLE.get(r) == SCALE)
+    return _roles().metadata
 
 
 def weight_suffixes() -> tuple[str, ...]:
     """The suffixes a Linear module's stored weight may have: `.weight`, and every format's packed words."""
-    return (WEIGHT_SUFFIX, *(s for s, r in suffix_roles() if KIND_OF_ROLE.get(r) == PACKED))
+    return _roles().weights
 
 
 def float32_router(component: str) -> bool:
