@@ -19,6 +19,8 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cached_property
+from itertools import chain
 from typing import TYPE_CHECKING, TypeVar
 
 from kimi_audit.constants import GGUF_SUFFIX, HEADER_LENGTH_BYTES, SAFETENSORS_SUFFIX
@@ -228,10 +230,23 @@ class TensorFetcher:
         self._index_loaded = False
         self._headers: dict[str, ShardHeader] = {}
         self._holes: dict[str, Holes] = {}
+        self._listed_in: dict[str, list[str]] | None = None
         self.bytes_read = 0
 
+    @cached_property
     def _shards(self) -> list[str]:
+        """The listing's shards in natural order (sorted once: a fetcher is asked for tensor after tensor)."""
         return sorted((f for f in self.files if f.endswith((SAFETENSORS_SUFFIX, GGUF_SUFFIX))), key=natural_key)
+
+    def _names_in(self, shard: str) -> list[str]:
+        """The names the index puts in `shard` (the index grouped by shard once, not scanned per shard)."""
+        if self._index is None:  # (none, or not loaded yet)
+            return []
+        if self._listed_in is None:
+            self._listed_in = {}
+            for n, s in self._index.weight_map.items():
+                self._listed_in.setdefault(s, []).append(n)
+        return self._listed_in.get(shard, [])
 
     def header(self, shard: str) -> ShardHeader:
         h = self._headers.get(shard)
@@ -241,9 +256,7 @@ class TensorFetcher:
                 raise SourceError(f"{shard}: {h.findings[0].message}")
             self.bytes_read += h.data_start
         if h is None:
-            names = []
-            if self._index is not None:
-                names = [n for n, s in self._index.weight_map.items() if s == shard]
+            names = self._names_in(shard)
             first = first_read_bytes(names, None, self.source.file_size(shard)) if names else 1 << 16
             h = self._headers[shard] = read_shard_header(self.source, shard, first)
             if h.header_len is None:
@@ -255,11 +268,9 @@ class TensorFetcher:
         if not self._index_loaded:
             self._index, _ = load_index(self.source, self.files)
             self._index_loaded = True
-        candidates: list[str] = []
-        if self._index is not None and name in self._index.weight_map:
-            candidates.append(self._index.weight_map[name])
-        candidates += [s for s in self._shards() if s not in candidates]
-        for shard in candidates:
+        listed = self._index.weight_map.get(name) if self._index is not None else None
+        # the shard the index names first; every other shard only when that one lacks the name
+        for shard in chain([] if listed is None else [listed], (s for s in self._shards if s != listed)):
             if not self.source.exists(shard):
                 continue
             h = self.header(shard)
