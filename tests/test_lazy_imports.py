@@ -3,10 +3,11 @@
 Each case runs the command in a fresh interpreter (test_imports.probe: `python -m kimi_audit ...` through runpy,
 the process reporting its own sys.modules). `--help`, `audit --help` and the header audits of a GGUF split set and
 of a safetensors checkpoint read no tensor values, so they load none of numpy, ml_dtypes, safetensors or gguf-py;
-typer 0.29's pydantic coercion is replaced for their str/bool/Path parameters (cli/coercion.py), the TLS modules
+typer 0.29's pydantic coercion is replaced for their str/bool/Path parameters and the defaults of their int ones
+(cli/coercion.py), the TLS modules
 load only when a Hub connection fails (sources/hub_network.py), and rich's progress bars only on a terminal. The
-controls keep each check honest: a command that computes on values loads numpy, and an int option still goes
-through typer's own (pydantic) coercion.
+controls keep each check honest: a command that computes on values loads numpy, and an int option given on the
+command line still goes through typer's own (pydantic) coercion.
 """
 
 from __future__ import annotations
@@ -86,3 +87,15 @@ def test_controls_values_and_int_options_still_load_their_machinery(tiny_dir: Pa
     code, modules, _ = loaded(["rmsnorm", str(tiny_dir), "--layer", "0", "--tokens", "2", "--json"])
     assert code == 0
     assert {"numpy", "pydantic"} <= modules  # values computed; --layer/--tokens are ints: typer's own coercion
+
+
+def test_an_int_options_default_needs_no_pydantic(tiny_dir: Path) -> None:
+    """`verify` without `-j`: its int option's default (None) is kept as typer's adapter keeps it, without pydantic;
+    given (`-j 1`), the str goes through typer's own coercion, its range and messages pydantic's."""
+    code, modules, log = loaded(["verify", str(tiny_dir), "--json", "--no-progress"])
+    assert code == 0
+    assert "pydantic" not in modules, importer_of(log, "pydantic")
+    code, modules, _ = loaded(["verify", str(tiny_dir), "--json", "--no-progress", "-j", "1"])
+    assert code == 0 and "pydantic" in modules
+    code, _, _ = loaded(["verify", str(tiny_dir), "--json", "--no-progress", "-j", "0"])
+    assert code == 2  # `Input should be greater than or equal to 1`: typer's (pydantic's) refusal

@@ -1,13 +1,16 @@
-"""A parameter's value coerced without pydantic where it is a str or a Path (typer 0.29's own rules kept).
+"""A parameter's value coerced without pydantic where it is a str, a Path, or an int already (typer 0.29's own rules
+kept).
 
 typer 0.29 coerces each parameter's value, defaults included, through a pydantic TypeAdapter built the first time
 the parameter is processed: every run of any command imported pydantic (~30-50 ms, a sixth of a GGUF header
 audit's whole process) to turn the str it was given into that str. `plain_coercion` gives the parameters whose
 annotation is `str`, `bool`, `Path` or a list of them the coercion typer's adapter performs for them, without
 pydantic: a str or a bool is kept (--help's own option is a bool whose value is None: its adapter was built for
-None), a Path goes through typer's own `coerce_cli_path` (its checks:
-exists, file_okay, readable ...) once it is a Path. Any other annotation (an int with a range, a custom parser, an
-Enum) and any value of an unexpected type keep typer's own adapter. Where typer has no such hook (another version:
+None), an int parameter's default (None, or an int) is kept, a Path goes through typer's own `coerce_cli_path` (its
+checks: exists, file_okay, readable ...) once it is a Path. An int given on the command line arrives as a str and
+goes through typer's own adapter (its range and its messages are pydantic's), as does any other annotation (a
+custom parser, an Enum) and any value of an unexpected type: `verify` without `-j` imported pydantic (~25 ms) to
+keep its default None. Where typer has no such hook (another version:
 no `_runtime_param`, or no `coerce_cli_path`), nothing changes.
 """
 
@@ -35,12 +38,13 @@ def plain_coercion(params: list[Any]) -> None:
         annotation, many = descriptor.annotation, False
         if get_origin(annotation) is list:
             annotation, many = get_args(annotation)[0], True
-        if annotation in (str, bool) or (annotation is Path and info.path_type in (None, Path)):
+        if annotation in (str, bool, int) or (annotation is Path and info.path_type in (None, Path)):
             param._runtime_param = _Plain(annotation, many)
 
 
 class _Plain:
-    """typer's RuntimeParam for a str, bool or Path parameter (or a list of them): its `coerce`, without pydantic."""
+    """typer's RuntimeParam for a str, bool, int or Path parameter (or a list of them): its `coerce`, without
+    pydantic (an int only when it is one already: a default)."""
 
     __slots__ = ("item", "many")
 
@@ -54,7 +58,8 @@ class _Plain:
         if is_multi_value and isinstance(value, str):
             return _typers(value, param, ctx)  # typer's "Value must be an iterable."
         items = (value if isinstance(value, (list, tuple)) else [value]) if self.many else [value]
-        if not all(isinstance(v, self.item) or (self.item is Path and isinstance(v, str)) for v in items):
+        if not all(type(v) is int if self.item is int else isinstance(v, self.item) or (
+                self.item is Path and isinstance(v, str)) for v in items):
             return _typers(value, param, ctx)
         if self.item is Path:
             from typer._param_types import coerce_cli_path
