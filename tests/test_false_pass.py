@@ -267,6 +267,26 @@ def test_diff_names_a_stray_shard_that_duplicates_every_tensor(tiny_copy: Path, 
     assert doc["shards_only"] == {"a": [], "b": ["model-extra.safetensors"]} and doc["duplicates"]["b"] > 0
 
 
+def test_diff_names_index_entries_no_shard_stores(tiny_copy: Path, tiny_dir: Path) -> None:
+    """A copy whose index lists 3 more names that no shard stores was IDENTICAL (its shards are the same; `audit`
+    fails it, INDEX_TENSOR_ABSENT): the names a side's index lists in vain are a difference, named."""
+    index = tiny_copy / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    shard = next(iter(doc["weight_map"].values()))
+    ghosts = [f"model.layers.0.ghost_{i}.weight" for i in range(3)]
+    doc["weight_map"].update(dict.fromkeys(ghosts, shard))
+    index.write_text(json.dumps(doc))
+    r = run_cli("diff", str(tiny_dir), str(tiny_copy), "--json", "--no-progress")
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and out["verdict"] == "DIFFERENT"
+    assert out["listed_only"] == {"a": [], "b": sorted(ghosts)}
+    assert not (out["added"] or out["removed"] or out["changed"] or out["moved"])
+    text = run_cli("diff", str(tiny_dir), str(tiny_copy), "--no-progress")
+    assert text.returncode == 1 and "B's index lists 3 names no shard of B stores" in text.stdout
+    same = run_cli("diff", str(tiny_dir), str(tiny_dir), "--json", "--no-progress")
+    assert same.returncode == 0 and json.loads(same.stdout)["listed_only"] == {"a": [], "b": []}
+
+
 # ------------------------------------------------------------------ 1: what is hashed is what was audited
 
 

@@ -25,7 +25,7 @@ from kimi_audit.errors import SourceError
 from kimi_audit.findings import Finding
 from kimi_audit.format.table import Located, locate_tensors
 from kimi_audit.model.accounting.account import accounting_of_checkpoint
-from kimi_audit.model.accounting.tree import Accounting, collapse
+from kimi_audit.model.accounting.tree import Accounting
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.numerics.tensor_io import Holes, data_holes, in_hole, read_exact, windowed_map
 from kimi_audit.sources.base import Source
@@ -89,11 +89,13 @@ class HeaderDiff:
     takes in, even where its tensors duplicate others."""
     duplicates: tuple[int, int] = (0, 0)
     """Tensor names stored in two shards or more, on each side (which copy a loader takes is its own choice)."""
+    listed_only: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    """Names each side's index lists that none of its shards stores (what its loaders look for and miss)."""
 
     @property
     def differs(self) -> bool:
         return bool(self.added or self.removed or self.changed or self.moved or self.config or any(self.shards_only)
-                    or self.duplicates[0] != self.duplicates[1])
+                    or self.duplicates[0] != self.duplicates[1] or self.listed_only[0] != self.listed_only[1])
 
 
 @dataclass(frozen=True)
@@ -157,10 +159,12 @@ def header_diff(a: Checkpoint, b: Checkpoint, acc_a: Accounting | None = None,
     config = tuple((k, a.config_raw.get(k), b.config_raw.get(k)) for k in keys
                    if a.config_raw.get(k) != b.config_raw.get(k))
     shards_a, shards_b = set(a.headers), set(b.headers)
+    ghosts_a, ghosts_b = (tuple(sorted(n for n in c.index.weight_map if n not in e)) if c.index else ()
+                          for c, e in ((a, ea), (b, eb)))
     return HeaderDiff(a.label, b.label, a.revision, b.revision, added, removed, tuple(changed), tuple(moved),
                       tuple(components), config, (acc_a.found, acc_b.found), (len(ea), len(eb)), common,
                       (tuple(sorted(shards_a - shards_b)), tuple(sorted(shards_b - shards_a))),
-                      (_stored_twice(dup_a), _stored_twice(dup_b)))
+                      (_stored_twice(dup_a), _stored_twice(dup_b)), (ghosts_a, ghosts_b))
 
 
 def _stored_twice(findings: list[Finding]) -> int:
@@ -373,6 +377,7 @@ def diff_dict(d: HeaderDiff, c: ContentDiff | None = None) -> dict[str, Any]:
         "config": [{"key": k, "a": va, "b": vb} for k, va, vb in d.config],
         "shards_only": {"a": list(d.shards_only[0]), "b": list(d.shards_only[1])},
         "duplicates": {"a": d.duplicates[0], "b": d.duplicates[1]},
+        "listed_only": {"a": list(d.listed_only[0]), "b": list(d.listed_only[1])},
         "differs": d.differs or bool(c and c.differs),
         "verdict": verdict(d, c),
     }
@@ -393,8 +398,3 @@ def verdict(d: HeaderDiff, c: ContentDiff | None = None) -> str:
     if d.differs or (c is not None and c.differs):
         return DIFFERENT
     return INCOMPLETE if c is not None and (c.unchecked or c.not_present) else IDENTICAL
-
-
-def summarize(changes: Iterable[Change]) -> list[str]:
-    """Names with indices collapsed, for display."""
-    return collapse(x.name for x in changes)

@@ -26,11 +26,11 @@ from kimi_audit.checks.diff import (
     content_diff,
     diff_dict,
     header_diff,
-    summarize,
     verdict,
 )
 from kimi_audit.cli.application import app, byte_progress, shard_progress, stderr, stdout, user_errors
 from kimi_audit.errors import KimiAuditError
+from kimi_audit.model.accounting.tree import collapse
 from kimi_audit.model.checkpoint import Checkpoint, load_checkpoint
 from kimi_audit.sources import open_source
 from kimi_audit.sources.base import Source
@@ -81,7 +81,7 @@ def _list(title: str, changes: tuple[Change, ...], show: Any) -> None:
         return
     stdout.print(Text(f"{title} ({len(changes):,})", style="bold"))
     if len(changes) > MAX_LINES:
-        for line in summarize(changes)[:MAX_LINES]:
+        for line in collapse(x.name for x in changes)[:MAX_LINES]:
             stdout.print(Text(f"  {printable(line)}"))
         return
     for c in changes:
@@ -135,6 +135,12 @@ def render_diff(d: HeaderDiff, c: ContentDiff | None, same: str | None = None) -
         if only:
             stdout.print(Text(f"shard files only in {side} ({len(only):,})", style="bold"))
             for name in only[:MAX_LINES]:
+                stdout.print(Text(printable(f"  {name}")))
+    if d.listed_only[0] != d.listed_only[1]:
+        for side, ghosts in zip("AB", d.listed_only):
+            stdout.print(Text(f"{side}'s index lists {len(ghosts):,} names no shard of {side} stores (loaders look "
+                              "for them and miss)", style="bold"))
+            for name in ghosts[:MAX_LINES]:
                 stdout.print(Text(printable(f"  {name}")))
     if d.duplicates[0] != d.duplicates[1]:
         stdout.print(Text(f"tensors stored in two shards or more: A {d.duplicates[0]:,} · B {d.duplicates[1]:,} "
