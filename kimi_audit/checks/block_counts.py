@@ -46,7 +46,8 @@ def fold_block_count(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]
     if before is None:
         return findings
     held_before = shapes.keys() & set(before.names)
-    best: tuple[int, int, str, int, int, Any] | None = None  # (left, -explained, key, current, value, layout)
+    # (left, -explained, key, current, value, layout, its names) of the best try so far
+    best: tuple[int, int, str, int, int, Any, set[str]] | None = None
     tries = 0
     for key in COUNT_FIELDS:
         current = getattr(ckpt.config, key, None)
@@ -66,11 +67,10 @@ def fold_block_count(findings: list[Finding], ckpt: Checkpoint) -> list[Finding]
                 continue
             left = len(missing) + len(unexpected) - count + added
             if best is None or (left, -count) < best[:2]:
-                best = (left, -count, key, current, value, layout)
+                best = (left, -count, key, current, value, layout, names)
     if best is None:
         return findings
-    _, _, key, current, value, layout = best
-    names = set(layout.names)
+    _, _, key, current, value, layout, names = best
     gone = {n for n in missing if n not in names}
     held = {n for n in unexpected if n in names}
     gap = next((f for f in findings if f.code == "SHARD_SERIES_GAP"), None)

@@ -29,6 +29,7 @@ from kimi_audit.findings import Finding, Severity, error, info, warning
 from kimi_audit.model.arch.registry import undescribed
 from kimi_audit.model.checkpoint import Checkpoint
 from kimi_audit.model.config_fields import ModelConfig
+from kimi_audit.model.kinds import block_prefix
 from kimi_audit.model.layout import ExpectedLayout
 from kimi_audit.model.mistral_layout import index_name
 from kimi_audit.model.quant.dispatch import formats
@@ -108,7 +109,7 @@ def _mtp(ckpt: Checkpoint, expected: ExpectedLayout, positions: list[int | None]
                         "transformers drops that layer on load and never saves it", cfg.layer_name(first)[:-1])
     if ckpt.container == "gguf":  # the file's own key and block names
         key = f"{ckpt.metadata.get('general.architecture')}.nextn_predict_layers"
-        layers = ", ".join(sorted({".".join(expected.names[p].split(".")[:2]) for p in mtp}))
+        layers = ", ".join(sorted({block_prefix(expected.names[p])[:-1] for p in mtp}))  # `blk.61`
         said, why, where = (f"{key} declares {cfg.num_nextn_predict_layers} NextN layer(s)", "The file keeps the "
                             "key without the layer; llama.cpp loads the main layers alone", layers.split(", ")[0])
     out.extra.append(warning(

@@ -149,15 +149,16 @@ def loader_value_findings(kv: Mapping[str, Any], part: str | None) -> list[Findi
 
 def vocab_findings(kv: Mapping[str, Any], arch: str,
                    stored: Mapping[str, tuple[int, ...]]) -> tuple[int | None, list[Finding]]:
-    """The vocabulary llama.cpp builds the model with (the token list's length, else `{arch}.vocab_size`), and
-    GGUF_VOCAB_MISMATCH where token_embd's rows are another number: llama.cpp refuses the file (its embedding is
-    created [n_embd, n_vocab]). One rule for every architecture's dialect."""
+    """The vocabulary llama.cpp builds the model with (the token list's length, else `{arch}.vocab_size`; where the
+    file says neither, token_embd's rows), and GGUF_VOCAB_MISMATCH where token_embd's rows are another number:
+    llama.cpp refuses the file (its embedding is created [n_embd, n_vocab]). One rule for every architecture's
+    dialect."""
     tokens = getattr(kv.get("tokenizer.ggml.tokens"), "count", None)
     size = kv.get(f"{arch}.vocab_size")
     vocab = tokens or (size if isinstance(size, int) and not isinstance(size, bool) else None)
     embed = stored.get("token_embd.weight")
     if vocab is None or not embed or embed[0] == vocab:
-        return vocab, []
+        return (embed[0] if vocab is None and embed else vocab), []
     return vocab, [error("GGUF_VOCAB_MISMATCH", f"the token list holds {vocab:,} tokens, token_embd has "
                          f"{embed[0]:,} rows: llama.cpp refuses the file", tensor="token_embd.weight",
                          expected=vocab, actual=embed[0])]

@@ -220,7 +220,7 @@ def gguf_model(parts: dict[str, GgufPart]) -> tuple[dict[str, Any], ModelConfig,
                        "output it computes with it is NaN or infinite", tensor=k, shard=part) for k in unfinite]
     lengths = wrong_lengths(kv, table, layers) if isinstance(layers, int) else []
     blocks = 1 + max((int(m.group(1)) for h in headers.values() for n in h.columns.names
-                      if (m := BLOCK_NAME.match(n))), default=-1)
+                      if (m := BLOCK_NAME.match(n))), default=-1) if lengths else 0  # (asked only when one is off)
     if lengths and len({got for _, got in lengths}) == 1 and lengths[0][1] == blocks:  # block_count is the one off
         key = f"{name}.block_count"
         findings.append(error("GGUF_KEY_VALUE", f"{part}: {label(key)} is {layers:,}, but the file stores {blocks:,} "

@@ -54,9 +54,10 @@ def first_groups(groups: list[FindingGroup], limit: int) -> list[FindingGroup]:
     rarer code out behind a flood of another (200,000 INDEX_ENTRY_MISSING groups once hid the one VALUE_NAN)."""
     if len(groups) <= limit:
         return groups
-    keep = list(dict.fromkeys(g.code for g in groups))
-    firsts = {code: next(i for i, g in enumerate(groups) if g.code == code) for code in keep[:limit]}
-    chosen = set(firsts.values())
+    firsts: dict[str, int] = {}  # each code's first group, codes in the order they first appear
+    for i, g in enumerate(groups):
+        firsts.setdefault(g.code, i)
+    chosen = set(list(firsts.values())[:limit])
     for i in range(len(groups)):
         if len(chosen) >= limit:
             break

@@ -22,7 +22,7 @@ from kimi_audit.errors import ConfigError
 from kimi_audit.format.gguf_keys import U32
 from kimi_audit.model.arch import deepseek_v3
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
-from kimi_audit.model.arch.prefixed import PrefixedReader
+from kimi_audit.model.arch.renamed import RenamedReader
 from kimi_audit.model.arch.spec import (
     DTYPE_KEYS,
     QUANT_KEYS,
@@ -315,7 +315,8 @@ def _converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...
 
 
 def _release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int, nope: int) -> Any:
-    return deepseek2.GGUF_DIALECT.release_values(gguf_name, PrefixedReader(read, TEXT_PREFIX), experts, heads, nope)
+    text = RenamedReader(read, TEXT_PREFIX.__add__)
+    return deepseek2.GGUF_DIALECT.release_values(gguf_name, text, experts, heads, nope)
 
 
 GGUF = replace(

@@ -22,12 +22,13 @@ a query latent), `attention.{wkv_a_with_mqa, kv_a_norm, wkv_b, wo}`, dense `feed
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Container, Mapping
 from dataclasses import replace
 from typing import Any
 
 from kimi_audit.model.arch import deepseek_v3, mistral_params, pixtral
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
+from kimi_audit.model.arch.renamed import RenamedReader
 from kimi_audit.model.arch.spec import (
     Architecture,
     Buffer,
@@ -161,22 +162,6 @@ def native_name(name: str) -> str:
     return f"{NATIVE_LAYERS}{number}.{_swap(LAYER, _projection(rest, dict(PROJECTIONS)))}"
 
 
-class _Native:
-    """The release in Mistral's names read under the tree's (ReleaseReader)."""
-
-    def __init__(self, read: ReleaseReader) -> None:
-        self.read = read
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.read.shape(native_name(name))
-
-    def rows(self, name: str, start: int, stop: int) -> Any:
-        return self.read.rows(native_name(name), start, stop)
-
-    def bands(self, name: str) -> Iterator[Any]:
-        return self.read.bands(native_name(name))
-
-
 EMBEDDING = "tok_embeddings.weight"
 
 
@@ -192,7 +177,7 @@ def converted(name: str, layers: int, stored: Container[str]) -> tuple[str, ...]
 
 
 def release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int, nope: int) -> Any:
-    return deepseek2.GGUF_DIALECT.release_values(gguf_name, _Native(read), experts, heads, nope)
+    return deepseek2.GGUF_DIALECT.release_values(gguf_name, RenamedReader(read, native_name), experts, heads, nope)
 
 
 def mmproj_config(kv: Mapping[str, Any], text: Mapping[str, Any],

@@ -70,6 +70,8 @@ MOE = {"route_every_n": "moe_layer_freq", "first_k_dense_replace": "first_k_dens
        "num_shared_experts": "n_shared_experts", "num_expert_groups": "n_group",
        "num_expert_groups_per_tok": "topk_group"}
 """`moe.` key -> config.json key (MistralMoeModel's `moe_config_map`)."""
+
+
 def params_key(config_key: str) -> str | None:
     """The params.json key a config.json key is read from (`moe.route_every_n` for moe_layer_freq), or None."""
     for table, prefix in ((TOP, ""), (MOE, "moe."), (dict(zip(SAME, SAME)), "")):

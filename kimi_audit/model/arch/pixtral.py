@@ -28,6 +28,7 @@ from typing import Any
 
 from kimi_audit.errors import ConfigError
 from kimi_audit.format.gguf_keys import U32
+from kimi_audit.model.arch.mistral_params import PRE_NORM, PROJECTOR_ID
 from kimi_audit.model.arch.spec import Factor, Group, Leaf, Linear, Param, ReleaseReader
 from kimi_audit.model.config_fields import ModelConfig, read_int
 
@@ -85,10 +86,10 @@ def read_dims(cfg: dict[str, Any], absent: dict[str, Any]) -> dict[str, int]:
         raise ConfigError(f"config.json vision_feature_layer must be a layer index or a list of them, got {layers!r}")
     if cfg.get(IMG_BREAK) is True:
         dims["vision_img_break"] = 1
-    norm, merger = cfg.get("add_pre_mm_projector_layer_norm", True), cfg.get("mm_projector_id", "patch_merge")
+    norm, merger = cfg.get(PRE_NORM, True), cfg.get(PROJECTOR_ID, "patch_merge")
     if not isinstance(norm, bool) or not isinstance(merger, str):
-        raise ConfigError(f"params.json vision_encoder.add_pre_mm_projector_layer_norm must be true or false and "
-                          f"mm_projector_id a string, got {norm!r} and {merger!r}")
+        raise ConfigError(f"params.json vision_encoder.{PRE_NORM} must be true or false and {PROJECTOR_ID} a string, "
+                          f"got {norm!r} and {merger!r}")
     dims["vision_pre_norm"], dims["vision_patch_merge"] = int(norm), int(merger == "patch_merge")
     keys = {"vision_merge": "spatial_merge_size", "vision_feature_layers": "vision_feature_layer"}
     for k, v in dims.items():

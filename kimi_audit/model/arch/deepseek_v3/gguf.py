@@ -203,7 +203,6 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
                               "(sigmoid routing with a correction bias): llama.cpp routes by softmax, other logits. "
                               "The config.json converted had no scoring_func; re-convert with scoring_func: sigmoid",
                               tensor=f"{a}.expert_gating_func", expected=SIGMOID, actual=gating))
-    embed = stored.get("token_embd.weight")
     nextn = nextn_layers(kv, a)
     model_type, class_name = PRE_MODEL_TYPES.get(str(kv.get(TOKENIZER_PRE)), ("deepseek_v3", "DeepseekV3ForCausalLM"))
     cfg: dict[str, Any] = {config: k(key) for key, config in DIRECT if k(key) is not None}
@@ -212,7 +211,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         "intermediate_size": k("feed_forward_length", 0), "moe_intermediate_size": k("expert_feed_forward_length", 0),
         "first_k_dense_replace": k("leading_dense_block_count", 0), "moe_layer_freq": 1,
         "n_routed_experts": k("expert_count") or None, "qk_nope_head_dim": nope, "v_head_dim": v,
-        "vocab_size": embed[0] if vocab is None and embed else vocab,
+        "vocab_size": vocab,
         "topk_method": "noaux_tc" if bias or gating == SIGMOID else "greedy",
         "tie_word_embeddings": "output.weight" not in stored, "num_nextn_predict_layers": nextn,
         "num_hidden_layers": k("block_count") - nextn,

@@ -189,13 +189,12 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
                               "scoring\"", tensor=f"{a}.expert_gating_func", expected=SQRT_SOFTPLUS, actual=gating))
     vocab, mismatch = vocab_findings(kv, a, stored)
     findings += mismatch
-    embed = stored.get("token_embd.weight")
     cfg: dict[str, Any] = {c: k(key) for key, c in DIRECT if kv.get(f"{a}.{key}") is not None}
     cfg.update({
         "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "num_hidden_layers": n,
         "compress_ratios": list(ratios), "num_nextn_predict_layers": 0,
         "index_n_heads": k("attention.indexer.head_count"), "index_head_dim": k("attention.indexer.key_length"),
-        "vocab_size": embed[0] if vocab is None and embed else vocab,
+        "vocab_size": vocab,
         "tie_word_embeddings": False,  # the loader creates `output` required: its absence is TENSOR_MISSING
         "torch_dtype": "float32", "quantization_config": {"quant_method": "gguf"},
     })

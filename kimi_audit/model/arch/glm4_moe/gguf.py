@@ -113,7 +113,6 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
                               expected=deepseek2.SIGMOID, actual=gating))
     vocab, mismatch = vocab_findings(kv, a, stored)
     findings += mismatch
-    embed = stored.get("token_embd.weight")
     hidden, heads = k("embedding_length"), k("attention.head_count")
     nextn = deepseek2.nextn_layers(kv, a)
     head_dim = k("attention.key_length") or (hidden // heads if heads else 0)
@@ -125,7 +124,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         "n_routed_experts": k("expert_count"), "num_experts_per_tok": k("expert_used_count"),
         "n_shared_experts": k("expert_shared_count", 0), "first_k_dense_replace": k("leading_dense_block_count", 0),
         "rms_norm_eps": k("attention.layer_norm_rms_epsilon"),
-        "vocab_size": embed[0] if vocab is None and embed else vocab,
+        "vocab_size": vocab,
         "attention_bias": any(n.endswith(".attn_q.bias") for n in stored),
         "use_qk_norm": any(n.endswith(".attn_q_norm.weight") for n in stored),
         "tie_word_embeddings": "output.weight" not in stored, "torch_dtype": "float32",

@@ -29,7 +29,7 @@ from kimi_audit.format.gguf import KEEP_ARRAY, GgufArray
 from kimi_audit.format.gguf_keys import F32, INT32, U32, one_value, vocab_findings
 from kimi_audit.model.arch.deepseek_v3 import gguf as deepseek2
 from kimi_audit.model.arch.kimi_linear import gguf as kl
-from kimi_audit.model.arch.prefixed import PrefixedReader
+from kimi_audit.model.arch.renamed import RenamedReader
 from kimi_audit.model.arch.spec import GgufDialect, ReleaseReader
 from kimi_audit.model.config_fields import ModelConfig
 
@@ -94,7 +94,6 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
                               tensor=f"{a}.expert_gating_func", expected=deepseek2.SIGMOID, actual=gating))
     vocab, mismatch = vocab_findings(kv, a, stored)
     findings += mismatch
-    embed = stored.get("token_embd.weight")
     text: dict[str, Any] = {c: k(key) for key, c in kl.DIRECT if kv.get(f"{a}.{key}") is not None}
     n, heads = text["num_hidden_layers"], text["num_attention_heads"]
     text.update({
@@ -103,7 +102,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         "first_k_dense_replace": k("leading_dense_block_count", 0), "n_shared_experts": k("expert_shared_count", 0),
         "n_routed_experts": k("expert_count", 0),
         "qk_nope_head_dim": k("attention.key_length_mla") - k("rope.dimension_count"),
-        "vocab_size": embed[0] if vocab is None and embed else vocab,
+        "vocab_size": vocab,
         "layer_types": kl.layer_types(kv, n, a),
         "linear_attn_config": {"num_heads": heads, "use_full_rank_gate": True, **{c: k(key) for key, c in kl.KDA}},
         "attn_res_block_size": k("attn_res.block_size") or None,
@@ -190,7 +189,7 @@ def release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int
     projection; `ssm_g` the KDA layer's `g_proj`; `ssm_a` -exp of A_log's first `heads` values; the rest as
     Kimi-Linear's (stacked experts, an MXFP4 one dequantized as the release's format says, which the converter's
     repack keeps bit for bit; kv_b split; the 4-D short convolutions). None for a name the release has no source of."""
-    text = PrefixedReader(read, TEXT_PREFIX)
+    text = RenamedReader(read, TEXT_PREFIX.__add__)
     m = re.match(r"^blk\.(\d+)\.(.*)$", gguf_name)
     layer, rest = (f"model.layers.{m.group(1)}.", m.group(2)) if m else ("", gguf_name)
     if rest in RESIDUALS and (m is None) == rest.startswith("output_"):
@@ -205,7 +204,7 @@ def release_values(gguf_name: str, read: ReleaseReader, experts: int, heads: int
     return deepseek2.release_values_as(gguf_name, text, experts, heads, nope, TEXT, kl.STACKED, kl._transformed)
 
 
-def _product(read: PrefixedReader, norm: str, proj: str) -> Iterator[np.ndarray]:
+def _product(read: RenamedReader, norm: str, proj: str) -> Iterator[np.ndarray]:
     """norm.float() * proj.float(), both flattened (KimiK3Model._try_fuse_res): float32 products."""
     import numpy as np
 
@@ -214,7 +213,7 @@ def _product(read: PrefixedReader, norm: str, proj: str) -> Iterator[np.ndarray]
            * np.asarray(read.rows(proj, 0, read.shape(proj)[0]), dtype=np.float32).reshape(-1))
 
 
-def _minus_exp(read: PrefixedReader, name: str, heads: int) -> Iterator[np.ndarray]:
+def _minus_exp(read: RenamedReader, name: str, heads: int) -> Iterator[np.ndarray]:
     """-exp(A_log.float()[:n_head]) as torch's float32 exp rounds it (correctly: computed in float64, rounded)."""
     import numpy as np
 

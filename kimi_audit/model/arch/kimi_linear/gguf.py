@@ -149,7 +149,6 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
                               tensor=f"{a}.expert_gating_func", expected=deepseek2.SIGMOID, actual=gating))
     vocab, mismatch = vocab_findings(kv, a, stored)
     findings += mismatch
-    embed = stored.get("token_embd.weight")
     cfg: dict[str, Any] = {c: k(key) for key, c in DIRECT if kv.get(f"{a}.{key}") is not None}
     n, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     cfg.update({
@@ -158,7 +157,7 @@ def gguf_config(kv: Mapping[str, Any], stored: Mapping[str, tuple[int, ...]]) ->
         "first_k_dense_replace": k("leading_dense_block_count", 0), "n_shared_experts": k("expert_shared_count", 0),
         "n_routed_experts": k("expert_count", 0),
         "qk_nope_head_dim": k("attention.key_length_mla") - k("rope.dimension_count"),
-        "vocab_size": embed[0] if vocab is None and embed else vocab,
+        "vocab_size": vocab,
         "layer_types": layer_types(kv, n),
         "linear_attn_config": {"num_heads": heads, **{c: k(key) for key, c in KDA}},
         "tie_word_embeddings": "output.weight" not in stored, "torch_dtype": "float32",
